@@ -1,0 +1,138 @@
+"""The interface model code computes through.
+
+Models (``engine/models/``) never touch numpy, numba, CuPy or MLX directly:
+they call these ops, so a backend can keep weights in its own layout (int8
+tiles for numba, GGUF blocks in GPU memory for CUDA, affine groups for MLX)
+and its own array type. Arrays passed between ops are backend-native ("Array");
+only ``to_host`` and ``argmax`` return numpy.
+
+The exactness contract every backend must keep (checked by ``echoline doctor``):
+a row's result never depends on how many rows share a call, nor on how a
+prompt was chunked. A backend that cannot promise it sets
+``batch_invariant = False`` and the engine then routes decode through the
+multi-row path so speculative and plain decoding still compute alike.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from engine.gguf_file import QuantTensor
+
+Array = Any  # backend-native array (numpy.ndarray, cupy.ndarray, mlx.core.array)
+Weight = Any  # backend-native prepared weight matrix
+
+
+class Backend(ABC):
+    """Ops a transformer forward pass needs, in a backend's own arrays."""
+
+    name: str = "abstract"
+    #: True when every op's per-row result is independent of the row count.
+    batch_invariant: bool = True
+
+    # ---- weights -------------------------------------------------------------------------
+    @abstractmethod
+    def prepare_matrix(self, tensors: list[QuantTensor]) -> Weight:
+        """Upload one or more (out_i, in) matrices sharing ``in`` as one fused weight.
+
+        ``matmul(x, w)`` then returns the outputs concatenated along the last axis
+        (q|k|v, gate|up): one call instead of several, which matters when a call
+        costs microseconds and a token makes hundreds.
+        """
+
+    @abstractmethod
+    def prepare_vector(self, values: np.ndarray) -> Array:
+        """Upload a float32 vector (norm weights, biases)."""
+
+    @abstractmethod
+    def prepare_embedding(self, table: QuantTensor) -> Any:
+        """Keep the token-embedding table in whatever form ``embed`` reads fastest."""
+
+    # ---- ops -----------------------------------------------------------------------------
+    @abstractmethod
+    def embed(self, table: Any, ids: np.ndarray) -> Array:
+        """Rows of the embedding table, float32, shape (n, d)."""
+
+    @abstractmethod
+    def matmul(self, x: Array, w: Weight) -> Array:
+        """x (n, in) float32 → x @ W.T, shape (n, out)."""
+
+    @abstractmethod
+    def rms_norm(self, x: Array, weight: Array, eps: float) -> Array:
+        """Normalize each row of x (…, d) by its RMS, times weight (d,)."""
+
+    @abstractmethod
+    def rope(self, x: Array, positions: np.ndarray, base: float, neox: bool) -> Array:
+        """Rotate x (n, heads, head_dim) by position; ``neox`` pairs (i, i+d/2), else (2i, 2i+1)."""
+
+    @abstractmethod
+    def attention(
+        self,
+        q: Array,
+        k_cache: Array,
+        v_cache: Array,
+        positions: np.ndarray,
+        window: int,
+        scale: float,
+    ) -> Array:
+        """Causal attention of q (n, H, hd) over cache rows [0, positions[i]] per row.
+
+        ``k_cache``/``v_cache`` are (ctx, KVH, hd) with the new rows already written;
+        row i sees keys j with j <= positions[i] and, when ``window`` > 0,
+        positions[i] - j < window. Returns (n, H * hd).
+        """
+
+    @abstractmethod
+    def silu_mul(self, gate: Array, up: Array) -> Array:
+        """silu(gate) * up."""
+
+    @abstractmethod
+    def gelu_tanh_mul(self, gate: Array, up: Array) -> Array:
+        """gelu_tanh(gate) * up."""
+
+    @abstractmethod
+    def add(self, a: Array, b: Array) -> Array:
+        """a + b (residual connections, biases broadcast over rows)."""
+
+    @abstractmethod
+    def scale(self, x: Array, factor: float) -> Array:
+        """x * factor, rounded to float32 as the reference does."""
+
+    # ---- cache storage -------------------------------------------------------------------
+    @abstractmethod
+    def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> Array:
+        """Zeroed float32 storage (capacity, KVH, hd) for one layer's K or V."""
+
+    @abstractmethod
+    def write_cache(self, cache: Array, start: int, rows: Array) -> None:
+        """cache[start:start+n] = rows (rows (n, KVH, hd))."""
+
+    @abstractmethod
+    def grow_cache(self, cache: Array, capacity: int) -> Array:
+        """A larger storage holding the same leading rows."""
+
+    # ---- results -------------------------------------------------------------------------
+    @abstractmethod
+    def to_host(self, x: Array) -> np.ndarray:
+        """A numpy copy."""
+
+    def argmax(self, logits: Array) -> np.ndarray:
+        """Greedy choice per row, ties to the lowest id (numpy's rule)."""
+        return np.argmax(self.to_host(logits), axis=-1)
+
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
+        return x.reshape(shape)
+
+    def split(self, x: Array, sizes: list[int]) -> list[Array]:
+        """Split the last axis into consecutive parts of the given sizes."""
+        out, start = [], 0
+        for size in sizes:
+            out.append(x[..., start : start + size])
+            start += size
+        return out
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (timing); a no-op on the CPU."""
