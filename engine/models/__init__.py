@@ -1,0 +1,14 @@
+"""One module per architecture; ``MODEL_CLASSES`` maps general.architecture to its class."""
+
+from engine.models.base import Transformer
+from engine.models.gemma3 import Gemma3Model
+from engine.models.llama import LlamaModel
+from engine.models.qwen2 import Qwen2Model
+
+MODEL_CLASSES: dict[str, type[Transformer]] = {
+    "llama": LlamaModel,
+    "qwen2": Qwen2Model,
+    "gemma3": Gemma3Model,
+}
+
+__all__ = ["MODEL_CLASSES", "Transformer"]

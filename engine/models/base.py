@@ -1,0 +1,145 @@
+"""The decoder-only transformer shared by every architecture, written against Backend ops.
+
+One code path for any number of new rows: one row is decode, many are
+prefill or verify. Architectures subclass ``Transformer`` and override the
+few hooks where they differ (biases, RoPE pairing, extra norms, activation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.backends.base import Backend
+from engine.config import ModelConfig
+from engine.gguf_file import GGUFFile
+from engine.kvcache import KVCache
+
+
+@dataclass
+class LayerWeights:
+    """Prepared (backend-native) weights of one block; optional parts are None."""
+
+    attn_norm: Any
+    wqkv: Any
+    wo: Any
+    ffn_norm: Any
+    w_gate_up: Any
+    w_down: Any
+    qkv_bias: Any = None
+    q_norm: Any = None
+    k_norm: Any = None
+    post_attn_norm: Any = None
+    post_ffn_norm: Any = None
+
+
+class Transformer:
+    """Llama-family block stack; subclasses set the architectural switches."""
+
+    #: RoPE pairs (i, i + d/2) when True, adjacent (2i, 2i+1) when False.
+    neox_rope = False
+    has_qkv_bias = False
+    gelu = False
+    embed_scale = False
+    qk_norm = False
+    sandwich_norms = False
+
+    def __init__(self, gf: GGUFFile, config: ModelConfig, backend: Backend) -> None:
+        self.config = config
+        self.backend = backend
+        c = config
+        self.q_size = c.n_heads * c.head_dim
+        self.kv_size = c.n_kv_heads * c.head_dim
+        embd = gf.tensor("token_embd.weight")
+        self.embedding = backend.prepare_embedding(embd)
+        self.output = backend.prepare_matrix([gf.tensor("output.weight") if not c.tied_output else embd])
+        self.output_norm = backend.prepare_vector(gf.tensor("output_norm.weight").dequantize())
+        self.layers = [self._load_layer(gf, i) for i in range(c.n_layers)]
+        self.attn_scale = 1.0 / math.sqrt(c.head_dim)
+
+    def _vec(self, gf: GGUFFile, name: str) -> Any:
+        return self.backend.prepare_vector(gf.tensor(name).dequantize())
+
+    def _load_layer(self, gf: GGUFFile, i: int) -> LayerWeights:
+        p = f"blk.{i}."
+        b = self.backend
+        lw = LayerWeights(
+            attn_norm=self._vec(gf, p + "attn_norm.weight"),
+            wqkv=b.prepare_matrix([gf.tensor(p + f"attn_{x}.weight") for x in "qkv"]),
+            wo=b.prepare_matrix([gf.tensor(p + "attn_output.weight")]),
+            ffn_norm=self._vec(gf, p + "ffn_norm.weight"),
+            w_gate_up=b.prepare_matrix([gf.tensor(p + "ffn_gate.weight"), gf.tensor(p + "ffn_up.weight")]),
+            w_down=b.prepare_matrix([gf.tensor(p + "ffn_down.weight")]),
+        )
+        if self.has_qkv_bias:
+            bias = np.concatenate([gf.tensor(p + f"attn_{x}.bias").dequantize() for x in "qkv"])
+            lw.qkv_bias = b.prepare_vector(bias)
+        if self.qk_norm:
+            lw.q_norm = self._vec(gf, p + "attn_q_norm.weight")
+            lw.k_norm = self._vec(gf, p + "attn_k_norm.weight")
+        if self.sandwich_norms:
+            lw.post_attn_norm = self._vec(gf, p + "post_attention_norm.weight")
+            lw.post_ffn_norm = self._vec(gf, p + "post_ffw_norm.weight")
+        return lw
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(self.backend, self.config, capacity)
+
+    def forward(self, ids: list[int] | np.ndarray, cache: KVCache, all_logits: bool = True) -> Any:
+        """Run ``ids`` at positions cache.length… and append their K/V.
+
+        Returns logits (n, vocab) for every row, or (1, vocab) for the last row
+        only when ``all_logits`` is False (prefill: the output head is the
+        costliest matrix, and earlier rows' logits are never looked at).
+        """
+        b, c = self.backend, self.config
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(ids)
+        start = cache.length
+        cache.ensure(start + n)
+        positions = np.arange(start, start + n, dtype=np.int64)
+        x = b.embed(self.embedding, ids)
+        if self.embed_scale:
+            x = b.scale(x, math.sqrt(c.d_model))
+        for li, lw in enumerate(self.layers):
+            x = self._block(x, li, lw, cache, start, positions)
+        cache.length = start + n
+        if not all_logits:
+            x = x[n - 1 :]
+        x = b.rms_norm(x, self.output_norm, c.rms_eps)
+        return b.matmul(x, self.output)
+
+    def _block(self, x: Any, li: int, lw: LayerWeights, cache: KVCache, start: int, positions: np.ndarray) -> Any:
+        b, c = self.backend, self.config
+        n = positions.shape[0]
+        h = b.rms_norm(x, lw.attn_norm, c.rms_eps)
+        qkv = b.matmul(h, lw.wqkv)
+        if lw.qkv_bias is not None:
+            qkv = b.add(qkv, lw.qkv_bias)
+        q, k, v = b.split(qkv, [self.q_size, self.kv_size, self.kv_size])
+        q = b.reshape(q, (n, c.n_heads, c.head_dim))
+        k = b.reshape(k, (n, c.n_kv_heads, c.head_dim))
+        v = b.reshape(v, (n, c.n_kv_heads, c.head_dim))
+        if lw.q_norm is not None:
+            q = b.rms_norm(q, lw.q_norm, c.rms_eps)
+            k = b.rms_norm(k, lw.k_norm, c.rms_eps)
+        base = c.layer_rope_base(li)
+        q = b.rope(q, positions, base, self.neox_rope)
+        k = b.rope(k, positions, base, self.neox_rope)
+        b.write_cache(cache.k[li], start, k)
+        b.write_cache(cache.v[li], start, v)
+        attn = b.attention(q, cache.k[li], cache.v[li], positions, c.layer_window(li), self.attn_scale)
+        o = b.matmul(attn, lw.wo)
+        if lw.post_attn_norm is not None:
+            o = b.rms_norm(o, lw.post_attn_norm, c.rms_eps)
+        x = b.add(x, o)
+        h = b.rms_norm(x, lw.ffn_norm, c.rms_eps)
+        gate, up = b.split(b.matmul(h, lw.w_gate_up), [c.n_ff, c.n_ff])
+        f = b.gelu_tanh_mul(gate, up) if self.gelu else b.silu_mul(gate, up)
+        d = b.matmul(f, lw.w_down)
+        if lw.post_ffn_norm is not None:
+            d = b.rms_norm(d, lw.post_ffn_norm, c.rms_eps)
+        return b.add(x, d)
