@@ -1,0 +1,54 @@
+// Settings → server command line and initializationOptions.
+// Kept apart from the client wiring so the mapping is in one place.
+import * as vscode from 'vscode';
+
+/** Keys the server understands in initializationOptions and didChangeConfiguration. */
+export interface ServerSettings {
+  model: string;
+  backend: string;
+  speculation: boolean;
+  maxTokens: number;
+  kvBudgetMB?: number;
+}
+
+export function section(): vscode.WorkspaceConfiguration {
+  return vscode.workspace.getConfiguration('echoline');
+}
+
+/** The settings the server reads, with null/undefined ones left out. */
+export function serverSettings(): ServerSettings {
+  const cfg = section();
+  const out: ServerSettings = {
+    model: cfg.get<string>('model', 'smollm2'),
+    backend: cfg.get<string>('backend', 'auto'),
+    speculation: cfg.get<boolean>('speculation', true),
+    maxTokens: cfg.get<number>('maxTokens', 256),
+  };
+  const budget = cfg.get<number | null>('kvBudgetMB', null);
+  if (typeof budget === 'number') {
+    out.kvBudgetMB = budget;
+  }
+  return out;
+}
+
+/** Command and arguments that start `echoline serve` (stdio). */
+export function serverCommand(): { command: string; args: string[] } {
+  const cfg = section();
+  const full = cfg.get<string[]>('command', []).filter((s) => s.length > 0);
+  if (full.length > 0) {
+    return { command: full[0], args: full.slice(1) };
+  }
+  const python = cfg.get<string>('pythonPath', '').trim();
+  if (python) {
+    return { command: python, args: ['-m', 'sidecar', 'serve'] };
+  }
+  return { command: 'echoline', args: ['serve'] };
+}
+
+export function confirmRewrites(): boolean {
+  return section().get<boolean>('rewrite.confirm', true);
+}
+
+export function inlineCompletionsEnabled(): boolean {
+  return section().get<boolean>('inlineCompletions', true);
+}

@@ -1,0 +1,112 @@
+// Entry point: start `echoline serve` through vscode-languageclient, wire the
+// status bar, the log channel, the rewrite command and the settings.
+import * as vscode from 'vscode';
+import {
+  Executable,
+  LanguageClient,
+  LanguageClientOptions,
+  ServerOptions,
+  TransportKind,
+} from 'vscode-languageclient/node';
+import { inlineCompletionsEnabled, serverCommand, serverSettings } from './config';
+import { RewriteProgressParams, ServerEvents } from './events';
+import { PREVIEW_SCHEME, PreviewProvider } from './preview';
+import { Rewriter } from './rewrite';
+import { StatusItem, StatusParams } from './status';
+
+let client: LanguageClient | undefined;
+
+function createClient(log: vscode.LogOutputChannel, events: ServerEvents, rewriter: () => Rewriter): LanguageClient {
+  const { command, args } = serverCommand();
+  const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath;
+  const exe: Executable = { command, args, transport: TransportKind.stdio, options: { cwd } };
+  const serverOptions: ServerOptions = { run: exe, debug: exe };
+  log.info(`starting server: ${[command, ...args].join(' ')}`);
+
+  const clientOptions: LanguageClientOptions = {
+    documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
+    initializationOptions: serverSettings(),
+    // Sends workspace/didChangeConfiguration {settings: {echoline: {...}}} on change.
+    synchronize: { configurationSection: 'echoline' },
+    outputChannel: log,
+    middleware: {
+      provideInlineCompletionItems: (document, position, context, token, next) =>
+        inlineCompletionsEnabled() ? next(document, position, context, token) : undefined,
+      // The server's code action "Rewrite with echoline…" carries no instruction:
+      // route it through the interactive flow (input box, progress, preview).
+      executeCommand: async (cmd, cmdArgs, next) => {
+        const a = cmdArgs?.[0] as { uri?: string; range?: unknown; instruction?: unknown } | undefined;
+        if (cmd === 'echoline.rewrite' && a?.uri && a.range && typeof a.instruction !== 'string') {
+          const c = client!;
+          const uri = c.protocol2CodeConverter.asUri(a.uri);
+          const range = c.protocol2CodeConverter.asRange(a.range as never);
+          const editor = await vscode.window.showTextDocument(uri, { selection: range });
+          return rewriter().run(editor, range);
+        }
+        return next(cmd, cmdArgs);
+      },
+    },
+  };
+  const c = new LanguageClient('echoline', 'echoline', serverOptions, clientOptions);
+  c.onNotification('echoline/status', (p: StatusParams) => {
+    log.info(`status: ${p.state ?? ''} ${p.model ?? ''} ${p.message ?? ''}`);
+    events.status.fire(p);
+  });
+  c.onNotification('echoline/rewriteProgress', (p: RewriteProgressParams) => events.rewriteProgress.fire(p));
+  return c;
+}
+
+async function startClient(c: LanguageClient, status: StatusItem, log: vscode.LogOutputChannel): Promise<void> {
+  try {
+    await c.start();
+    log.info('server started');
+  } catch (err) {
+    const msg = err instanceof Error ? err.message : String(err);
+    log.error(`could not start the server: ${msg}`);
+    status.update({ state: 'error', message: msg });
+    void vscode.window.showErrorMessage(
+      `echoline: could not start the language server (${msg}). Set echoline.command or echoline.pythonPath.`,
+    );
+  }
+}
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  const log = vscode.window.createOutputChannel('echoline', { log: true });
+  const events = new ServerEvents();
+  const status = new StatusItem('echoline.showLog');
+  status.update({ model: serverSettings().model, state: 'loading' });
+  const preview = new PreviewProvider();
+  const rewriter = new Rewriter(() => client, events, preview, status, log);
+  context.subscriptions.push(log, events, status, preview);
+  context.subscriptions.push(
+    vscode.workspace.registerTextDocumentContentProvider(PREVIEW_SCHEME, preview),
+    events.status.event((p) => status.update(p)),
+    vscode.commands.registerCommand('echoline.showLog', () => log.show(true)),
+    vscode.commands.registerCommand('echoline.rewriteSelection', () => rewriter.run(vscode.window.activeTextEditor)),
+    vscode.commands.registerCommand('echoline.restart', async () => {
+      // Recreate the client so a changed command/pythonPath takes effect.
+      if (client) {
+        await client.stop().catch(() => undefined);
+      }
+      status.update({ state: 'loading', model: serverSettings().model, message: 'restarting' });
+      client = createClient(log, events, () => rewriter);
+      await startClient(client, status, log);
+    }),
+    vscode.workspace.onDidChangeConfiguration((e) => {
+      if (e.affectsConfiguration('echoline.command') || e.affectsConfiguration('echoline.pythonPath')) {
+        void vscode.window
+          .showInformationMessage('echoline: restart the server to use the new command?', 'Restart')
+          .then((c) => (c ? vscode.commands.executeCommand('echoline.restart') : undefined));
+      }
+    }),
+  );
+  client = createClient(log, events, () => rewriter);
+  await startClient(client, status, log);
+}
+
+export async function deactivate(): Promise<void> {
+  if (client) {
+    await client.stop().catch(() => undefined);
+    client = undefined;
+  }
+}

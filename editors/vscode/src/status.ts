@@ -1,0 +1,70 @@
+// Status bar item: model, server state, last tok/s and draft acceptance.
+import * as vscode from 'vscode';
+
+/** Payload of the server's `echoline/status` notification. */
+export interface StatusParams {
+  state?: 'loading' | 'ready' | 'error' | string;
+  model?: string;
+  message?: string;
+  tokS?: number;
+  acceptance?: number;
+}
+
+export function fmtRate(tokS?: number): string | undefined {
+  return typeof tokS === 'number' && isFinite(tokS) ? `${tokS.toFixed(1)} tok/s` : undefined;
+}
+
+export function fmtAcceptance(a?: number): string | undefined {
+  if (typeof a !== 'number' || !isFinite(a)) {
+    return undefined;
+  }
+  // Accept a fraction (0..1) or a percentage.
+  const pct = a <= 1 ? a * 100 : a;
+  return `${pct.toFixed(0)}% accepted`;
+}
+
+export class StatusItem implements vscode.Disposable {
+  private readonly item: vscode.StatusBarItem;
+  private current: StatusParams = { state: 'loading' };
+
+  constructor(showLogCommand: string) {
+    this.item = vscode.window.createStatusBarItem('echoline.status', vscode.StatusBarAlignment.Right, 100);
+    this.item.name = 'echoline';
+    this.item.command = showLogCommand;
+    this.render();
+    this.item.show();
+  }
+
+  /** Merge a partial update (status notification or rewrite stats) and redraw. */
+  update(p: StatusParams): void {
+    this.current = { ...this.current, ...Object.fromEntries(Object.entries(p).filter(([, v]) => v !== undefined && v !== null)) };
+    this.render();
+  }
+
+  private render(): void {
+    const s = this.current;
+    const model = s.model ?? 'echoline';
+    const icon = s.state === 'ready' ? '$(sparkle)' : s.state === 'error' ? '$(error)' : '$(sync~spin)';
+    const parts = [`${icon} ${model}`];
+    if (s.state === 'ready') {
+      const rate = fmtRate(s.tokS);
+      if (rate) {
+        parts.push(rate);
+      }
+      const acc = fmtAcceptance(s.acceptance);
+      if (acc) {
+        parts.push(acc);
+      }
+    } else if (s.state) {
+      parts.push(s.state);
+    }
+    this.item.text = parts.join(' · ');
+    this.item.tooltip = `echoline ${s.state ?? ''}${s.message ? `: ${s.message}` : ''}\nClick to show the log.`;
+    this.item.backgroundColor =
+      s.state === 'error' ? new vscode.ThemeColor('statusBarItem.errorBackground') : undefined;
+  }
+
+  dispose(): void {
+    this.item.dispose();
+  }
+}
