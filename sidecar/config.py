@@ -1,0 +1,160 @@
+"""Sidecar settings: read from ``initializationOptions`` and ``workspace/didChangeConfiguration``.
+
+Each key is validated on its own so one bad value does not throw away the good
+ones: a bad value produces a human-readable error (the server shows it with
+``window/showMessage``) and the last good value is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+BACKENDS = ("auto", "numpy", "cupy", "mlx")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the user can tune. Names mirror the LSP keys (camelCase there)."""
+
+    model: str = "smollm2"
+    backend: str = "auto"
+    speculation: bool = True
+    max_tokens: int = 512
+    kv_budget_mb: int | None = None
+    max_file_bytes: int = 512 * 1024
+    max_index_mb: float = 64.0
+    inline_max_tokens: int = 64
+    ready_timeout_s: float = 60.0
+
+    @property
+    def kv_budget_bytes(self) -> int | None:
+        return None if self.kv_budget_mb is None else int(self.kv_budget_mb) * 1024 * 1024
+
+    @property
+    def max_index_bytes(self) -> int:
+        return int(self.max_index_mb * 1024 * 1024)
+
+    def engine_key(self) -> tuple[str, str, int | None]:
+        """What requires a model reload when it changes."""
+        return (self.model, self.backend, self.kv_budget_mb)
+
+
+# LSP key -> (field name, validator). Validators return the converted value or raise ValueError.
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("must be a non-empty string")
+    return v.strip()
+
+
+def _backend(v: Any) -> str:
+    v = _str(v)
+    if v not in BACKENDS:
+        raise ValueError(f"must be one of {', '.join(BACKENDS)}")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+    return v
+
+
+def _int_range(lo: int, hi: int):
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int | float) or int(v) != v:
+            raise ValueError(f"must be an integer between {lo} and {hi}")
+        if not lo <= v <= hi:
+            raise ValueError(f"must be between {lo} and {hi}")
+        return int(v)
+
+    return check
+
+
+def _opt_int_range(lo: int, hi: int):
+    inner = _int_range(lo, hi)
+
+    def check(v: Any) -> int | None:
+        return None if v is None else inner(v)
+
+    return check
+
+
+def _pos_number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+        raise ValueError("must be a positive number")
+    return float(v)
+
+
+KEYS: dict[str, tuple[str, Any]] = {
+    "model": ("model", _str),
+    "backend": ("backend", _backend),
+    "speculation": ("speculation", _bool),
+    "maxTokens": ("max_tokens", _int_range(1, 8192)),
+    "kvBudgetMB": ("kv_budget_mb", _opt_int_range(1, 1 << 20)),
+    "maxFileBytes": ("max_file_bytes", _int_range(1, 1 << 31)),
+    "maxIndexMB": ("max_index_mb", _pos_number),
+    "inlineMaxTokens": ("inline_max_tokens", _int_range(1, 1024)),
+    "readyTimeoutS": ("ready_timeout_s", _pos_number),
+}
+
+# Nested spellings accepted as well: {"index": {"maxFileBytes": ..}, "inlineCompletion": {"maxTokens": ..}}
+NESTED: dict[tuple[str, str], str] = {
+    ("index", "maxFileBytes"): "maxFileBytes",
+    ("index", "maxIndexMB"): "maxIndexMB",
+    ("inlineCompletion", "maxTokens"): "inlineMaxTokens",
+}
+
+
+def _flatten(raw: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict) and key in {k for k, _ in NESTED}:
+            for sub, subval in value.items():
+                target = NESTED.get((key, sub))
+                flat[target or f"{key}.{sub}"] = subval
+        else:
+            flat[key] = value
+    return flat
+
+
+def unwrap(options: Any) -> dict[str, Any] | None:
+    """Accept either ``{"echoline": {...}}`` or the bare settings object."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        return None
+    inner = options.get("echoline")
+    if isinstance(inner, dict):
+        return inner
+    return options
+
+
+def apply(current: Settings, raw: Any) -> tuple[Settings, list[str]]:
+    """Return (new settings, error messages). Unknown keys are reported, not fatal."""
+    if raw is None:
+        return current, []
+    if not isinstance(raw, dict):
+        return current, [f"echoline settings must be an object, got {type(raw).__name__}"]
+    changes: dict[str, Any] = {}
+    errors: list[str] = []
+    for key, value in _flatten(raw).items():
+        spec = KEYS.get(key)
+        if spec is None:
+            errors.append(f"echoline: unknown setting {key!r} (ignored)")
+            continue
+        name, check = spec
+        try:
+            changes[name] = check(value)
+        except ValueError as exc:
+            kept = getattr(current, name)
+            errors.append(f"echoline: setting {key}={value!r} {exc}; keeping {kept!r}")
+    return replace(current, **changes), errors
+
+
+def as_lsp_dict(s: Settings) -> dict[str, Any]:
+    """Settings back in LSP spelling (for the status command and docs)."""
+    by_field = {name: key for key, (name, _) in KEYS.items()}
+    return {by_field[f.name]: getattr(s, f.name) for f in fields(s) if f.name in by_field}
