@@ -1,0 +1,165 @@
+"""The engine's public face: load a model once, generate many replies.
+
+The sidecar and the CLI use only this module (plus ``engine.types``): a
+loaded model with its tokenizer, per-buffer sessions, a draft index that
+callers can feed with extra sources (workspace files), and ``generate``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engine.drafting.controller import DraftController, VerifyCost
+from engine.drafting.ngram_index import NgramIndex
+from engine.errors import EcholineError
+from engine.generate import StopRules, generate_tokens
+from engine.model import load_model
+from engine.models_registry import resolve_model
+from engine.sessions import SessionStore
+from engine.tokenizer import Tokenizer
+from engine.types import GenerationResult, GenerationStats, TokenEvent
+
+MAX_DRAFT = 16
+
+
+class Engine:
+    """A model ready to generate, with sessions and a draft index.
+
+    Not thread-safe: the sidecar drives it from one worker thread.
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        backend: str = "auto",
+        kv_budget_bytes: int | None = None,
+        prefill_chunk: int = 512,
+        max_draft: int = MAX_DRAFT,
+    ) -> None:
+        t0 = time.perf_counter()
+        self.model_path = Path(model_path)
+        self.gguf, self.model = load_model(self.model_path, backend)
+        self.config = self.model.config
+        self.backend = self.model.backend
+        self.tokenizer = Tokenizer.from_gguf(self.gguf)
+        self.sessions = SessionStore(self.model, kv_budget_bytes)
+        self.prefill_chunk = prefill_chunk
+        self.index = NgramIndex()
+        self.cost = VerifyCost()
+        self.controller = DraftController(self.cost, max_draft=max_draft)
+        self.load_s = time.perf_counter() - t0
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        model: str | Path = "smollm2",
+        *,
+        backend: str = "auto",
+        kv_budget_bytes: int | None = None,
+        prefill_chunk: int = 512,
+    ) -> Engine:
+        """Resolve a model name or path (pulling a known name if needed) and load it."""
+        return cls(
+            resolve_model(model),
+            backend=backend,
+            kv_budget_bytes=kv_budget_bytes,
+            prefill_chunk=prefill_chunk,
+        )
+
+    @property
+    def model_name(self) -> str:
+        return self.model_path.name
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    # ---- prompts ---------------------------------------------------------------------------
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer.chat_template is not None
+
+    def encode(self, text: str) -> list[int]:
+        """A raw prompt: special-token text parsed, BOS as the model's metadata says."""
+        return self.tokenizer.encode(text, parse_special=True)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Messages through the chat template; user content is never parsed as special tokens."""
+        from engine.chat_template import encode_chat
+
+        return encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+
+    # ---- draft sources ---------------------------------------------------------------------
+    def set_source(self, source_id: str, text: str) -> None:
+        """Register or replace an extra draft source (a workspace file), tokenized here."""
+        self.index.set_source(source_id, self.tokenizer.encode(text, add_bos=False, parse_special=False))
+
+    def remove_source(self, source_id: str) -> None:
+        self.index.remove_source(source_id)
+
+    def source_memory_bytes(self) -> int:
+        return self.index.memory_bytes()
+
+    # ---- generation ------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        spec: bool = True,
+        session: str | None = None,
+        on_token: Callable[[TokenEvent], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> GenerationResult:
+        """Greedy reply to ``prompt_ids``; identical token ids with ``spec`` on or off.
+
+        ``session`` names a buffer whose cache is reused (None: a one-off cache).
+        """
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise EcholineError("empty prompt")
+        if any(t < 0 or t >= self.config.vocab_size for t in prompt):
+            raise EcholineError("prompt holds token ids outside the vocabulary")
+        reserve = len(prompt) + max(0, max_tokens) + self.controller.max_draft + 2
+        reserve = min(reserve, self.config.context_length)
+        sess = self.sessions.prepare(session, prompt, reserve)
+        stats = GenerationStats()
+        use_spec = spec
+        if use_spec:
+            self.index.set_source("prompt", prompt)
+            self.index.set_source("reply", [])
+        rules = StopRules(
+            max_tokens=min(max_tokens, self.config.context_length - len(prompt) - 1),
+            stop_ids=self.tokenizer.stop_ids,
+            stop_strings=tuple(stop),
+        )
+        try:
+            result = generate_tokens(
+                self.model,
+                sess.cache,
+                prompt,
+                decode=self.tokenizer.decode,
+                rules=rules,
+                index=self.index if use_spec else None,
+                controller=self.controller if use_spec else None,
+                on_token=on_token,
+                cancel=cancel,
+                prefill_chunk=self.prefill_chunk,
+                stats=stats,
+            )
+        except BaseException:
+            # The cache's state is unknown after a failure mid-forward: start that buffer afresh.
+            if session is not None:
+                self.sessions.drop(session)
+            raise
+        if session is not None:
+            self.sessions.finish(sess, prompt, result.token_ids)
+        result.stats.kv_bytes = self.sessions.bytes_in_use
+        return result
+

@@ -1,0 +1,215 @@
+"""The one decode loop: plain (k = 0) and speculative greedy generation.
+
+Exactness argument, in the order the code relies on it:
+1. Each round runs one forward over ``[pending] + drafts[:k]``. Row i's
+   logits are what plain decoding would compute at that position *if* the
+   drafts before it are right, because backends are batch-invariant.
+2. Drafts are accepted while they equal the model's own argmax; the first
+   mismatch is replaced by that argmax. So every emitted token is the argmax
+   plain decoding would emit, whatever the drafts were.
+3. Stop rules (stop ids, stop strings, ``max_tokens``) are applied token by
+   token to the emitted sequence, identically for both modes, so the reply
+   ends at the same token.
+4. When generation ends for any reason, the cache is cut or extended so it
+   holds exactly prompt + reply: drafts past the end are dropped, and a
+   reply's last token that has not yet been through the model is run (the
+   trailing-token rule), so a later turn reusing this cache computes the same
+   thing as a cold start.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.kvcache import KVCache
+from engine.models.base import Transformer
+from engine.types import GenerationResult, GenerationStats, TokenEvent
+
+DRAFT_CONTEXT = 64  # context tokens handed to the n-gram lookup
+
+
+@dataclass
+class StopRules:
+    """When a reply ends: a stop id (EOS/EOT), a stop string in the text, or the budget."""
+
+    max_tokens: int = 256
+    stop_ids: frozenset[int] = frozenset()
+    stop_strings: Sequence[str] = ()
+
+
+@dataclass
+class _Reply:
+    """The reply as it grows, with its text and the stop decision."""
+
+    decode: Callable[[list[int]], str]
+    rules: StopRules
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish: str | None = None
+
+    def emit(self, token: int) -> bool:
+        """Append one token; True when the reply ends with it."""
+        self.ids.append(token)
+        if token in self.rules.stop_ids:
+            self.finish = "eos"
+            return True
+        full = self.decode([t for t in self.ids if t not in self.rules.stop_ids])
+        for s in self.rules.stop_strings:
+            if not s:
+                continue
+            at = full.find(s, max(0, len(self.text) - len(s)))
+            if at >= 0:
+                self.text = full[:at]
+                self.finish = "stop"
+                return True
+        # Hold back an incomplete UTF-8 sequence (decoded as U+FFFD) until it completes.
+        self.text = full.rstrip("\ufffd") if full.endswith("\ufffd") else full
+        if len(self.ids) >= self.rules.max_tokens:
+            self.finish = "length"
+            return True
+        return False
+
+
+def prefill(
+    model: Transformer,
+    cache: KVCache,
+    tokens: Sequence[int],
+    chunk: int,
+    cancel: threading.Event | None,
+) -> object | None:
+    """Run ``tokens`` into the cache in chunks; logits of the last row, or None if cancelled.
+
+    Chunking bounds the latency of a cancel and the size of one forward; with
+    batch-invariant kernels it changes no value.
+    """
+    logits = None
+    for start in range(0, len(tokens), max(1, chunk)):
+        if cancel is not None and cancel.is_set():
+            return None
+        logits = model.forward(tokens[start : start + chunk], cache, all_logits=False)
+    return logits
+
+
+def generate_tokens(
+    model: Transformer,
+    cache: KVCache,
+    prompt_ids: Sequence[int],
+    *,
+    decode: Callable[[list[int]], str],
+    rules: StopRules,
+    index=None,
+    controller=None,
+    on_token: Callable[[TokenEvent], None] | None = None,
+    cancel: threading.Event | None = None,
+    prefill_chunk: int = 512,
+    stats: GenerationStats | None = None,
+) -> GenerationResult:
+    """Generate greedily after ``prompt_ids``; the cache may already hold a prefix of them.
+
+    ``index``/``controller`` enable speculation (None → plain decoding). The
+    index must already hold the prompt as source "prompt"; the loop feeds the
+    reply into source "reply".
+    """
+    stats = stats or GenerationStats()
+    backend = model.backend
+    t_start = time.perf_counter()
+    stats.prompt_tokens = len(prompt_ids)
+    reused = cache.length
+    if reused >= len(prompt_ids):
+        raise ValueError("the cache must leave at least one prompt token to run")
+    stats.reused_tokens = reused
+    stats.prefilled_tokens = len(prompt_ids) - reused
+    reply = _Reply(decode=decode, rules=rules)
+
+    def finish(reason: str | None = None) -> GenerationResult:
+        stats.generated_tokens = len(reply.ids)
+        stats.total_s = time.perf_counter() - t_start
+        stats.kv_bytes = cache.bytes_reserved
+        return GenerationResult(list(reply.ids), reply.text, reason or reply.finish or "length", stats)
+
+    if rules.max_tokens <= 0:
+        # Nothing to generate, but the prompt still goes through so the cache is complete.
+        prefill(model, cache, prompt_ids[reused:], prefill_chunk, cancel)
+        return finish("cancelled" if cancel is not None and cancel.is_set() else "length")
+
+    logits = prefill(model, cache, prompt_ids[reused:], prefill_chunk, cancel)
+    if logits is None:
+        return finish("cancelled")
+    pending = int(backend.argmax(logits)[-1])
+    stats.ttft_s = time.perf_counter() - t_start
+    t_first = time.perf_counter()
+    context = list(prompt_ids)
+
+    def push(new_ids: list[int], prev_text: str) -> None:
+        context.extend(new_ids)
+        if index is not None:
+            index.extend_source("reply", new_ids)
+        stats.decode_s = time.perf_counter() - t_first
+        if on_token is not None:
+            stats.generated_tokens = len(reply.ids)
+            on_token(TokenEvent(new_ids, reply.text[len(prev_text) :], reply.text, stats))
+
+    prev_text = reply.text
+    if reply.emit(pending):
+        model.forward([pending], cache)  # trailing-token rule
+        push([pending], prev_text)
+        return finish()
+    push([pending], prev_text)
+
+    while True:
+        if cancel is not None and cancel.is_set():
+            model.forward([pending], cache)  # the reply so far is complete in the cache
+            return finish("cancelled")
+        drafts: list[int] = []
+        source = ""
+        match_len = 0
+        if index is not None and controller is not None:
+            draft = index.draft(context[-DRAFT_CONTEXT:], controller.max_draft)
+            remaining = rules.max_tokens - len(reply.ids)
+            k = controller.choose(draft, cache.length, remaining) if draft.tokens else 0
+            drafts = list(draft.tokens[:k])
+            source, match_len = draft.source, draft.match_len
+        base = cache.length
+        rows = [pending] + drafts
+        t0 = time.perf_counter()
+        logits = model.forward(rows, cache, all_logits=True)
+        best = backend.argmax(logits)
+        dt = time.perf_counter() - t0
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == int(best[accepted]):
+            accepted += 1
+        new_ids = drafts[:accepted] + [int(best[accepted])]
+        stats.rounds += 1
+        if controller is not None:
+            controller.cost.observe(len(rows), base, dt)
+            if drafts:
+                controller.observe(source, match_len, len(drafts), accepted)
+        if drafts:
+            stats.drafted += len(drafts)
+            stats.accepted += accepted
+            src = stats.per_source.setdefault(source, {"drafted": 0, "accepted": 0})
+            src["drafted"] += len(drafts)
+            src["accepted"] += accepted
+        # Valid cache rows: pending and the accepted drafts.
+        cache.truncate(base + 1 + accepted)
+        prev_text = reply.text
+        for i, tok in enumerate(new_ids):
+            if reply.emit(tok):
+                if i < accepted:
+                    cache.truncate(base + 2 + i)  # drafts after this one are not in the reply
+                else:
+                    model.forward([tok], cache)  # trailing-token rule
+                push(new_ids[: i + 1], prev_text)
+                return finish()
+        push(new_ids, prev_text)
+        pending = new_ids[-1]
+
+
+def argmax_rows(logits: np.ndarray) -> np.ndarray:
+    """numpy argmax per row (ties to the lowest id), for callers holding host logits."""
+    return np.argmax(logits, axis=-1)

