@@ -16,13 +16,16 @@ from engine.gguf_file import QuantTensor
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return (x / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
+    """x·sigmoid(x); exp overflows to inf for very negative x, which correctly gives -0."""
+    one = x.dtype.type(1.0)
+    with np.errstate(over="ignore"):
+        return x / (one + np.exp(-x))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    c = np.float32(np.sqrt(2.0 / np.pi))
-    inner = c * (x + np.float32(0.044715) * x * x * x)
-    return (np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))).astype(np.float32)
+    t = x.dtype.type
+    inner = t(np.sqrt(2.0 / np.pi)) * (x + t(0.044715) * x * x * x)
+    return t(0.5) * x * (t(1.0) + np.tanh(inner))
 
 
 def rope_tables(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
@@ -34,45 +37,49 @@ def rope_tables(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.n
 
 
 class NumpyBackend(Backend):
-    """float32 numpy, one GEMV per row."""
+    """float32 numpy, one GEMV per row; ``dtype=np.float64`` gives the high-precision reference."""
 
     name = "numpy"
     batch_invariant = True
 
+    def __init__(self, dtype: type = np.float32) -> None:
+        self.dtype = np.dtype(dtype)
+
     def prepare_matrix(self, tensors: list[QuantTensor]) -> np.ndarray:
-        mats = [t.dequantize().reshape(t.rows, t.cols) for t in tensors]
+        mats = [t.dequantize().reshape(t.rows, t.cols).astype(self.dtype) for t in tensors]
         return np.ascontiguousarray(np.concatenate(mats, axis=0) if len(mats) > 1 else mats[0])
 
     def prepare_vector(self, values: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        return np.ascontiguousarray(values, dtype=self.dtype).reshape(-1)
 
     def prepare_embedding(self, table: QuantTensor) -> QuantTensor:
         return table
 
     def embed(self, table: QuantTensor, ids: np.ndarray) -> np.ndarray:
-        return table.dequantize_rows(np.asarray(ids, dtype=np.int64))
+        return table.dequantize_rows(np.asarray(ids, dtype=np.int64)).astype(self.dtype)
 
     def matmul(self, x: Array, w: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.empty((x.shape[0], w.shape[0]), dtype=np.float32)
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        out = np.empty((x.shape[0], w.shape[0]), dtype=self.dtype)
         for i in range(x.shape[0]):
             out[i] = w @ x[i]
         return out
 
     def rms_norm(self, x: Array, weight: np.ndarray, eps: float) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
+        x = np.asarray(x, dtype=self.dtype)
         flat = x.reshape(-1, x.shape[-1])
         out = np.empty_like(flat)
         for i in range(flat.shape[0]):
             row = flat[i]
-            ms = np.float32(np.dot(row, row) / np.float32(row.shape[0]))
-            out[i] = row * np.float32(1.0 / np.sqrt(ms + np.float32(eps)))
+            ms = self.dtype.type(np.dot(row, row) / self.dtype.type(row.shape[0]))
+            out[i] = row * self.dtype.type(1.0 / np.sqrt(ms + self.dtype.type(eps)))
         return (out * weight).reshape(x.shape)
 
     def rope(self, x: Array, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
+        x = np.asarray(x, dtype=self.dtype)
         hd = x.shape[-1]
         cos, sin = rope_tables(positions, hd, base)
+        cos, sin = cos.astype(self.dtype), sin.astype(self.dtype)
         cos, sin = cos[:, None, :], sin[:, None, :]
         out = np.empty_like(x)
         if neox:
@@ -89,14 +96,14 @@ class NumpyBackend(Backend):
         n, n_heads, hd = q.shape
         n_kv = k_cache.shape[1]
         group = n_heads // n_kv
-        out = np.empty((n, n_heads, hd), dtype=np.float32)
+        out = np.empty((n, n_heads, hd), dtype=self.dtype)
         for i in range(n):
             p = int(positions[i])
             lo = max(0, p - window + 1) if window > 0 else 0
             for h in range(n_heads):
                 kv = h // group
                 keys = k_cache[lo : p + 1, kv, :]
-                scores = (keys @ q[i, h]) * np.float32(scale)
+                scores = (keys @ q[i, h]) * self.dtype.type(scale)
                 scores = np.exp(scores - scores.max())
                 probs = scores / scores.sum()
                 out[i, h] = probs @ v_cache[lo : p + 1, kv, :]
@@ -109,13 +116,13 @@ class NumpyBackend(Backend):
         return gelu_tanh(gate) * up
 
     def add(self, a, b) -> np.ndarray:
-        return np.add(a, b, dtype=np.float32)
+        return np.add(a, b, dtype=self.dtype)
 
     def scale(self, x, factor: float) -> np.ndarray:
-        return (np.asarray(x, dtype=np.float32) * np.float32(factor)).astype(np.float32)
+        return np.asarray(x, dtype=self.dtype) * self.dtype.type(factor)
 
     def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
-        return np.zeros((capacity, n_kv_heads, head_dim), dtype=np.float32)
+        return np.zeros((capacity, n_kv_heads, head_dim), dtype=self.dtype)
 
     def write_cache(self, cache: np.ndarray, start: int, rows) -> None:
         cache[start : start + rows.shape[0]] = rows
