@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from engine.kvcache import KVCache
 from engine.models.base import Transformer
 from engine.types import GenerationResult, GenerationStats, TokenEvent
@@ -75,6 +73,27 @@ class _Reply:
         return False
 
 
+def run_rows(model: Transformer, cache: KVCache, rows: Sequence[int], all_logits: bool = True):
+    """One forward over ``rows``; on a backend that is not batch-invariant, padded to a fixed count.
+
+    Padding makes decode, verify and prefill all run the same multi-row kernels,
+    so a row's result cannot depend on how many rows shared its pass. Pad rows
+    sit after the real ones, which causal attention never lets the real rows
+    see, and the cache is cut back to the real rows.
+    """
+    backend = model.backend
+    fixed = 0 if backend.batch_invariant else int(getattr(backend, "fixed_rows", 0))
+    if not fixed:
+        return model.forward(rows, cache, all_logits=all_logits)
+    n = len(rows)
+    if n > fixed:
+        raise ValueError(f"{n} rows exceed the backend's fixed row count {fixed}")
+    base = cache.length
+    logits = model.forward(list(rows) + [rows[-1]] * (fixed - n), cache, all_logits=True)
+    cache.truncate(base + n)
+    return logits[:n] if all_logits else logits[n - 1 : n]
+
+
 def prefill(
     model: Transformer,
     cache: KVCache,
@@ -87,11 +106,14 @@ def prefill(
     Chunking bounds the latency of a cancel and the size of one forward; with
     batch-invariant kernels it changes no value.
     """
+    backend = model.backend
+    if not backend.batch_invariant and getattr(backend, "fixed_rows", 0):
+        chunk = min(chunk, backend.fixed_rows)
     logits = None
     for start in range(0, len(tokens), max(1, chunk)):
         if cancel is not None and cancel.is_set():
             return None
-        logits = model.forward(tokens[start : start + chunk], cache, all_logits=False)
+        logits = run_rows(model, cache, tokens[start : start + chunk], all_logits=False)
     return logits
 
 
@@ -156,14 +178,14 @@ def generate_tokens(
 
     prev_text = reply.text
     if reply.emit(pending):
-        model.forward([pending], cache)  # trailing-token rule
+        run_rows(model, cache, [pending])  # trailing-token rule
         push([pending], prev_text)
         return finish()
     push([pending], prev_text)
 
     while True:
         if cancel is not None and cancel.is_set():
-            model.forward([pending], cache)  # the reply so far is complete in the cache
+            run_rows(model, cache, [pending])  # the reply so far is complete in the cache
             return finish("cancelled")
         drafts: list[int] = []
         source = ""
@@ -177,7 +199,7 @@ def generate_tokens(
         base = cache.length
         rows = [pending] + drafts
         t0 = time.perf_counter()
-        logits = model.forward(rows, cache, all_logits=True)
+        logits = run_rows(model, cache, rows)
         best = backend.argmax(logits)
         dt = time.perf_counter() - t0
         accepted = 0
@@ -203,13 +225,9 @@ def generate_tokens(
                 if i < accepted:
                     cache.truncate(base + 2 + i)  # drafts after this one are not in the reply
                 else:
-                    model.forward([tok], cache)  # trailing-token rule
+                    run_rows(model, cache, [tok])  # trailing-token rule
                 push(new_ids[: i + 1], prev_text)
                 return finish()
         push(new_ids, prev_text)
         pending = new_ids[-1]
 
-
-def argmax_rows(logits: np.ndarray) -> np.ndarray:
-    """numpy argmax per row (ties to the lowest id), for callers holding host logits."""
-    return np.argmax(logits, axis=-1)

@@ -1,0 +1,1 @@
+"""Benchmarks: speeds as ratios measured in one run (interleaved rounds, medians)."""

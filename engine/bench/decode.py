@@ -1,0 +1,43 @@
+"""``echoline bench decode``: plain decode tok/s and the whole-forward cost of k rows.
+
+The row-cost curve is what decides whether speculation can pay on this
+machine (a verify of k drafts is one forward of k+1 rows).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from engine.bench.common import load, print_table, row_costs
+
+ROW_COUNTS = (1, 2, 4, 8, 16)
+PROMPT = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
+
+
+def plain_tok_s(engine, n_tokens: int, rounds: int) -> float:
+    prompt = engine.encode(PROMPT)
+    rates = []
+    for _ in range(rounds):
+        res = engine.generate(prompt, max_tokens=n_tokens, spec=False, stop=())
+        rates.append(res.stats.tokens_per_s)
+    return statistics.median(rates)
+
+
+def run(args) -> dict:
+    engine = load(args)
+    engine.generate(engine.encode(PROMPT), max_tokens=4, spec=False)  # JIT / warm-up
+    tok_s = plain_tok_s(engine, min(args.max_tokens, 64), max(1, args.rounds))
+    times = row_costs(engine, context=128, ks=ROW_COUNTS, reps=max(3, args.rounds))
+    cost = {str(k): round(times[k] / times[1], 3) for k in ROW_COUNTS}
+    print_table(
+        f"bench decode: {engine.model_name} on {engine.backend_name}: plain {tok_s:.1f} tok/s",
+        ["rows", "forward ms", "cost vs 1 row"],
+        [[k, f"{times[k] * 1e3:.2f}", cost[str(k)]] for k in ROW_COUNTS],
+    )
+    return {
+        "model": engine.model_name,
+        "backend": engine.backend_name,
+        "plain_tok_s": round(tok_s, 2),
+        "row_cost": cost,
+        "row_ms": {str(k): round(times[k] * 1e3, 3) for k in ROW_COUNTS},
+    }
