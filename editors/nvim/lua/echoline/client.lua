@@ -1,0 +1,119 @@
+-- Starting the language server and attaching buffers to it.
+local config = require('echoline.config')
+local status = require('echoline.status')
+local compat = require('echoline.compat')
+
+local M = {}
+
+M.name = 'echoline'
+
+--- Listeners for `echoline/rewriteProgress`, keyed by uri.
+M.rewrite_listeners = {}
+
+--- URIs whose rewrite was cancelled: a late workspace/applyEdit for them is refused.
+M.refuse_edits = {}
+
+local function on_status(_, params)
+  params = params or {}
+  status.update({
+    state = params.state,
+    model = params.model,
+    message = params.message,
+    tokS = params.tokS,
+    acceptance = params.acceptance,
+  })
+  if params.state == 'error' then
+    vim.schedule(function()
+      vim.notify('echoline: ' .. tostring(params.message or 'server error'), vim.log.levels.ERROR)
+    end)
+  end
+end
+
+local function on_rewrite_progress(_, params)
+  if type(params) ~= 'table' then
+    return
+  end
+  local fn = M.rewrite_listeners[params.uri]
+  if fn then
+    fn(params)
+  end
+end
+
+--- Like the default handler, but reports a stale edit as not applied
+--- (the default prints "newer than edits" and still answers applied=true).
+local function on_apply_edit(err, params, ctx)
+  local edit = params and params.edit or {}
+  for uri in pairs(edit.changes or {}) do
+    if M.refuse_edits[uri] then
+      return { applied = false, failureReason = 'the rewrite was cancelled' }
+    end
+  end
+  for _, change in ipairs(edit.documentChanges or {}) do
+    local td = change.textDocument
+    if td and M.refuse_edits[td.uri] then
+      return { applied = false, failureReason = 'the rewrite was cancelled' }
+    end
+    if td and td.version and td.version > 0 then
+      local bufnr = vim.uri_to_bufnr(td.uri)
+      if vim.api.nvim_buf_is_loaded(bufnr) and compat.buf_version(bufnr) > td.version then
+        return { applied = false, failureReason = 'the buffer changed since the request' }
+      end
+    end
+  end
+  return vim.lsp.handlers['workspace/applyEdit'](err, params, ctx)
+end
+
+local function root_dir(bufnr)
+  local name = vim.api.nvim_buf_get_name(bufnr)
+  local found = vim.fs.find(config.options.root_markers, { path = vim.fs.dirname(name), upward = true })[1]
+  if found then
+    return vim.fs.dirname(found)
+  end
+  return vim.fs.dirname(name) or vim.uv.cwd()
+end
+
+function M.start_config(bufnr)
+  local o = config.options
+  return {
+    name = M.name,
+    cmd = config.cmd(o),
+    cmd_env = o.cmd_env,
+    cmd_cwd = o.cmd_cwd,
+    root_dir = root_dir(bufnr),
+    init_options = config.server_settings(o),
+    settings = { echoline = config.server_settings(o) },
+    handlers = {
+      ['echoline/status'] = on_status,
+      ['echoline/rewriteProgress'] = on_rewrite_progress,
+      ['workspace/applyEdit'] = on_apply_edit,
+    },
+    on_init = function(client)
+      -- Push the settings once too, for servers that read them from didChangeConfiguration.
+      compat.notify(client, 'workspace/didChangeConfiguration', { settings = { echoline = config.server_settings(o) } })
+      status.update({ state = status.state.state == 'idle' and 'loading' or status.state.state, model = o.model })
+    end,
+    on_exit = function(code)
+      status.update({ state = code == 0 and 'idle' or 'error', message = 'server exited with code ' .. code })
+    end,
+    on_attach = function(client, b)
+      require('echoline.ghost').attach(client, b)
+    end,
+  }
+end
+
+--- Attach `bufnr` to the echoline server (starting it when needed).
+---@return integer? client_id
+function M.attach(bufnr)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  if vim.bo[bufnr].buftype ~= '' or vim.api.nvim_buf_get_name(bufnr) == '' then
+    return nil
+  end
+  return vim.lsp.start(M.start_config(bufnr), { bufnr = bufnr })
+end
+
+function M.get(bufnr)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  return vim.lsp.get_clients({ name = M.name, bufnr = bufnr })[1]
+end
+
+return M

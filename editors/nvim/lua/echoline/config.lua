@@ -1,0 +1,59 @@
+-- Defaults and the mapping from plugin options to the server's settings.
+local M = {}
+
+M.defaults = {
+  -- Command that starts the language server; nil: `echoline serve` from PATH.
+  cmd = nil,
+  cmd_env = nil, -- extra environment for the server process (e.g. { PYTHONPATH = ... })
+  cmd_cwd = nil, -- working directory of the server process
+  -- Filetypes to attach to; nil or {} attaches to every normal file buffer.
+  filetypes = nil,
+  root_markers = { '.git', 'pyproject.toml', 'package.json' },
+  -- Server settings (initializationOptions and workspace/didChangeConfiguration).
+  model = 'smollm2',
+  backend = 'auto',
+  speculation = true,
+  max_tokens = 256,
+  kv_budget_mb = nil,
+  -- Rewrite: preview as a diff and apply on accept; false applies directly.
+  confirm = true,
+  -- Inline completion (ghost text).
+  ghost_text = true,
+  auto_trigger = true,
+  debounce_ms = 200,
+  keymaps = {
+    accept = '<Tab>', -- insert mode; falls through when no suggestion is shown
+    dismiss = '<C-]>',
+  },
+  -- Progress messages while rewriting (vim.notify, throttled).
+  notify_progress = true,
+}
+
+M.options = vim.deepcopy(M.defaults)
+
+function M.set(opts)
+  M.options = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
+  return M.options
+end
+
+--- The server's settings object (keys as the server spells them).
+function M.server_settings(o)
+  o = o or M.options
+  return {
+    model = o.model,
+    backend = o.backend,
+    speculation = o.speculation,
+    maxTokens = o.max_tokens,
+    kvBudgetMB = o.kv_budget_mb,
+  }
+end
+
+function M.cmd(o)
+  o = o or M.options
+  if o.cmd and #o.cmd > 0 then
+    return o.cmd
+  end
+  return { 'echoline', 'serve' }
+end
+
+return M

@@ -1,0 +1,235 @@
+-- Headless end-to-end scenarios for the Neovim client, run by tests/test_editor_nvim.py:
+--   nvim --headless --clean -l e2e.lua SCENARIO FILE OUT.json SERVER_CMD...
+-- Settings come from the environment (ECHOLINE_TEST_*). The script edits FILE in a
+-- real buffer through the plugin, :writes it, records what it saw in OUT.json and
+-- exits non-zero on any failure.
+local scenario, file, out = arg[1], arg[2], arg[3]
+local cmd = {}
+for i = 4, #arg do
+  cmd[#cmd + 1] = arg[i]
+end
+local here = vim.fs.dirname(vim.fs.normalize(debug.getinfo(1, 'S').source:sub(2)))
+local plugin_root = vim.fs.dirname(here)
+vim.opt.rtp:prepend(plugin_root)
+vim.cmd('runtime plugin/echoline.lua')
+
+local env = vim.env
+local timeout = tonumber(env.ECHOLINE_TEST_TIMEOUT_MS or '180000')
+local record = { scenario = scenario }
+
+local function save()
+  local f = assert(io.open(out, 'w'))
+  f:write(vim.json.encode(record))
+  f:close()
+end
+
+local function fail(msg)
+  record.error = msg
+  save()
+  io.stderr:write('FAIL: ' .. msg .. '\n')
+  os.exit(1)
+end
+
+local function wait(what, cond, ms)
+  if not vim.wait(ms or timeout, cond, 20) then
+    fail('timed out waiting for ' .. what)
+  end
+end
+
+local echoline = require('echoline')
+echoline.setup({
+  cmd = cmd,
+  cmd_env = { PYTHONPATH = env.ECHOLINE_TEST_PYTHONPATH },
+  model = env.ECHOLINE_TEST_MODEL or 'smollm2',
+  backend = env.ECHOLINE_TEST_BACKEND or 'auto',
+  max_tokens = tonumber(env.ECHOLINE_TEST_MAX_TOKENS or '64'),
+  confirm = false,
+  auto_trigger = false,
+  notify_progress = false,
+})
+vim.cmd('edit ' .. vim.fn.fnameescape(file))
+local bufnr = vim.api.nvim_get_current_buf()
+wait('the client to initialize', function()
+  local c = echoline.client(bufnr)
+  return c ~= nil and c.initialized == true
+end, 60000)
+local client = echoline.client(bufnr)
+record.capabilities = {
+  inline = client.server_capabilities.inlineCompletionProvider ~= nil,
+  commands = (client.server_capabilities.executeCommandProvider or {}).commands,
+}
+local original = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+record.original = original
+
+local function lines_env(name)
+  local v = tonumber(env[name])
+  if not v then
+    fail(name .. ' is not set')
+  end
+  return v
+end
+
+if scenario == 'rewrite' then
+  local l1, l2 = lines_env('ECHOLINE_TEST_LINE1'), lines_env('ECHOLINE_TEST_LINE2')
+  local done = false
+  local t0 = vim.uv.hrtime()
+  local progress = 0
+  require('echoline.client').rewrite_listeners[vim.uri_from_bufnr(bufnr)] = nil
+  local id = echoline.rewrite(env.ECHOLINE_TEST_INSTRUCTION or '', {
+    bufnr = bufnr,
+    line1 = l1,
+    line2 = l2,
+    on_done = function(applied, reason, result)
+      done = true
+      record.applied = applied
+      record.reason = reason
+      record.result = result
+    end,
+  })
+  if not id then
+    fail('rewrite request not sent')
+  end
+  -- Count progress notifications (echoline/rewriteProgress and $/progress).
+  vim.api.nvim_create_autocmd('LspProgress', { callback = function() progress = progress + 1 end })
+  wait('the rewrite', function() return done end)
+  record.seconds = (vim.uv.hrtime() - t0) / 1e9
+  record.status = require('echoline.status').state
+  record.lsp_progress_events = progress
+  if not record.applied then
+    fail('rewrite not applied: ' .. tostring(record.reason))
+  end
+  record.buffer = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+  vim.cmd('write')
+elseif scenario == 'preview' then
+  local l1, l2 = lines_env('ECHOLINE_TEST_LINE1'), lines_env('ECHOLINE_TEST_LINE2')
+  local done = false
+  echoline.rewrite(env.ECHOLINE_TEST_INSTRUCTION or '', {
+    bufnr = bufnr,
+    line1 = l1,
+    line2 = l2,
+    confirm = true,
+    on_done = function(applied, reason, result)
+      done = true
+      record.applied = applied
+      record.reason = reason
+      record.result = result
+    end,
+  })
+  wait('the diff preview', function() return #vim.api.nvim_list_tabpages() == 2 end)
+  local wins = vim.api.nvim_tabpage_list_wins(0)
+  record.preview = {}
+  for _, w in ipairs(wins) do
+    record.preview[#record.preview + 1] = {
+      diff = vim.wo[w].diff,
+      lines = vim.api.nvim_buf_get_lines(vim.api.nvim_win_get_buf(w), 0, -1, false),
+    }
+  end
+  if vim.bo[bufnr].modified then
+    fail('the preview modified the buffer before accepting')
+  end
+  vim.api.nvim_feedkeys(env.ECHOLINE_TEST_KEY or 'a', 'mx', false)
+  wait('accept', function() return done end, 5000)
+  record.tabs_after = #vim.api.nvim_list_tabpages()
+  record.buffer = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+  vim.cmd('write')
+elseif scenario == 'ghost' then
+  local row, col = lines_env('ECHOLINE_TEST_ROW'), lines_env('ECHOLINE_TEST_COL')
+  vim.api.nvim_win_set_cursor(0, { row, col })
+  local got, answered = nil, false
+  echoline.suggest(bufnr, {
+    on_result = function(s)
+      answered = true
+      got = s
+    end,
+  })
+  wait('the inline completion', function() return answered end)
+  if not got then
+    fail('no ghost text was shown (empty or no completion)')
+  end
+  local marks = vim.api.nvim_buf_get_extmarks(bufnr, require('echoline.ghost').ns, 0, -1, { details = true })
+  if #marks ~= 1 then
+    fail('expected one ghost extmark, found ' .. #marks)
+  end
+  local d = marks[1][4]
+  record.extmark = { row = marks[1][2], col = marks[1][3], virt_text = d.virt_text, virt_lines = d.virt_lines }
+  record.suggestion = { text = got.text, suffix = got.suffix }
+  if vim.bo[bufnr].modified then
+    fail('showing ghost text modified the buffer')
+  end
+  if not echoline.accept(bufnr) then
+    fail('accept() found no suggestion')
+  end
+  if #vim.api.nvim_buf_get_extmarks(bufnr, require('echoline.ghost').ns, 0, -1, {}) ~= 0 then
+    fail('ghost text still shown after accept')
+  end
+  record.cursor = vim.api.nvim_win_get_cursor(0)
+  record.buffer = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+  vim.cmd('write')
+elseif scenario == 'cancel' then
+  local l1, l2 = lines_env('ECHOLINE_TEST_LINE1'), lines_env('ECHOLINE_TEST_LINE2')
+  local done, reason = false, nil
+  local uri = vim.uri_from_bufnr(bufnr)
+  local id = echoline.rewrite(env.ECHOLINE_TEST_INSTRUCTION or '', {
+    bufnr = bufnr,
+    line1 = l1,
+    line2 = l2,
+    on_done = function(applied, r)
+      done = true
+      reason = r
+      record.applied = applied
+    end,
+  })
+  if not id then
+    fail('rewrite request not sent')
+  end
+  -- Cancel once generation is under way (first progress), or after a short delay.
+  local started = false
+  local listener = require('echoline.client').rewrite_listeners[uri]
+  require('echoline.client').rewrite_listeners[uri] = function(p)
+    started = true
+    if listener then
+      listener(p)
+    end
+  end
+  vim.wait(tonumber(env.ECHOLINE_TEST_CANCEL_AFTER_MS or '20000'), function() return started or done end, 10)
+  record.cancelled_after_progress = started
+  if done then
+    fail('the rewrite finished before it could be cancelled')
+  end
+  if not echoline.cancel(bufnr) then
+    fail('cancel() found no running rewrite')
+  end
+  wait('on_done after cancel', function() return done end, 5000)
+  record.reason = reason
+  -- Give a late answer or applyEdit time to arrive: it must not touch the buffer.
+  vim.wait(tonumber(env.ECHOLINE_TEST_SETTLE_MS or '3000'), function() return false end, 50)
+  record.buffer = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
+  record.modified = vim.bo[bufnr].modified
+  -- The server must still answer after the cancel.
+  local ok_after = false
+  local c = echoline.client(bufnr)
+  require('echoline.compat').request(c, 'textDocument/inlineCompletion', {
+    textDocument = { uri = uri },
+    position = { line = 0, character = 0 },
+    context = { triggerKind = 1 },
+  }, function(err)
+    ok_after = err == nil
+  end, bufnr)
+  wait('a request after the cancel', function() return ok_after end)
+  record.server_alive = ok_after
+  vim.cmd('write')
+else
+  fail('unknown scenario ' .. tostring(scenario))
+end
+
+save()
+local c = echoline.client(bufnr)
+if c then
+  if require('echoline.compat').has_011 then
+    c:stop()
+  else
+    c.stop()
+  end
+  vim.wait(3000, function() return c:is_stopped() end, 20)
+end
+os.exit(0)
