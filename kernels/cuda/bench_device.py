@@ -1,0 +1,185 @@
+"""Device benchmark: synthetic GGUF models with real shapes, timed on the CUDA backend.
+
+Dev script for the GPU machine (not a test): writes random-weight GGUF files with
+SmolLM2-135M (Q4_1 layers, Q8_0 embedding) and Qwen2.5-Coder-1.5B q4_k_m shapes
+(Q4_K with Q6_K attn_v/ffn_down/embedding), fills the KV cache to ``--context``,
+then times plain decode (eager and CUDA-graph) and verify of k rows.
+
+    python -m kernels.cuda.bench_device --context 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+Q = gguf.GGMLQuantizationType
+
+SHAPES = {
+    "smollm2-135m": dict(
+        arch="llama", layers=30, d=576, ff=1536, heads=9, kv=3, vocab=49152, rope=100000.0,
+        layer_q=Q.Q4_1, heavy_q=Q.Q4_1, embd_q=Q.Q8_0,
+    ),
+    "qwen2.5-1.5b": dict(
+        arch="qwen2", layers=28, d=1536, ff=8960, heads=12, kv=2, vocab=151936, rope=1e6,
+        layer_q=Q.Q4_K, heavy_q=Q.Q6_K, embd_q=Q.Q6_K,
+    ),
+}
+
+
+def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:
+    """Random quantized rows with small, finite half-float scales in each block."""
+    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    nb = cols // elems
+    raw = rng.integers(0, 256, size=(rows, nb, nbytes), dtype=np.uint8)
+    d = rng.uniform(0.001, 0.01, size=(rows, nb)).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    if qtype == Q.Q6_K:
+        raw[..., 208:210] = d
+        raw[..., 192:208] = rng.integers(-32, 32, size=(rows, nb, 16), dtype=np.int8).view(np.uint8)
+    else:
+        raw[..., 0:2] = d
+        if qtype in (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K):
+            m = (-rng.uniform(0.0, 0.01, size=(rows, nb))).astype(np.float16)
+            if qtype in (Q.Q4_K, Q.Q5_K):
+                m = -m
+            raw[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * nbytes)
+
+
+def write_model(path: Path, s: dict, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    hd = s["d"] // s["heads"]
+    arch = s["arch"]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(s["layers"])
+    w.add_context_length(32768)
+    w.add_embedding_length(s["d"])
+    w.add_feed_forward_length(s["ff"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(s["rope"])
+    w.add_vocab_size(s["vocab"])
+
+    def mat(name: str, rows: int, cols: int, q: Q) -> None:
+        w.add_tensor(name, random_blocks(rng, rows, cols, q), raw_dtype=q)
+
+    def vec(name: str, n: int, around: float = 1.0) -> None:
+        w.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", s["vocab"], s["d"], s["embd_q"])
+    vec("output_norm.weight", s["d"])
+    for i in range(s["layers"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", s["d"])
+        vec(p + "ffn_norm.weight", s["d"])
+        mat(p + "attn_q.weight", s["heads"] * hd, s["d"], s["layer_q"])
+        mat(p + "attn_k.weight", s["kv"] * hd, s["d"], s["layer_q"])
+        mat(p + "attn_v.weight", s["kv"] * hd, s["d"], s["heavy_q"])
+        mat(p + "attn_output.weight", s["d"], s["heads"] * hd, s["layer_q"])
+        mat(p + "ffn_gate.weight", s["ff"], s["d"], s["layer_q"])
+        mat(p + "ffn_up.weight", s["ff"], s["d"], s["layer_q"])
+        mat(p + "ffn_down.weight", s["d"], s["ff"], s["heavy_q"])
+        if arch == "qwen2":
+            for x, n in (("q", s["heads"] * hd), ("k", s["kv"] * hd), ("v", s["kv"] * hd)):
+                vec(p + f"attn_{x}.bias", n, around=0.0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[str]:
+    from engine.backends.cupy_backend import CupyBackend
+    from engine.model import load_model
+
+    t0 = time.perf_counter()
+    path = write_model(out / f"{name}.gguf", SHAPES[name])
+    t_write = time.perf_counter() - t0
+    b = CupyBackend()
+    t0 = time.perf_counter()
+    _, model = load_model(path, b)
+    b.synchronize()
+    t_load = time.perf_counter() - t0
+    rng = np.random.default_rng(1)
+    vocab = model.config.vocab_size
+    cache = model.new_cache(context + 64)
+    prompt = rng.integers(0, vocab, size=context)
+    t0 = time.perf_counter()
+    for s in range(0, context, 512):
+        model.forward(prompt[s : s + 512], cache, all_logits=False)
+    b.synchronize()
+    t_prefill = time.perf_counter() - t0
+    lines = [f"{name}: write {t_write:.1f}s load {t_load:.1f}s prefill {context} tok {t_prefill:.2f}s"]
+
+    # eager decode: one forward + host argmax, cache cut back each time
+    def eager_step() -> None:
+        cache.truncate(context)
+        b.argmax(model.forward(prompt[-1:], cache))
+
+    eager_step()
+    t_eager = median_time(eager_step, reps)
+    lines.append(f"  eager decode      {t_eager * 1e3:8.3f} ms  {1 / t_eager:8.1f} tok/s")
+
+    def step(ids_dev, pos_dev):
+        x = b.embed(model.embedding, ids_dev)
+        for li, lw in enumerate(model.layers):
+            x = model._block(x, li, lw, cache, pos_dev, pos_dev)
+        x = b.rms_norm(x, model.output_norm, model.config.rms_eps)
+        return b.argmax_device(b.matmul(x, model.output))
+
+    cache.truncate(context)
+    timings = {}
+    for k in ks:
+        ids = prompt[-k:]
+        pos = np.arange(context, context + k)
+        run = lambda: b.run_graph(("bench", k), step, [ids, pos]).get()  # noqa: E731
+        first = run()
+        second = run()
+        assert np.array_equal(first, second), "graph replay differs from its eager run"
+        timings[k] = median_time(run, reps)
+    t1 = timings[ks[0]]
+    lines.append(f"  graph decode      {t1 * 1e3:8.3f} ms  {1 / t1:8.1f} tok/s")
+    for k in ks[1:]:
+        lines.append(f"  graph verify k={k:<3d}{timings[k] * 1e3:8.3f} ms  ratio {timings[k] / t1:5.2f}")
+    b.drop_graphs()
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--models", default="smollm2-135m,qwen2.5-1.5b")
+    ap.add_argument("--ks", default="1,2,4,8,16")
+    ap.add_argument("--out", default="/tmp/echoline-bench")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ks = [int(k) for k in args.ks.split(",")]
+    report = []
+    for name in args.models.split(","):
+        report += bench(name, args.context, args.reps, ks, out)
+        print("\n".join(report[-(len(ks) + 2) :]), flush=True)
+    print("\n== summary ==\n" + "\n".join(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

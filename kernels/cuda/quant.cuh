@@ -1,0 +1,223 @@
+// Dequantize 8 consecutive weights of a GGUF row, read straight from the stored blocks.
+//
+// Every quantized matrix product and the embedding lookup go through dq8<QT>: one
+// place that knows each block layout (ggml's, as gguf-py documents them). Chunk c of
+// a row holds elements [8c, 8c + 8). Arithmetic uses __fmul_rn/__fsub_rn so the
+// compiler can never contract it differently in different kernel instantiations:
+// the same weight must dequantize to the same float in every kernel that reads it.
+
+#define QT_F32 0
+#define QT_F16 1
+#define QT_Q4_0 2
+#define QT_Q4_1 3
+#define QT_Q5_0 6
+#define QT_Q5_1 7
+#define QT_Q8_0 8
+#define QT_Q4_K 12
+#define QT_Q5_K 13
+#define QT_Q6_K 14
+#define QT_BF16 30
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float ldh(const u8* p) {
+    // 2-byte aligned in every block layout used here.
+    return h2f(*reinterpret_cast<const u16*>(p));
+}
+
+__device__ __forceinline__ u32 ld32u(const u8* p) {
+    // 4 bytes at a 2-byte aligned address.
+    const u16* h = reinterpret_cast<const u16*>(p);
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
+__device__ __forceinline__ void ld8(const u8* p, u8 b[8]) {
+    // 8 bytes at a 2-byte aligned address, as four 16-bit loads.
+    const u16* h = reinterpret_cast<const u16*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        u16 v = h[i];
+        b[2 * i] = (u8)(v & 0xFF);
+        b[2 * i + 1] = (u8)(v >> 8);
+    }
+}
+
+// Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+template <int QT>
+__device__ __forceinline__ void dq8(const u8* row, int c, float w[8]);
+
+template <>
+__device__ __forceinline__ void dq8<QT_F32>(const u8* row, int c, float w[8]) {
+    const float4* p = reinterpret_cast<const float4*>(row) + 2 * c;
+    float4 a = p[0], b = p[1];
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_F16>(const u8* row, int c, float w[8]) {
+    uint4 v = reinterpret_cast<const uint4*>(row)[c];
+    u32 u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[2 * i] = h2f((u16)(u[i] & 0xFFFF));
+        w[2 * i + 1] = h2f((u16)(u[i] >> 16));
+    }
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_BF16>(const u8* row, int c, float w[8]) {
+    uint4 v = reinterpret_cast<const uint4*>(row)[c];
+    u32 u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        w[2 * i] = __uint_as_float(u[i] << 16);
+        w[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    }
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q4_0>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 2) * 18;
+    int sub = c & 3;
+    float d = ldh(blk);
+    u8 b[8];
+    ld8(blk + 2 + (sub & 1) * 8, b);
+    int shift = (sub >> 1) * 4;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, (float)(((b[i] >> shift) & 0xF) - 8));
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q4_1>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 2) * 20;
+    int sub = c & 3;
+    float d = ldh(blk), m = ldh(blk + 2);
+    u8 b[8];
+    ld8(blk + 4 + (sub & 1) * 8, b);
+    int shift = (sub >> 1) * 4;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __fadd_rn(__fmul_rn(d, (float)((b[i] >> shift) & 0xF)), m);
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q5_0>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 2) * 22;
+    int sub = c & 3;
+    float d = ldh(blk);
+    u32 qh = ld32u(blk + 2);
+    u8 b[8];
+    ld8(blk + 6 + (sub & 1) * 8, b);
+    int shift = (sub >> 1) * 4;
+    int e0 = sub * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int q = ((b[i] >> shift) & 0xF) | (((qh >> (e0 + i)) & 1) << 4);
+        w[i] = __fmul_rn(d, (float)(q - 16));
+    }
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q5_1>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 2) * 24;
+    int sub = c & 3;
+    float d = ldh(blk), m = ldh(blk + 2);
+    u32 qh = ld32u(blk + 4);
+    u8 b[8];
+    ld8(blk + 8 + (sub & 1) * 8, b);
+    int shift = (sub >> 1) * 4;
+    int e0 = sub * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int q = ((b[i] >> shift) & 0xF) | (((qh >> (e0 + i)) & 1) << 4);
+        w[i] = __fadd_rn(__fmul_rn(d, (float)q), m);
+    }
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q8_0>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 2) * 34;
+    float d = ldh(blk);
+    u8 b[8];
+    ld8(blk + 2 + (c & 3) * 8, b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, (float)(signed char)b[i]);
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q4_K>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 5) * 144;
+    int e0 = (c & 31) * 8;
+    int j = e0 >> 6, h = (e0 >> 5) & 1, l0 = e0 & 31;
+    float d = ldh(blk), dmin = ldh(blk + 2);
+    int sc, mn;
+    scale_min_k4(2 * j + h, blk + 4, sc, mn);
+    float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)mn);
+    uint2 v = *reinterpret_cast<const uint2*>(blk + 16 + 32 * j + l0);  // 8-aligned: 144 = 16 * 9
+    u32 u[2] = {v.x, v.y};
+    int shift = h * 4;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int q = (u[i >> 2] >> (8 * (i & 3) + shift)) & 0xF;
+        w[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    }
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q5_K>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 5) * 176;
+    int e0 = (c & 31) * 8;
+    int j = e0 >> 6, h = (e0 >> 5) & 1, l0 = e0 & 31;
+    float d = ldh(blk), dmin = ldh(blk + 2);
+    int sc, mn;
+    scale_min_k4(2 * j + h, blk + 4, sc, mn);
+    float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)mn);
+    uint2 hv = *reinterpret_cast<const uint2*>(blk + 16 + l0);  // 176 = 16 * 11
+    uint2 v = *reinterpret_cast<const uint2*>(blk + 48 + 32 * j + l0);
+    u32 u[2] = {v.x, v.y}, uh[2] = {hv.x, hv.y};
+    int shift = h * 4, hb = 2 * j + h;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int q = ((u[i >> 2] >> (8 * (i & 3) + shift)) & 0xF) |
+                (((uh[i >> 2] >> (8 * (i & 3) + hb)) & 1) << 4);
+        w[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    }
+}
+
+template <>
+__device__ __forceinline__ void dq8<QT_Q6_K>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 5) * 210;
+    int e0 = (c & 31) * 8;
+    int half = e0 >> 7, r = e0 & 127;
+    int quarter = r >> 5, l0 = r & 31;
+    float d = ldh(blk + 208);
+    int sc = (int)(signed char)blk[192 + 8 * half + (l0 >> 4) + 2 * quarter];
+    float ds = __fmul_rn(d, (float)sc);
+    u8 ql[8], qh[8];
+    ld8(blk + 64 * half + l0 + ((quarter & 1) ? 32 : 0), ql);
+    ld8(blk + 128 + 32 * half + l0, qh);
+    int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int q = (((ql[i] >> lshift) & 0xF) | (((qh[i] >> hshift) & 3) << 4)) - 32;
+        w[i] = __fmul_rn(ds, (float)q);
+    }
+}

@@ -1,0 +1,305 @@
+"""CUDA backend against the numpy reference, and its batch invariance.
+
+Skips cleanly without CuPy or a GPU (CI). Every check draws fresh random inputs,
+poisons the memory pool with NaN first (an unwritten output shows as NaN), and
+compares by relative error within float32 bounds; batch-invariance checks compare
+bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+try:
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        pytest.skip("no CUDA device", allow_module_level=True)
+except Exception:  # noqa: BLE001 - a CuPy without a driver raises various errors
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import gguf  # noqa: E402
+
+from engine.backends.cupy_backend import CupyBackend  # noqa: E402
+from engine.backends.numpy_backend import NumpyBackend  # noqa: E402
+from engine.gguf_file import QuantTensor  # noqa: E402
+from tests.synth import encode_matrix  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+Q = gguf.GGMLQuantizationType
+QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+REL_TOL = 2e-6
+
+
+@pytest.fixture(scope="module")
+def cb() -> CupyBackend:
+    return CupyBackend()
+
+
+@pytest.fixture(scope="module")
+def ref() -> NumpyBackend:
+    return NumpyBackend()
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    return np.random.default_rng(abs(hash(request.node.name)) % (2**32))
+
+
+def poison() -> None:
+    """Fill the pool's free blocks with NaN so an output element nobody writes is NaN."""
+    cupy.cuda.Device().synchronize()
+    pool = cupy.get_default_memory_pool()
+    held = []
+    for size in (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22):
+        for _ in range(4):
+            held.append(cupy.full(size // 4, np.nan, dtype=cupy.float32))
+    del held
+    assert pool.free_bytes() > 0
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape
+    assert np.isfinite(got).all(), "NaN/inf in output: an element was never written"
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def make_tensor(rng: np.random.Generator, rows: int, cols: int, qtype: Q, name: str = "w") -> QuantTensor:
+    data, _ = encode_matrix(rng, rows, cols, qtype)
+    data = np.ascontiguousarray(data)
+    if qtype == Q.BF16:
+        data = data.view(np.uint8).reshape(rows, -1)
+    elif qtype not in (Q.F32, Q.F16):
+        data = data.reshape(rows, -1).view(np.uint8)
+    return QuantTensor(name, qtype, (rows, cols), data)
+
+
+def sum_tol(w: np.ndarray, x: np.ndarray, got: np.ndarray, want: np.ndarray) -> None:
+    """Elementwise bound for float32 dot products: k * eps * sum |w||x| (k = length)."""
+    bound = w.shape[1] * 1.2e-7 * (np.abs(x) @ np.abs(w).T) + 1e-30
+    assert np.isfinite(got).all()
+    assert (np.abs(got.astype(np.float64) - want) <= bound).all()
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_embed_matches_dequantize(cb, rng, qtype):
+    t = make_tensor(rng, 37, 512, qtype)
+    table = cb.prepare_embedding(t)
+    ids = rng.integers(0, 37, size=23)
+    poison()
+    got = cb.to_host(cb.embed(table, ids))
+    want = t.dequantize_rows(ids)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)  # dequantization is exact in float32
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_matmul_matches_reference(cb, ref, rng, qtype):
+    t = make_tensor(rng, 100, 768, qtype)
+    w_ref = ref.prepare_matrix([t])
+    w = cb.prepare_matrix([t])
+    for n in (1, 3, 16, 40):
+        x = rng.standard_normal((n, 768)).astype(np.float32)
+        poison()
+        got = cb.to_host(cb.matmul(cupy.asarray(x), w))
+        want = x.astype(np.float64) @ w_ref.astype(np.float64).T
+        sum_tol(w_ref, x, got, want)
+        assert rel_err(got, ref.matmul(x, w_ref)) < REL_TOL
+
+
+def test_fused_mixed_quant_matmul(cb, ref, rng):
+    parts = [
+        make_tensor(rng, 64, 512, Q.Q4_K, "q"),
+        make_tensor(rng, 32, 512, Q.Q4_K, "k"),
+        make_tensor(rng, 32, 512, Q.Q6_K, "v"),
+        make_tensor(rng, 16, 512, Q.Q8_0, "x"),
+    ]
+    w = cb.prepare_matrix(parts)
+    assert len(w.segments) == 3 and w.out_features == 144
+    w_ref = ref.prepare_matrix(parts)
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    poison()
+    got = cb.to_host(cb.matmul(cupy.asarray(x), w))
+    assert rel_err(got, ref.matmul(x, w_ref)) < REL_TOL
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.F16], ids=lambda q: q.name)
+def test_matmul_batch_invariant(cb, rng, qtype):
+    t = make_tensor(rng, 72, 1024, qtype)
+    w = cb.prepare_matrix([t])
+    x = cupy.asarray(rng.standard_normal((64, 1024)).astype(np.float32))
+    full = cb.to_host(cb.matmul(x, w))
+    for n in list(range(1, 18)) + [31, 32, 33, 47, 63, 64]:
+        part = cb.to_host(cb.matmul(x[:n], w))
+        assert np.array_equal(part, full[:n]), f"{n} rows differ from 64 rows"
+    # one row at a time, from any offset, and odd chunkings
+    for i in (0, 13, 63):
+        assert np.array_equal(cb.to_host(cb.matmul(x[i : i + 1], w))[0], full[i])
+    for chunk in (5, 7, 24):
+        pieces = [cb.to_host(cb.matmul(x[s : s + chunk], w)) for s in range(0, 64, chunk)]
+        assert np.array_equal(np.concatenate(pieces), full)
+
+
+def _fill_cache(cb, ref, rng, cap, kvh, hd, length):
+    k = rng.standard_normal((length, kvh, hd)).astype(np.float32)
+    v = rng.standard_normal((length, kvh, hd)).astype(np.float32)
+    kc, vc = cb.empty_cache(cap, kvh, hd), cb.empty_cache(cap, kvh, hd)
+    cb.write_cache(kc, 0, cupy.asarray(k))
+    cb.write_cache(vc, 0, cupy.asarray(v))
+    kr, vr = ref.empty_cache(cap, kvh, hd), ref.empty_cache(cap, kvh, hd)
+    ref.write_cache(kr, 0, k)
+    ref.write_cache(vr, 0, v)
+    return kc, vc, kr, vr
+
+
+@pytest.mark.parametrize(
+    "heads,kvh,hd,window", [(9, 3, 64, 0), (12, 2, 128, 0), (4, 1, 256, 37), (8, 8, 64, 100)]
+)
+def test_attention_matches_reference(cb, ref, rng, heads, kvh, hd, window):
+    cap, length = 600, 517
+    kc, vc, kr, vr = _fill_cache(cb, ref, rng, cap, kvh, hd, length)
+    positions = np.array(sorted(rng.choice(length, size=9, replace=False)))
+    positions[-1] = length - 1
+    q = rng.standard_normal((9, heads, hd)).astype(np.float32)
+    scale = 1.0 / math.sqrt(hd)
+    poison()
+    got = cb.to_host(cb.attention(cupy.asarray(q), kc, vc, positions, window, scale))
+    want = ref.attention(q, kr, vr, positions, window, scale)
+    assert rel_err(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (256, 300)])
+def test_attention_batch_invariant(cb, ref, rng, hd, window):
+    cap, length, heads, kvh = 2048, 2000, 8, 2
+    kc, vc, _, _ = _fill_cache(cb, ref, rng, cap, kvh, hd, length)
+    k = 16
+    positions = np.arange(length - k, length)
+    q = cupy.asarray(rng.standard_normal((k, heads, hd)).astype(np.float32))
+    scale = 1.0 / math.sqrt(hd)
+    full = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
+    for i in range(k):  # decode one row at a time == verify k rows
+        one = cb.to_host(cb.attention(q[i : i + 1], kc, vc, positions[i : i + 1], window, scale))
+        assert np.array_equal(one[0], full[i])
+    bigger = cb.grow_cache(kc, 4096), cb.grow_cache(vc, 4096)  # capacity changes nothing
+    again = cb.to_host(cb.attention(q, bigger[0], bigger[1], positions, window, scale))
+    assert np.array_equal(again, full)
+
+
+def test_rms_norm_rope_and_elementwise(cb, ref, rng):
+    x = rng.standard_normal((7, 6, 64)).astype(np.float32) * 3
+    wv = rng.standard_normal(64).astype(np.float32)
+    wd = rng.standard_normal(384).astype(np.float32)
+    pos = rng.integers(0, 5000, size=7)
+    xd = cupy.asarray(x)
+    poison()
+    assert rel_err(cb.to_host(cb.rms_norm(xd, cb.prepare_vector(wv), 1e-6)), ref.rms_norm(x, wv, 1e-6)) < 1e-6
+    flat = x.reshape(7, 384)
+    got = cb.rms_norm(cupy.asarray(flat), cb.prepare_vector(wd), 1e-5)
+    assert rel_err(cb.to_host(got), ref.rms_norm(flat, wd, 1e-5)) < 1e-6
+    for neox in (False, True):
+        for base in (10000.0, 1e6):
+            got = cb.to_host(cb.rope(xd, pos, base, neox))
+            assert rel_err(got, ref.rope(x, pos, base, neox)) < 1e-6
+    a = rng.standard_normal((5, 96)).astype(np.float32) * 4
+    b = rng.standard_normal((5, 96)).astype(np.float32)
+    ad, bd = cupy.asarray(a), cupy.asarray(b)
+    assert rel_err(cb.to_host(cb.silu_mul(ad, bd)), ref.silu_mul(a, b)) < 1e-6
+    assert rel_err(cb.to_host(cb.gelu_tanh_mul(ad, bd)), ref.gelu_tanh_mul(a, b)) < 1e-6
+    bias = b[0]
+    assert rel_err(cb.to_host(cb.add(ad, cb.prepare_vector(bias))), ref.add(a, bias)) < 1e-7
+    assert rel_err(cb.to_host(cb.scale(ad, 0.37)), ref.scale(a, 0.37)) < 1e-7
+
+
+def test_split_views_feed_kernels(cb, ref, rng):
+    """q|k|v views of one product (strided rows) give what contiguous inputs give."""
+    qkv = rng.standard_normal((4, 3 * 128)).astype(np.float32)
+    q, k, v = cb.split(cupy.asarray(qkv), [128, 128, 128])
+    pos = np.arange(10, 14)
+    got = cb.to_host(cb.rope(cb.reshape(k, (4, 2, 64)), pos, 1e4, True))
+    want = ref.rope(qkv[:, 128:256].reshape(4, 2, 64), pos, 1e4, True)
+    assert rel_err(got, want) < 1e-6
+    cache = cb.empty_cache(32, 2, 64)
+    cb.write_cache(cache, pos, cb.reshape(v, (4, 2, 64)))  # positions as destinations
+    host = cb.to_host(cache)
+    np.testing.assert_array_equal(host[10:14].reshape(4, 128), qkv[:, 256:])
+    assert not host[:10].any() and not host[14:].any()
+
+
+def test_argmax_ties_to_lowest(cb, rng):
+    logits = rng.standard_normal((6, 50000)).astype(np.float32)
+    logits[2, [7, 4000, 49999]] = 100.0
+    logits[4, [31000, 30999]] = 55.0
+    got = cb.argmax(cupy.asarray(logits))
+    np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+    assert got[2] == 7 and got[4] == 30999
+
+
+# ---- whole model ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, cb):
+    from engine.model import load_model
+    from tests.synth import write_model
+
+    out = {}
+    for arch, qtype, kw in (
+        ("llama", Q.Q4_1, dict(d_model=128, n_ff=256, n_heads=4, n_kv_heads=2)),
+        ("qwen2", Q.Q4_K, dict(d_model=256, n_ff=512, n_heads=4, n_kv_heads=2)),
+        ("gemma3", Q.Q5_0, dict(d_model=128, n_ff=256, n_heads=2, n_kv_heads=1, head_dim=256)),
+    ):
+        path = write_model(tmp_path_factory.mktemp(arch) / "m.gguf", arch, qtype=qtype, vocab=300, **kw)
+        out[arch] = (load_model(path, cb)[1], load_model(path, "numpy")[1])
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_model_forward_matches_numpy(models, arch, rng):
+    gpu, cpu = models[arch]
+    ids = rng.integers(0, 300, size=21)
+    got = gpu.backend.to_host(gpu.forward(ids, gpu.new_cache(64)))
+    want = cpu.forward(ids, cpu.new_cache(64))
+    assert rel_err(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_model_decode_equals_verify_and_warm_equals_cold(models, arch, rng):
+    """Rows computed one at a time, k at a time, or in odd prefill chunks are bit-identical."""
+    gpu, _ = models[arch]
+    b = gpu.backend
+    ids = rng.integers(0, 300, size=40)
+    cache = gpu.new_cache(16)  # grows while running: growth must change nothing
+    whole = b.to_host(gpu.forward(ids, cache))
+    cache = gpu.new_cache(16)
+    parts = []
+    for s, e in ((0, 1), (1, 8), (8, 9), (9, 25), (25, 40)):
+        parts.append(b.to_host(gpu.forward(ids[s:e], cache)))
+    assert np.array_equal(np.concatenate(parts), whole)
+    # warm: truncate and re-run the tail over the kept prefix
+    cache.truncate(30)
+    again = b.to_host(gpu.forward(ids[30:], cache))
+    assert np.array_equal(again, whole[30:])
+
+
+def test_graph_replay_equals_eager(models, rng):
+    gpu, _ = models["qwen2"]
+    b = gpu.backend
+    cache = gpu.new_cache(128)
+    prompt = rng.integers(0, 300, size=20)
+    eager = b.to_host(gpu.forward(prompt, cache))
+
+    def step(ids_dev, pos_dev):
+        x = b.embed(gpu.embedding, ids_dev)
+        for li, lw in enumerate(gpu.layers):
+            x = gpu._block(x, li, lw, cache, pos_dev, pos_dev)
+        return b.matmul(b.rms_norm(x, gpu.output_norm, gpu.config.rms_eps), gpu.output)
+
+    cache.truncate(10)
+    for i in range(10, 20):  # first call captures, later ones replay
+        out = b.to_host(b.run_graph(("decode", 1), step, [prompt[i : i + 1], np.array([i])]))
+        assert np.array_equal(out[0], eager[i]), f"graph step at {i} differs from eager"
+    b.drop_graphs()
