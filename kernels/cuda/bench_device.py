@@ -23,12 +23,30 @@ Q = gguf.GGMLQuantizationType
 
 SHAPES = {
     "smollm2-135m": dict(
-        arch="llama", layers=30, d=576, ff=1536, heads=9, kv=3, vocab=49152, rope=100000.0,
-        layer_q=Q.Q4_1, heavy_q=Q.Q4_1, embd_q=Q.Q8_0,
+        arch="llama",
+        layers=30,
+        d=576,
+        ff=1536,
+        heads=9,
+        kv=3,
+        vocab=49152,
+        rope=100000.0,
+        layer_q=Q.Q4_1,
+        heavy_q=Q.Q4_1,
+        embd_q=Q.Q8_0,
     ),
     "qwen2.5-1.5b": dict(
-        arch="qwen2", layers=28, d=1536, ff=8960, heads=12, kv=2, vocab=151936, rope=1e6,
-        layer_q=Q.Q4_K, heavy_q=Q.Q6_K, embd_q=Q.Q6_K,
+        arch="qwen2",
+        layers=28,
+        d=1536,
+        ff=8960,
+        heads=12,
+        kv=2,
+        vocab=151936,
+        rope=1e6,
+        layer_q=Q.Q4_K,
+        heavy_q=Q.Q6_K,
+        embd_q=Q.Q6_K,
     ),
 }
 
@@ -38,7 +56,12 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> n
     elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     nb = cols // elems
     raw = rng.integers(0, 256, size=(rows, nb, nbytes), dtype=np.uint8)
-    d = rng.uniform(0.001, 0.01, size=(rows, nb)).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    d = (
+        rng.uniform(0.001, 0.01, size=(rows, nb))
+        .astype(np.float16)
+        .view(np.uint8)
+        .reshape(rows, nb, 2)
+    )
     if qtype == Q.Q6_K:
         raw[..., 208:210] = d
         raw[..., 192:208] = rng.integers(-32, 32, size=(rows, nb, 16), dtype=np.int8).view(np.uint8)
@@ -126,7 +149,9 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         model.forward(prompt[s : s + 512], cache, all_logits=False)
     b.synchronize()
     t_prefill = time.perf_counter() - t0
-    lines = [f"{name}: write {t_write:.1f}s load {t_load:.1f}s prefill {context} tok {t_prefill:.2f}s"]
+    lines = [
+        f"{name}: write {t_write:.1f}s load {t_load:.1f}s prefill {context} tok {t_prefill:.2f}s"
+    ]
 
     # eager decode: one forward + host argmax, cache cut back each time
     def eager_step() -> None:
@@ -149,7 +174,7 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     for k in ks:
         ids = prompt[-k:]
         pos = np.arange(context, context + k)
-        run = lambda: b.run_graph(("bench", k), step, [ids, pos]).get()  # noqa: E731
+        run = lambda k=k, ids=ids, pos=pos: b.run_graph(("bench", k), step, [ids, pos]).get()  # noqa: E731
         first = run()
         second = run()
         assert np.array_equal(first, second), "graph replay differs from its eager run"
@@ -157,7 +182,9 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     t1 = timings[ks[0]]
     lines.append(f"  graph decode      {t1 * 1e3:8.3f} ms  {1 / t1:8.1f} tok/s")
     for k in ks[1:]:
-        lines.append(f"  graph verify k={k:<3d}{timings[k] * 1e3:8.3f} ms  ratio {timings[k] / t1:5.2f}")
+        lines.append(
+            f"  graph verify k={k:<3d}{timings[k] * 1e3:8.3f} ms  ratio {timings[k] / t1:5.2f}"
+        )
     b.drop_graphs()
     return lines
 
