@@ -1,0 +1,5 @@
+"""Draft sources for speculative decoding: the n-gram index and the draft-length controller."""
+
+from engine.drafting.ngram_index import Draft, NgramIndex
+
+__all__ = ["Draft", "NgramIndex"]
