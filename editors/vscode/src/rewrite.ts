@@ -50,8 +50,8 @@ function num(o: Record<string, unknown> | undefined, ...keys: string[]): number 
 /** Read the server's statistics whatever their spelling (camelCase or snake_case). */
 export function readStats(o: Record<string, unknown> | undefined): Stats {
   return {
-    tokens: num(o, 'tokens', 'nTokens', 'n_tokens', 'generated'),
-    tokS: num(o, 'tokS', 'tok_s', 'tokensPerSecond', 'tokens_per_second'),
+    tokens: num(o, 'tokens', 'generated_tokens', 'generatedTokens', 'n_tokens'),
+    tokS: num(o, 'tokS', 'tokens_per_s', 'tok_s', 'tokensPerSecond', 'tokens_per_second'),
     acceptance: num(o, 'acceptance', 'acceptanceRate', 'acceptance_rate'),
   };
 }

@@ -27,13 +27,10 @@ function M.notify(client, method, params)
   return client.notify(method, params)
 end
 
---- LSP document version of a buffer (what didChange last sent).
+--- LSP document version of a buffer: what didOpen/didChange last sent
+--- (0 until the first change).
 function M.buf_version(bufnr)
-  local v = vim.lsp.util.buf_versions[bufnr]
-  if v == nil or v == 0 then
-    v = vim.b[bufnr].changedtick
-  end
-  return v
+  return vim.lsp.util.buf_versions[bufnr] or 0
 end
 
 --- Byte column of an LSP `character` offset on a line, in the client's encoding.

@@ -26,8 +26,8 @@ function M.read_stats(s)
     end
   end
   return {
-    tokens = pick('tokens', 'nTokens', 'n_tokens', 'generated'),
-    tokS = pick('tokS', 'tok_s', 'tokensPerSecond', 'tokens_per_second'),
+    tokens = pick('tokens', 'generated_tokens', 'generatedTokens', 'n_tokens'),
+    tokS = pick('tokS', 'tokens_per_s', 'tok_s', 'tokensPerSecond', 'tokens_per_second'),
     acceptance = pick('acceptance', 'acceptanceRate', 'acceptance_rate'),
   }
 end
