@@ -1,0 +1,135 @@
+"""``echoline bench spec``: speculative vs plain decoding on copy, edit or chat traffic.
+
+Both modes run the same requests in interleaved rounds (the order rotates
+each round) and the medians are compared, in one process, so machine noise
+hits both alike. Every speculative reply is checked token for token against
+the plain one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from engine.bench import traffic
+from engine.bench.common import load, print_table, row_costs
+
+VERIFY_ROWS = (1, 2, 4, 8, 16)
+
+
+def _prompts(engine, kind: str, paths) -> list[list[int]]:
+    sets = traffic.copy_messages(paths) if kind == "copy" else traffic.edit_messages(paths)
+    if engine.has_chat_template:
+        return [engine.encode_chat(m) for m in sets]
+    return [engine.encode(traffic.raw_prompt(m)) for m in sets]
+
+
+def _single_turn(engine, prompts, max_tokens: int, rounds: int):
+    """Returns per-mode lists of (tokens, seconds) per round, and the replies."""
+    per_round = {"plain": [], "spec": []}
+    replies = {"plain": [], "spec": []}
+    stats = []
+    for r in range(rounds):
+        order = ("plain", "spec") if r % 2 == 0 else ("spec", "plain")
+        totals = {m: [0, 0.0] for m in order}
+        for p in prompts:
+            for mode in order:
+                res = engine.generate(p, max_tokens=max_tokens, spec=mode == "spec")
+                n = max(0, res.stats.generated_tokens - 1)
+                totals[mode][0] += n
+                totals[mode][1] += res.stats.decode_s
+                if r == 0:
+                    replies[mode].append(res.token_ids)
+                if mode == "spec":
+                    stats.append(res.stats)
+        for mode in order:
+            per_round[mode].append(totals[mode])
+    return per_round, replies, stats
+
+
+def _chat(engine, max_tokens: int, rounds: int):
+    per_round = {"plain": [], "spec": []}
+    replies = {"plain": [], "spec": []}
+    stats = []
+    for r in range(rounds):
+        order = ("plain", "spec") if r % 2 == 0 else ("spec", "plain")
+        totals = {m: [0, 0.0] for m in order}
+        for ci, turns in enumerate(traffic.CHAT_TURNS):
+            for mode in order:
+                messages: list[dict[str, str]] = []
+                history: list[int] = []
+                for question in turns:
+                    messages.append({"role": "user", "content": question})
+                    if engine.has_chat_template:
+                        prompt = engine.encode_chat(messages)
+                    else:
+                        prompt = history + engine.encode(("\n\n" if history else "") + "Q: " + question + "\nA:")
+                    res = engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec",
+                                          session=f"bench-chat-{mode}-{ci}")
+                    messages.append({"role": "assistant", "content": res.text})
+                    history = prompt + res.token_ids
+                    totals[mode][0] += max(0, res.stats.generated_tokens - 1)
+                    totals[mode][1] += res.stats.decode_s
+                    if r == 0:
+                        replies[mode].append(res.token_ids)
+                    if mode == "spec":
+                        stats.append(res.stats)
+        for mode in order:
+            per_round[mode].append(totals[mode])
+    return per_round, replies, stats
+
+
+def run(args) -> dict:
+    engine = load(args)
+    kind = args.traffic
+    rounds = max(1, args.rounds)
+    engine.generate(engine.encode("def f(x):\n"), max_tokens=4, spec=False)  # warm-up / JIT
+    if kind == "chat":
+        per_round, replies, stats = _chat(engine, min(args.max_tokens, 96), rounds)
+    else:
+        paths = traffic.source_paths(args.source)
+        if not paths:
+            raise SystemExit("no source files found for the benchmark")
+        per_round, replies, stats = _single_turn(engine, _prompts(engine, kind, paths), args.max_tokens, rounds)
+    rate = {m: [n / s if s > 0 else 0.0 for n, s in per_round[m]] for m in per_round}
+    ratios = [s / p for p, s in zip(rate["plain"], rate["spec"], strict=True) if p > 0]
+    plain_tok_s = statistics.median(rate["plain"])
+    spec_tok_s = statistics.median(rate["spec"])
+    identical = replies["plain"] == replies["spec"]
+    drafted = sum(s.drafted for s in stats)
+    accepted = sum(s.accepted for s in stats)
+    rounds_total = sum(s.rounds for s in stats)
+    generated = sum(s.generated_tokens for s in stats)
+    ctx = 1024 if kind != "chat" else 128
+    costs = row_costs(engine, context=ctx, ks=VERIFY_ROWS, reps=3)
+    verify_cost = {str(k): round(costs[k] / costs[1], 3) for k in VERIFY_ROWS}
+    limit = max((k) / (costs[k] / costs[1]) for k in VERIFY_ROWS)
+    result = {
+        "model": engine.model_name,
+        "backend": engine.backend_name,
+        "traffic": kind,
+        "plain_tok_s": round(plain_tok_s, 2),
+        "spec_tok_s": round(spec_tok_s, 2),
+        "ratio": round(statistics.median(ratios), 3) if ratios else 0.0,
+        "replies": len(replies["plain"]),
+        "identical": identical,
+        "acceptance": round(accepted / drafted, 4) if drafted else 0.0,
+        "tokens_per_round": round(generated / rounds_total, 3) if rounds_total else 0.0,
+        "verify_cost": verify_cost,
+        "limit_ratio": round(limit, 2),
+        "rounds": rounds,
+    }
+    print_table(
+        f"bench spec: {engine.model_name} on {engine.backend_name}, {kind} traffic, {rounds} interleaved rounds",
+        ["mode", "tok/s (median)", "ratio", "identical", "acceptance", "tokens/round"],
+        [
+            ["plain", f"{plain_tok_s:.1f}", "1.00", "", "", "1.00"],
+            ["ngram", f"{spec_tok_s:.1f}", f"{result['ratio']:.2f}", identical, result["acceptance"],
+             result["tokens_per_round"]],
+        ],
+    )
+    sys.stderr.write(f"verify cost (k rows / 1 row at context {ctx}): {verify_cost}; "
+                     f"limit with every draft accepted: {limit:.2f}x\n")
+    if not identical:
+        sys.stderr.write("WARNING: speculative replies differ from plain ones\n")
+    return result

@@ -1,0 +1,78 @@
+"""Requests for the speculation benchmark: copy, edit and chat traffic.
+
+Sources default to this repository's own Python files (varied modules), cut
+to ~3,500 characters at line boundaries, as an editor would send a buffer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COPY_INSTRUCTION = "Rewrite the code above EXACTLY, character for character, with no changes and no commentary."
+EDIT_INSTRUCTIONS = (
+    "Rename the variable `{name}` to `{name}_value` everywhere, and change nothing else.",
+    "Add a parameter `verbose=False` to the first function, and change nothing else.",
+    "Add a one-line docstring to the first function that has none, and change nothing else.",
+    "Change the first numeric constant you see to twice its value, and change nothing else.",
+)
+CHAT_TURNS = (
+    ("What is the difference between a process and a thread?", "Give one example of each."),
+    ("Explain what a hash table is in two sentences.", "What happens on a collision?"),
+    ("Why is the sky blue?", "And why are sunsets red?"),
+)
+EXCERPT_CHARS = 3500
+
+_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SOURCES = (
+    "engine/generate.py",
+    "engine/sessions.py",
+    "engine/gguf_file.py",
+    "engine/models/base.py",
+    "engine/backends/numpy_backend.py",
+    "engine/models_registry.py",
+)
+
+
+def excerpt(path: Path, chars: int = EXCERPT_CHARS) -> str:
+    """The first ``chars`` characters of a file, cut back to a line boundary."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if len(text) <= chars:
+        return text
+    cut = text.rfind("\n", 0, chars)
+    return text[: cut + 1 if cut > 0 else chars]
+
+
+def source_paths(given: list[str]) -> list[Path]:
+    paths = [Path(p) for p in given] if given else [_ROOT / p for p in DEFAULT_SOURCES]
+    return [p for p in paths if p.is_file()]
+
+
+def _first_identifier(code: str) -> str:
+    import re
+
+    for m in re.finditer(r"\b([a-z_][a-z0-9_]{3,})\s*=", code):
+        return m.group(1)
+    return "value"
+
+
+def file_message(code: str, instruction: str, lang: str = "python") -> str:
+    return f"Here is part of a file:\n\n```{lang}\n{code}```\n\n{instruction}"
+
+
+def copy_messages(paths: list[Path]) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": file_message(excerpt(p), COPY_INSTRUCTION)}] for p in paths]
+
+
+def edit_messages(paths: list[Path]) -> list[list[dict[str, str]]]:
+    out = []
+    for i, p in enumerate(paths):
+        code = excerpt(p)
+        instruction = EDIT_INSTRUCTIONS[i % len(EDIT_INSTRUCTIONS)].format(name=_first_identifier(code))
+        out.append([{"role": "user", "content": file_message(code, instruction)}])
+    return out
+
+
+def raw_prompt(messages: list[dict[str, str]]) -> str:
+    """For a model without a chat template (Gemma 3 base): the request as plain text."""
+    body = "\n\n".join(m["content"] for m in messages)
+    return body + "\n\n```python\n"
