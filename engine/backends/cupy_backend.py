@@ -44,6 +44,7 @@ _KERNEL_NAMES: dict[Q, str] = {
 }
 _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
 _ROW_TILES = (1, 2, 4, 8, 16)  # rows per pass the matmul kernels are built for
+_COLS_PER_WARP = 4  # output columns per warp for row tiles >= 4 (kernels.cu MM_KERNEL)
 
 
 @dataclass
@@ -123,7 +124,7 @@ class CupyBackend(Backend):
         self._pos_host: np.ndarray | None = None
         self._pos_dev: Any = None
         self._graphs: dict[Any, CapturedGraph] = {}
-        self._uploads: dict[tuple[str, int, int], Any] = {}
+        self._uploads: dict[tuple[str, int, int, int], tuple[np.ndarray, Any]] = {}
 
     # ---- kernels -------------------------------------------------------------------------
     def _k(self, name: str) -> Any:
@@ -207,13 +208,18 @@ class CupyBackend(Backend):
         return CudaWeight(segments, offset, cols)
 
     def _upload(self, t: QuantTensor) -> Any:
-        """One device copy per file tensor (a tied embedding is both table and output)."""
-        key = (t.name, int(np.asarray(t.data).__array_interface__["data"][0]), t.rows)
-        dev = self._uploads.get(key)
-        if dev is None:
-            dev = cupy.asarray(_raw_bytes(t))
-            self._uploads[key] = dev
-        return dev
+        """One device copy per file tensor (a tied embedding is both table and output).
+
+        The cache keeps the host array alive, so its address cannot be reused by
+        another array while the key stands.
+        """
+        host = np.asarray(t.data)
+        key = (t.name, int(host.__array_interface__["data"][0]), host.nbytes, int(t.qtype))
+        hit = self._uploads.get(key)
+        if hit is None:
+            hit = (host, cupy.asarray(_raw_bytes(t)))
+            self._uploads[key] = hit
+        return hit[1]
 
     def prepare_vector(self, values: np.ndarray) -> Any:
         return cupy.asarray(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
@@ -242,8 +248,10 @@ class CupyBackend(Backend):
         if n == 0:
             return out
         tile = _row_tile(n)
+        cols_per_warp = 1 if tile <= 2 else _COLS_PER_WARP
         for seg in w.segments:
-            grid = ((seg.rows + _MM_WARPS - 1) // _MM_WARPS,)
+            per_block = _MM_WARPS * cols_per_warp
+            grid = ((seg.rows + per_block - 1) // per_block,)
             self._k(f"mm_{seg.kernel}_r{tile}")(
                 grid,
                 (32 * _MM_WARPS,),

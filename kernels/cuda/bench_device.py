@@ -186,6 +186,58 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
             f"  graph verify k={k:<3d}{timings[k] * 1e3:8.3f} ms  ratio {timings[k] / t1:5.2f}"
         )
     b.drop_graphs()
+    lines += op_breakdown(b, model, cache, context)
+    return lines
+
+
+def graph_op_time(b, fn, reps: int = 20, iters: int = 20) -> float:
+    """Seconds per call of ``fn`` inside a CUDA graph of ``reps`` back-to-back calls."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=False)
+    with stream:
+        fn()
+        stream.synchronize()
+        graph, _ = b._capture(stream, lambda: [fn() for _ in range(reps)], [])
+        graph.launch(stream)
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            graph.launch(stream)
+        stream.synchronize()
+    return (time.perf_counter() - t0) / (reps * iters)
+
+
+def op_breakdown(b, model, cache, context: int) -> list[str]:
+    """Per-op time inside graphs for one layer, at 1 and 16 rows."""
+    import cupy
+
+    c = model.config
+    lw = model.layers[0]
+    lines = []
+    for n in (1, 16):
+        x = cupy.asarray(
+            np.random.default_rng(2).standard_normal((n, c.d_model)).astype(np.float32)
+        )
+        pos = b.device_ints(np.arange(context - n, context))
+        q = cupy.ones((n, c.n_heads, c.head_dim), dtype=cupy.float32)
+        kv = cupy.ones((n, c.n_kv_heads, c.head_dim), dtype=cupy.float32)
+        ff = cupy.ones((n, c.n_ff), dtype=cupy.float32)
+        ops = {
+            "rms_norm": lambda x=x: b.rms_norm(x, lw.attn_norm, 1e-6),
+            "mm qkv": lambda x=x: b.matmul(x, lw.wqkv),
+            "mm o": lambda q=q: b.matmul(q.reshape(q.shape[0], -1), lw.wo),
+            "mm gate_up": lambda x=x: b.matmul(x, lw.w_gate_up),
+            "mm down": lambda ff=ff: b.matmul(ff, lw.w_down),
+            "mm output": lambda x=x: b.matmul(x, model.output),
+            "rope q": lambda q=q, pos=pos: b.rope(q, pos, 1e4, True),
+            "write_cache": lambda kv=kv, pos=pos: b.write_cache(cache.k[0], pos, kv),
+            "attention": lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1),
+            "silu_mul": lambda ff=ff: b.silu_mul(ff, ff),
+            "add": lambda x=x: b.add(x, x),
+        }
+        parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in ops.items()]
+        lines.append(f"  ops n={n:<2d} (us): " + ", ".join(parts))
     return lines
 
 

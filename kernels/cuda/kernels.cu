@@ -24,56 +24,72 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Y[r, col] = sum_k X[r, k] * W[col, k] for r < n, col < out_rows.
-// One warp per output column; lane l owns chunks l, l+32, ... of the row; rows are
-// taken R at a time so each weight chunk is dequantized once per R rows.
-template <int QT, int R>
+// A warp owns C whole output columns; lane l owns chunks l, l+32, ... of each row.
+// Rows are taken R at a time, so a weight chunk is dequantized once per R rows and an
+// input chunk is loaded once per C columns. Whatever R and C, the (row, column)
+// value is the same sequence of fmaf over the same chunks, then the same butterfly:
+// bit-identical for every row count.
+template <int QT, int R, int C>
 __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_bytes, int out_rows,
                                         int K, const float* __restrict__ X, int ldx, int n,
                                         float* __restrict__ Y, int ldy) {
-    int col = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    int col0 = (blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * C;
     int lane = threadIdx.x & 31;
-    if (col >= out_rows) return;
-    const u8* wrow = W + (long long)col * row_bytes;
+    if (col0 >= out_rows) return;
     int nchunks = K >> 3;
     for (int r0 = 0; r0 < n; r0 += R) {
-        float acc[R];
+        float acc[R][C];
 #pragma unroll
-        for (int j = 0; j < R; ++j) acc[j] = 0.0f;
+        for (int j = 0; j < R; ++j)
+#pragma unroll
+            for (int cc = 0; cc < C; ++cc) acc[j][cc] = 0.0f;
         for (int c = lane; c < nchunks; c += 32) {
-            float w[8];
-            dq8<QT>(wrow, c, w);
+            float w[C][8];
+#pragma unroll
+            for (int cc = 0; cc < C; ++cc) {
+                int col = min(col0 + cc, out_rows - 1);  // duplicate the last column, never stored
+                dq8<QT>(W + (long long)col * row_bytes, c, w[cc]);
+            }
 #pragma unroll
             for (int j = 0; j < R; ++j) {
                 if (r0 + j < n) {
                     const float4* xp = reinterpret_cast<const float4*>(X + (long long)(r0 + j) * ldx) + 2 * c;
                     float4 a = xp[0], b = xp[1];
-                    float s = acc[j];
-                    s = fmaf(w[0], a.x, s); s = fmaf(w[1], a.y, s);
-                    s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
-                    s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s);
-                    s = fmaf(w[6], b.z, s); s = fmaf(w[7], b.w, s);
-                    acc[j] = s;
+#pragma unroll
+                    for (int cc = 0; cc < C; ++cc) {
+                        float s = acc[j][cc];
+                        s = fmaf(w[cc][0], a.x, s); s = fmaf(w[cc][1], a.y, s);
+                        s = fmaf(w[cc][2], a.z, s); s = fmaf(w[cc][3], a.w, s);
+                        s = fmaf(w[cc][4], b.x, s); s = fmaf(w[cc][5], b.y, s);
+                        s = fmaf(w[cc][6], b.z, s); s = fmaf(w[cc][7], b.w, s);
+                        acc[j][cc] = s;
+                    }
                 }
             }
         }
 #pragma unroll
-        for (int j = 0; j < R; ++j) {
-            float v = warp_sum(acc[j]);
-            if (lane == 0 && r0 + j < n) Y[(long long)(r0 + j) * ldy + col] = v;
-        }
+        for (int j = 0; j < R; ++j)
+#pragma unroll
+            for (int cc = 0; cc < C; ++cc) {
+                float v = warp_sum(acc[j][cc]);
+                if (lane == 0 && r0 + j < n && col0 + cc < out_rows)
+                    Y[(long long)(r0 + j) * ldy + col0 + cc] = v;
+            }
     }
 }
 
-#define MM_KERNEL(NAME, QT, R)                                                               \
+#define MM_KERNEL(NAME, QT, R, C)                                                            \
     extern "C" __global__ void __launch_bounds__(MM_WARPS * 32)                             \
         mm_##NAME##_r##R(const u8* W, long long row_bytes, int out_rows, int K, const float* X, \
                          int ldx, int n, float* Y, int ldy) {                                \
-        mm_body<QT, R>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy);                        \
+        mm_body<QT, R, C>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy);                     \
     }
 
-#define MM_ALL_R(NAME, QT) \
-    MM_KERNEL(NAME, QT, 1) MM_KERNEL(NAME, QT, 2) MM_KERNEL(NAME, QT, 4) MM_KERNEL(NAME, QT, 8) \
-    MM_KERNEL(NAME, QT, 16)
+// Row tiles 1 and 2 (decode) keep one column per warp for parallelism; larger tiles
+// share each input load across 4 columns (cupy_backend._COLS_PER_WARP).
+#define MM_ALL_R(NAME, QT)                                                   \
+    MM_KERNEL(NAME, QT, 1, 1) MM_KERNEL(NAME, QT, 2, 1) MM_KERNEL(NAME, QT, 4, 4) \
+    MM_KERNEL(NAME, QT, 8, 4) MM_KERNEL(NAME, QT, 16, 4)
 
 MM_ALL_R(f32, QT_F32)
 MM_ALL_R(f16, QT_F16)

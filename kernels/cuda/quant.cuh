@@ -18,6 +18,10 @@
 #define QT_Q6_K 14
 #define QT_BF16 30
 
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
