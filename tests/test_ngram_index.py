@@ -171,9 +171,7 @@ def test_memory_cap_evicts_least_recently_updated_extra_sources() -> None:
     idx.set_source("file:/4", big)
     assert set(idx.sources()) == {"reply", "prompt"}
     assert idx.evicted[-1] == "file:/4"
-    assert idx.memory_bytes() == sum(
-        _approx(idx, s) for s in idx.sources()
-    )
+    assert idx.memory_bytes() == sum(_approx(idx, s) for s in idx.sources())
 
 
 def _approx(idx: NgramIndex, sid: str) -> int:
@@ -184,12 +182,14 @@ def test_lookup_speed_benchmark() -> None:
     """Prints lookup latency on code-like streams (not a timed assertion)."""
     rng = random.Random(1)
     words = [rng.randrange(3000) for _ in range(400)]
+
     def code(n: int) -> list[int]:
         out: list[int] = []
         while len(out) < n:
             line = rng.randrange(len(words) - 12)
             out += words[line : line + rng.randrange(3, 12)] + [0]
         return out[:n]
+
     idx = NgramIndex()
     for i in range(4):
         idx.set_source(f"file:/{i}", code(50_000))
@@ -205,6 +205,8 @@ def test_lookup_speed_benchmark() -> None:
         idx.extend_source("reply", [x])
         assert d.match_len >= 1
     lat.sort()
-    print(f"\ndraft lookup: median {lat[len(lat) // 2] * 1e6:.1f} us, "
-          f"p99 {lat[int(0.99 * len(lat))] * 1e6:.1f} us over 203k indexed tokens; "
-          f"memory {idx.memory_bytes() / 1e6:.2f} MB")
+    print(
+        f"\ndraft lookup: median {lat[len(lat) // 2] * 1e6:.1f} us, "
+        f"p99 {lat[int(0.99 * len(lat))] * 1e6:.1f} us over 203k indexed tokens; "
+        f"memory {idx.memory_bytes() / 1e6:.2f} MB"
+    )

@@ -115,8 +115,9 @@ class _Run:
             cut = np.flatnonzero(t[1:] != t[:-1]) + 1
             lo = np.concatenate(([0], cut))
             hi = np.concatenate((cut, [len(t)]))
-            self.first = dict(zip(t[lo].tolist(), zip(lo.tolist(), hi.tolist(), strict=True),
-                                  strict=True))
+            self.first = dict(
+                zip(t[lo].tolist(), zip(lo.tolist(), hi.tolist(), strict=True), strict=True)
+            )
 
     @property
     def nbytes(self) -> int:
@@ -306,8 +307,9 @@ class NgramIndex:
                 src = _Source(source_id)
                 self._sources[source_id] = src
             before = src.nbytes
-            src.append(tokens if isinstance(tokens, array) else [int(t) for t in tokens],
-                       self._width)
+            src.append(
+                tokens if isinstance(tokens, array) else [int(t) for t in tokens], self._width
+            )
             self._total += src.nbytes - before
             self._touch(src)
             self._enforce_cap(src)

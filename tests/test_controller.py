@@ -1,0 +1,197 @@
+"""Draft-length controller: cost model, acceptance tracking, and the k it picks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.drafting import Draft
+from engine.drafting.controller import (
+    AcceptanceModel,
+    DraftController,
+    VerifyCost,
+    expected_tokens,
+    match_bucket,
+)
+
+
+def linear_cost(extra_per_row: float, t1: float = 0.01, rows: int = 17) -> VerifyCost:
+    """T(r) = t1 × (1 + extra_per_row × (r - 1))."""
+    return VerifyCost.from_ratios([1.0 + extra_per_row * (r - 1) for r in range(1, rows + 1)], t1)
+
+
+def draft(n: int = 16, match_len: int = 20, source: str = "prompt") -> Draft:
+    return Draft(list(range(100, 100 + n)), source, match_len, 5)
+
+
+def test_expected_tokens_formula() -> None:
+    assert expected_tokens([]) == [1.0]
+    assert expected_tokens([0.5, 0.5]) == pytest.approx([1.0, 1.5, 1.75])
+    assert expected_tokens([1.0, 0.0, 1.0]) == pytest.approx([1.0, 2.0, 2.0, 2.0])
+
+
+def test_steep_cost_never_drafts() -> None:
+    """T(2)/T(1) = 2 (rows cost like separate steps): no acceptance can pay for it."""
+    c = DraftController(linear_cost(1.0))
+    for _ in range(50):
+        c.observe("prompt", 32, 16, 16)  # perfect history
+    for n, L in [(16, 32), (4, 1), (1, 8)]:
+        for _ in range(300):  # also no probes: the prior cannot win either
+            assert c.choose(draft(n, L), 100, 500) == 0
+    assert c.expected_speedup(1, "prompt", 32, 100) <= 1.0
+    assert c.probes == 0
+
+
+def test_flat_cost_high_acceptance_drafts_long() -> None:
+    c = DraftController(linear_cost(0.01), max_draft=16)
+    for _ in range(20):
+        c.observe("prompt", 20, 16, 16)
+    assert c.choose(draft(16, 20), 100, 500) == 16
+    assert c.expected_speedup(16, "prompt", 20, 100) > 5
+
+
+def test_cpu_like_cost_picks_moderate_k() -> None:
+    c = DraftController(linear_cost(0.15))
+    k = c.choose(draft(16, 20), 100, 500)
+    assert 1 <= k < 16
+    speeds = [c.expected_speedup(j, "prompt", 20, 100) for j in range(17)]
+    assert speeds[k] == pytest.approx(max(speeds))
+
+
+def test_respects_remaining_draft_length_and_max_draft() -> None:
+    c = DraftController(linear_cost(0.0), max_draft=8)
+    for _ in range(20):
+        c.observe("prompt", 20, 8, 8)
+    assert c.choose(draft(16), 100, 500) == 8
+    assert c.choose(draft(3), 100, 500) == 3
+    assert c.choose(draft(16), 100, 5) == 4  # a round yields k+1 tokens
+    assert c.choose(draft(16), 100, 1) == 0
+    assert c.choose(Draft(), 100, 500) == 0
+    assert c.choose(draft(16), 100) == 8  # no budget given
+
+
+def test_failures_push_k_to_zero_and_successes_back_up() -> None:
+    c = DraftController(linear_cost(0.15), explore_budget=0.0)
+    d = draft(16, 6, "file:/x.py")
+    k0 = c.choose(d, 100, 500)
+    assert k0 > 0  # a fresh source with a fair match is tried
+    rounds = 0
+    while c.choose(d, 100, 500) > 0:
+        c.observe(d.source, d.match_len, 16, 0)
+        rounds += 1
+        assert rounds < 4
+    assert c.choose(d, 100, 500) == 0
+    c.observe(d.source, d.match_len, 1, 1)  # e.g. a probe that worked
+    ks = []
+    for _ in range(6):
+        ks.append(c.choose(d, 100, 500))
+        c.observe(d.source, d.match_len, 16, 16)
+    assert ks[-1] > k0 and ks == sorted(ks)
+
+
+def test_match_length_raises_acceptance_prior() -> None:
+    m = AcceptanceModel()
+    ps = [m.p("file:/new", L) for L in (1, 2, 4, 8, 16, 32)]
+    assert ps == sorted(ps) and ps[0] < 0.3 and ps[-1] > 0.8
+    assert match_bucket(1) == 0 and match_bucket(500) == match_bucket(32)
+    # positions further into a draft are judged at a longer effective match
+    assert m.position_probs("prompt", 1, 4) == sorted(m.position_probs("prompt", 1, 4))
+
+
+def test_new_source_inherits_pool_of_its_kind() -> None:
+    m = AcceptanceModel()
+    before = m.p("file:/b.py", 8)
+    for _ in range(10):
+        m.observe("file:/a.py", 8, 4, 0)
+    assert m.p("file:/b.py", 8) < before  # files have been failing
+    assert m.p("prompt", 8) == pytest.approx(before)  # other kinds untouched
+    assert m.p("file:/a.py", 8) < m.p("file:/b.py", 8)
+
+
+def test_online_cost_updates_change_choice() -> None:
+    cost = linear_cost(0.02, t1=0.01)
+    c = DraftController(cost)
+    d = draft(16, 12)
+    assert c.choose(d, 100, 500) >= 8
+    for _ in range(10):  # the machine turns out to pay a full step per row
+        for r in range(1, 18):
+            c.observe_cost(r, 100, 0.01 * r)
+    assert cost.ratio(2, 100) == pytest.approx(2.0)
+    assert c.choose(d, 100, 500) == 0
+
+
+def test_verify_cost_measure_interpolates_and_is_robust() -> None:
+    calls = []
+
+    def fn(rows: int, ctx: int) -> float:
+        calls.append((rows, ctx))
+        return 0.001 * (10 + rows) * (1 + ctx / 1000)
+
+    cost = VerifyCost.measure(fn, rows=[1, 2, 4, 8], ctxs=[0, 1000, 2000], repeats=3)
+    assert len(calls) == 4 * 3 * 3
+    # between rows and ctxs (context lengths are read at 32-position granularity)
+    assert cost.time(3, 512) == pytest.approx(0.001 * 13 * 1.512)
+    assert cost.time(3, 500) == pytest.approx(0.001 * 13 * 1.5, rel=0.02)
+    assert cost.time(16, 3008) == pytest.approx(0.001 * 26 * 4.008)  # extrapolated both ways
+    assert cost.ratio(1, 700) == pytest.approx(1.0)
+    assert cost.ratio(8, 0) == pytest.approx(18 / 11)
+    before = cost.time(2, 1000)
+    cost.observe(2, 1000, 50 * before)  # one stray slow step barely moves the median
+    assert cost.time(2, 1000) < 1.5 * before
+    for _ in range(9):
+        cost.observe(2, 1000, 2 * before)  # a sustained change takes over
+    assert cost.time(2, 1000) == pytest.approx(2 * before)
+
+
+def _simulate(
+    c: DraftController,
+    cost: VerifyCost,
+    accept: float,
+    rounds: int,
+    seed: int,
+    match_lens: tuple[int, int] = (1, 4),
+) -> float:
+    """Time per token relative to plain decode for traffic with per-token acceptance."""
+    rng = random.Random(seed)
+    t_spec = 0.0
+    produced = 0
+    ctx = 500
+    while produced < rounds:
+        d = Draft(list(range(16)), rng.choice(["reply", "prompt"]), rng.randrange(*match_lens), 0)
+        k = c.choose(d, ctx, 10_000)
+        t_spec += cost.time(k + 1, ctx)
+        a = 0
+        while a < k and rng.random() < accept:
+            a += 1
+        if k:
+            c.observe(d.source, d.match_len, k, a)
+        produced += a + 1
+        ctx += a + 1
+    t_plain = sum(cost.time(1, 500 + i) for i in range(produced))
+    return t_spec / t_plain
+
+
+@pytest.mark.parametrize("extra", [0.02, 0.15, 0.5])
+def test_chat_traffic_costs_at_most_two_percent(extra: float) -> None:
+    cost = linear_cost(extra)
+    c = DraftController(cost)
+    rel = _simulate(c, cost, accept=0.0, rounds=3000, seed=1)
+    assert rel <= 1.02, rel
+    assert c.probes > 0 or extra > 0.4  # it keeps retrying where that is affordable
+
+
+def test_copy_traffic_gains_and_probes_recover_after_chat() -> None:
+    cost = linear_cost(0.1)
+    c = DraftController(cost)
+    assert _simulate(c, cost, accept=0.0, rounds=2000, seed=2, match_lens=(1, 33)) <= 1.02
+    # the same sources start to match: a probe notices and drafting resumes
+    rel = _simulate(c, cost, accept=0.97, rounds=2000, seed=3, match_lens=(8, 33))
+    assert rel < 0.5, rel
+
+
+def test_short_chat_with_fresh_controller() -> None:
+    """Even before anything is learned, the first failures cost little."""
+    cost = linear_cost(0.15)
+    rel = [_simulate(DraftController(cost), cost, 0.0, 100, seed) for seed in range(10)]
+    assert max(rel) <= 1.02, rel
