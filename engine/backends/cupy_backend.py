@@ -307,8 +307,12 @@ class CupyBackend(Backend):
 
     @staticmethod
     def split_size(head_dim: int) -> int:
-        """Keys per attention split: fixed per head size, never per call (batch invariance)."""
-        return min(128, 8192 // head_dim)
+        """Keys per attention split: fixed, never chosen per call (batch invariance).
+
+        32 keys (one per lane) gives many short blocks: at 2k context the GPU has
+        ~100+ blocks in flight instead of a few long ones (measured 28 µs with 128).
+        """
+        return 32
 
     def attention(self, q, k_cache, v_cache, positions, window, scale) -> Any:
         n, heads, hd = (int(s) for s in q.shape)
