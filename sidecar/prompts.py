@@ -1,0 +1,173 @@
+"""Prompts for rewrites and inline completions, and the rules that end a completion.
+
+Rewrite layout: the whole file comes FIRST (stable across requests on the same
+file), then the selection and the instruction (volatile), so the engine's
+session for that URI reuses the cached prefix. The assistant turn is primed
+with an opening code fence: even the 135M default model then answers with
+code, and the reply ends at the closing fence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+REPRODUCE_INSTRUCTION = (
+    "Rewrite the selected code EXACTLY, character for character, with no changes and no commentary."
+)
+FENCE = "```"
+MAX_FILE_CHARS = 16000  # about 4-5k tokens: keeps room in a small model's context
+INLINE_PREFIX_CHARS = 6000
+INLINE_SUFFIX_CHARS = 2000
+
+_LANGS = {
+    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript",
+    ".ts": "typescript", ".tsx": "tsx", ".jsx": "jsx", ".rs": "rust", ".go": "go",
+    ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".hpp": "cpp", ".java": "java",
+    ".kt": "kotlin", ".rb": "ruby", ".lua": "lua", ".sh": "bash", ".md": "markdown",
+    ".json": "json", ".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".html": "html",
+    ".css": "css", ".sql": "sql", ".swift": "swift", ".php": "php", ".cs": "csharp",
+}
+
+
+def language_for(name: str) -> str:
+    """Fence language tag from a file name or URI ('' when unknown)."""
+    return _LANGS.get(PurePosixPath(name.split("?")[0]).suffix.lower(), "")
+
+
+def file_window(text: str, start: int, end: int, limit: int = MAX_FILE_CHARS) -> str:
+    """The file, or a window of whole lines around [start, end) when it is too long."""
+    if len(text) <= limit:
+        return text
+    room = max(0, limit - (end - start))
+    lo = max(0, start - room // 2)
+    hi = min(len(text), end + (room - (start - lo)))
+    lo = text.rfind("\n", 0, lo) + 1 if lo > 0 else 0
+    nl = text.find("\n", hi)
+    hi = len(text) if nl < 0 else nl + 1
+    return text[lo:hi]
+
+
+@dataclass(frozen=True)
+class RewritePrompt:
+    messages: list[dict[str, str]]
+    prime: str  # text appended after the chat template's generation prompt
+    plain: str  # the whole prompt as raw text, for models without a chat template
+
+
+def rewrite_prompt(
+    file_text: str, start: int, end: int, instruction: str, *, name: str = ""
+) -> RewritePrompt:
+    """Messages for rewriting ``file_text[start:end]`` as ``instruction`` says."""
+    lang = language_for(name)
+    selection = file_text[start:end]
+    body = selection[:-1] if selection.endswith("\n") else selection
+    instr = instruction.strip() or REPRODUCE_INSTRUCTION
+    context = file_window(file_text, start, end)
+    if context and not context.endswith("\n"):
+        context += "\n"
+    label = PurePosixPath(name).name if name else "the file"
+    stable = f"Here is {label}:\n{FENCE}{lang}\n{context}{FENCE}\n\n"
+    volatile = (
+        f"Selected code:\n{FENCE}{lang}\n{body}\n{FENCE}\n\n"
+        f"Task: {instr}\n"
+        f"Answer with the rewritten selected code only, in one {FENCE}{lang} block."
+    )
+    messages = [{"role": "user", "content": stable + volatile}]
+    prime = f"{FENCE}{lang}\n"
+    plain = f"{stable}{volatile}\n\nRewritten code:\n{prime}"
+    return RewritePrompt(messages=messages, prime=prime, plain=plain)
+
+
+def rewrite_prompt_ids(engine: Any, prompt: RewritePrompt) -> list[int]:
+    """Token ids: chat template (when the model has one) then the primed fence."""
+    tok = engine.tokenizer
+    if engine.has_chat_template:
+        ids = list(engine.encode_chat(prompt.messages))
+        return ids + list(tok.encode(prompt.prime, add_bos=False, parse_special=False))
+    return list(tok.encode(prompt.plain, parse_special=False))
+
+
+def strip_fence(reply: str) -> str:
+    """The code inside the model's fence (the opening one was primed, so it may be absent)."""
+    text = reply
+    first = text.lstrip("\n")
+    if first.startswith(FENCE):  # the model repeated the opening fence
+        nl = first.find("\n")
+        text = first[nl + 1 :] if nl >= 0 else ""
+    close = text.find(FENCE)
+    if close >= 0:
+        text = text[:close]
+    return text
+
+
+def fit_selection(new_text: str, selection: str) -> str:
+    """Give the rewritten text the selection's trailing-newline shape."""
+    body = new_text.rstrip("\n")
+    if selection.endswith("\n"):
+        return body + "\n"
+    return body
+
+
+# ---- inline completion ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InlinePrompt:
+    ids: list[int]
+    mode: str  # "fim" or "prefix"
+
+
+def inline_prompt(engine: Any, prefix: str, suffix: str) -> InlinePrompt:
+    """FIM (prefix-suffix-middle) when the model has FIM tokens, else a raw continuation."""
+    tok = engine.tokenizer
+    head = prefix[-INLINE_PREFIX_CHARS:]
+    if len(prefix) > INLINE_PREFIX_CHARS:  # start at a line boundary
+        nl = head.find("\n")
+        head = head[nl + 1 :] if nl >= 0 else head
+    fim = getattr(tok, "fim", None)
+    if fim is not None:
+        tail = suffix[:INLINE_SUFFIX_CHARS]
+        ids = (
+            [fim.prefix]
+            + list(tok.encode(head, add_bos=False, parse_special=False))
+            + [fim.suffix]
+            + list(tok.encode(tail, add_bos=False, parse_special=False))
+            + [fim.middle]
+        )
+        return InlinePrompt(ids=ids, mode="fim")
+    return InlinePrompt(ids=list(tok.encode(head, parse_special=False)), mode="prefix")
+
+
+def indentation(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def block_end(completion: str, indent: int) -> int | None:
+    """Where a multi-line completion stops: before a blank line or a line dedented below
+    ``indent`` (the cursor line's indentation). None while the block is still open.
+
+    The first line (the rest of the cursor's line) is always kept.
+    """
+    pos = completion.find("\n")
+    while pos >= 0:
+        start = pos + 1
+        nxt = completion.find("\n", start)
+        line = completion[start:] if nxt < 0 else completion[start:nxt]
+        complete = nxt >= 0
+        if complete and not line.strip():
+            return pos
+        if line.strip() and indentation(line) < indent:
+            return pos
+        if not complete:
+            return None
+        pos = nxt
+    return None
+
+
+def finish_completion(completion: str, indent: int) -> str:
+    """Cut at the block end and drop trailing whitespace."""
+    cut = block_end(completion, indent)
+    text = completion if cut is None else completion[:cut]
+    return text.rstrip()

@@ -1,0 +1,86 @@
+"""One rewrite, editor-free: prompt -> generate -> code out of the fence.
+
+Shared by the language server (``echoline.rewrite``) and ``echoline rewrite``
+so both take exactly the same path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.prompts import FENCE, fit_selection, rewrite_prompt, rewrite_prompt_ids, strip_fence
+
+
+@dataclass
+class RewriteOutcome:
+    text: str  # the replacement for the selection
+    reply: str  # what the model wrote (inside the primed fence)
+    finish_reason: str
+    stats: dict[str, Any]
+    prompt_tokens: int
+
+
+@dataclass
+class Progress:
+    text: str  # replacement so far
+    tokens: int
+    tok_s: float
+    acceptance: float
+    stats: Any
+
+
+def run_rewrite(
+    engine: Any,
+    file_text: str,
+    start: int,
+    end: int,
+    instruction: str,
+    *,
+    name: str = "",
+    max_tokens: int = 512,
+    spec: bool = True,
+    session: str | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> RewriteOutcome:
+    """Rewrite ``file_text[start:end]``. Raises nothing special on cancel: see finish_reason."""
+    prompt = rewrite_prompt(file_text, start, end, instruction, name=name)
+    ids = rewrite_prompt_ids(engine, prompt)
+
+    def on_token(ev: Any) -> None:
+        if on_progress is None:
+            return
+        st = ev.stats
+        on_progress(
+            Progress(
+                text=strip_fence(ev.text),
+                tokens=st.generated_tokens,
+                tok_s=st.tokens_per_s,
+                acceptance=st.acceptance,
+                stats=st,
+            )
+        )
+
+    # A selection is at most a few times longer in tokens than in characters/3; the
+    # reply must fit its own copy plus some room for the requested change.
+    result = engine.generate(
+        ids,
+        max_tokens=max_tokens,
+        stop=(FENCE,),
+        spec=spec,
+        session=session,
+        on_token=on_token,
+        cancel=cancel,
+    )
+    selection = file_text[start:end]
+    text = fit_selection(strip_fence(result.text), selection)
+    return RewriteOutcome(
+        text=text,
+        reply=result.text,
+        finish_reason=result.finish_reason,
+        stats=result.stats.as_dict(),
+        prompt_tokens=len(ids),
+    )

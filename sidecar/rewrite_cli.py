@@ -1,0 +1,100 @@
+"""``echoline rewrite FILE --range L1:L2``: the editor's rewrite path without an editor.
+
+Reads the file, rewrites lines L1..L2 (1-based, inclusive) with the same prompt
+and generation as ``echoline.rewrite``, and prints the new text, a unified diff
+(``--diff``) or JSON (``--json``). It never writes the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sidecar.rewrite import run_rewrite
+
+
+def parse_range(spec: str, n_lines: int) -> tuple[int, int]:
+    """"L1:L2" (1-based, inclusive) -> (first, last) as 0-based line indices."""
+    try:
+        a, _, b = spec.partition(":")
+        first, last = int(a), int(b or a)
+    except ValueError:
+        raise ValueError(f"--range must look like L1:L2 (e.g. 3:7), got {spec!r}") from None
+    if first < 1 or last < first:
+        raise ValueError(f"--range {spec}: need 1 <= L1 <= L2")
+    if last > n_lines:
+        raise ValueError(f"--range {spec}: the file has only {n_lines} line(s)")
+    return first - 1, last - 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="echoline rewrite",
+        description="Rewrite a line range of FILE with the model; prints the result, never writes the file.",
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument("--range", required=True, help="lines L1:L2, 1-based and inclusive")
+    p.add_argument("--instruction", default="", help="what to change (empty: reproduce exactly)")
+    p.add_argument("--diff", action="store_true", help="print a unified diff of the whole file")
+    p.add_argument("--model", default="smollm2", help="model name or .gguf path")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--no-spec", action="store_true", help="plain decoding (same output, slower)")
+    p.add_argument("--json", action="store_true", help="print {text, diff, stats} as JSON")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        source = args.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"echoline rewrite: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    lines = source.splitlines(keepends=True)
+    try:
+        first, last = parse_range(args.range, len(lines))
+    except ValueError as exc:
+        print(f"echoline rewrite: {exc}", file=sys.stderr)
+        return 2
+    start = sum(len(x) for x in lines[:first])
+    end = start + sum(len(x) for x in lines[first : last + 1])
+
+    from engine.api import Engine
+    from engine.errors import EcholineError
+
+    try:
+        engine = Engine.load(args.model, backend=args.backend)
+        out = run_rewrite(
+            engine, source, start, end, args.instruction, name=str(args.file),
+            max_tokens=args.max_tokens, spec=not args.no_spec,
+        )
+    except EcholineError as exc:
+        print(f"echoline rewrite: {exc}", file=sys.stderr)
+        return 1
+    new_source = source[:start] + out.text + source[end:]
+    diff = "".join(
+        difflib.unified_diff(
+            source.splitlines(keepends=True), new_source.splitlines(keepends=True),
+            fromfile=f"a/{args.file}", tofile=f"b/{args.file}",
+        )
+    )
+    if args.json:
+        json.dump(
+            {"text": out.text, "diff": diff, "finishReason": out.finish_reason, "stats": out.stats},
+            sys.stdout, indent=2,
+        )
+        print()
+    elif args.diff:
+        sys.stdout.write(diff)
+    else:
+        sys.stdout.write(out.text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,222 @@
+"""One engine thread behind a queue.
+
+The engine is not re-entrant and a generation takes seconds, so every engine
+call (model load, draft-source updates, generation) happens on this single
+thread. The LSP loop only enqueues and awaits futures, so it stays responsive
+(a didChange during a generation is processed at once). Each job carries its
+own cancel Event, which the engine checks every forward step; a job submitted
+with a *key* (e.g. ``("inline", uri)``) supersedes the older job with that key.
+
+Draft sources are not jobs: updates are coalesced (last text wins) and applied
+between jobs, never during a generation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_DELETE = object()
+
+
+class JobCancelled(Exception):
+    """The job was cancelled (by the client) or superseded (by a newer request)."""
+
+    def __init__(self, superseded: bool) -> None:
+        super().__init__("superseded by a newer request" if superseded else "cancelled")
+        self.superseded = superseded
+
+
+@dataclass
+class Job:
+    fn: Callable[[Any, threading.Event], Any]
+    kind: str
+    key: Hashable | None = None
+    id: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event)
+    future: Future = field(default_factory=Future)
+    superseded: bool = False
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    def request_cancel(self, superseded: bool = False) -> None:
+        self.superseded = self.superseded or superseded
+        self.cancel.set()
+
+
+class EngineWorker:
+    """Owns the engine. States: "idle" (nothing loaded yet), "loading", "ready", "error"."""
+
+    def __init__(self, loader: Callable[..., Any]) -> None:
+        self._loader = loader
+        self._cond = threading.Condition()
+        self._queue: deque[Job] = deque()
+        self._running: Job | None = None
+        self._by_key: dict[Hashable, Job] = {}
+        self._sources: dict[str, str] = {}
+        self._dirty: dict[str, object] = {}
+        self._ids = itertools.count(1)
+        self._stop = False
+        self.engine: Any = None
+        self.state = "idle"
+        self.error: str | None = None
+        self.model_label: str | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="echoline-engine", daemon=True)
+        self._thread.start()
+
+    # ---- model -------------------------------------------------------------
+    def load(self, model: str, **kwargs: Any) -> Job:
+        """Queue a (re)load. Requests submitted after it wait for it (FIFO)."""
+
+        def run(_engine: Any, _cancel: threading.Event) -> Any:
+            self.engine = None
+            try:
+                engine = self._loader(model, **kwargs)
+            except BaseException as exc:
+                self.error = f"could not load model {model!r}: {exc}"
+                self.state = "error"
+                self._ready.set()
+                raise
+            self.engine = engine
+            self.model_label = getattr(engine, "model_name", model)
+            self.error = None
+            self.state = "ready"
+            with self._cond:
+                for sid, text in self._sources.items():
+                    self._dirty[sid] = text
+            self._ready.set()
+            return engine
+
+        with self._cond:
+            self.state = "loading"
+            self.error = None
+            self._ready.clear()
+        return self.submit(run, kind="load")
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Block until the current load finished (either way). False on timeout."""
+        return self._ready.wait(timeout)
+
+    # ---- sources (SourceSink) -----------------------------------------------
+    def set_source(self, source_id: str, text: str) -> None:
+        with self._cond:
+            self._sources[source_id] = text
+            self._dirty[source_id] = text
+            self._cond.notify()
+
+    def remove_source(self, source_id: str) -> None:
+        with self._cond:
+            self._sources.pop(source_id, None)
+            self._dirty[source_id] = _DELETE
+            self._cond.notify()
+
+    def has_source(self, source_id: str) -> bool:
+        with self._cond:
+            return source_id in self._sources
+
+    def pending_sources(self) -> int:
+        with self._cond:
+            return len(self._dirty)
+
+    def sync_sources(self) -> Job:
+        """A no-op job: when it completes, every earlier source update is in the engine."""
+        return self.submit(lambda _e, _c: None, kind="sync")
+
+    def _apply_sources(self) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        with self._cond:
+            batch, self._dirty = self._dirty, {}
+        for sid, text in batch.items():
+            try:
+                if text is _DELETE:
+                    engine.remove_source(sid)
+                else:
+                    engine.set_source(sid, text)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("engine rejected source %s", sid)
+
+    # ---- jobs ---------------------------------------------------------------
+    def submit(
+        self, fn: Callable[[Any, threading.Event], Any], *, kind: str, key: Hashable | None = None
+    ) -> Job:
+        job = Job(fn=fn, kind=kind, key=key, id=next(self._ids))
+        with self._cond:
+            if key is not None:
+                old = self._by_key.get(key)
+                if old is not None and not old.future.done():
+                    old.request_cancel(superseded=True)
+                self._by_key[key] = job
+            self._queue.append(job)
+            self._cond.notify()
+        return job
+
+    def running(self) -> Job | None:
+        return self._running
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            for job in self._queue:
+                job.request_cancel()
+            if self._running is not None:
+                self._running.request_cancel()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._queue and not (
+                    self._dirty and self.engine is not None
+                ):
+                    self._cond.wait()
+                if self._stop:
+                    pending, self._queue = list(self._queue), deque()
+                else:
+                    pending = []
+                job = self._queue.popleft() if self._queue and not self._stop else None
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(JobCancelled(False))
+            if self._stop:
+                return
+            self._apply_sources()
+            if job is not None:
+                self._run(job)
+
+    def _run(self, job: Job) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            self._forget(job)
+            return
+        if job.cancel.is_set():
+            job.future.set_exception(JobCancelled(job.superseded))
+            self._forget(job)
+            return
+        self._running = job
+        job.started_at = time.monotonic()
+        try:
+            result = job.fn(self.engine, job.cancel)
+        except BaseException as exc:  # report everything to the awaiting handler
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
+        finally:
+            job.finished_at = time.monotonic()
+            self._running = None
+            self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        with self._cond:
+            if job.key is not None and self._by_key.get(job.key) is job:
+                del self._by_key[job.key]
