@@ -2,10 +2,13 @@
 // status bar, the log channel, the rewrite command and the settings.
 import * as vscode from 'vscode';
 import {
+  ClientCapabilities,
   Executable,
+  FeatureState,
   LanguageClient,
   LanguageClientOptions,
   ServerOptions,
+  StaticFeature,
   TransportKind,
 } from 'vscode-languageclient/node';
 import { inlineCompletionsEnabled, serverCommand, serverSettings } from './config';
@@ -15,6 +18,24 @@ import { Rewriter } from './rewrite';
 import { StatusItem, StatusParams } from './status';
 
 let client: LanguageClient | undefined;
+
+/**
+ * Turns off server-initiated work-done progress. The rewrite command shows its own
+ * notification (tok/s, acceptance, a Cancel button that sends $/cancelRequest) and
+ * the status bar shows model loading, so the server's progress would only duplicate them.
+ */
+class NoServerProgress implements StaticFeature {
+  fillClientCapabilities(capabilities: ClientCapabilities): void {
+    if (capabilities.window) {
+      capabilities.window.workDoneProgress = false;
+    }
+  }
+  initialize(): void {}
+  getState(): FeatureState {
+    return { kind: 'static' };
+  }
+  clear(): void {}
+}
 
 function createClient(log: vscode.LogOutputChannel, events: ServerEvents, rewriter: () => Rewriter): LanguageClient {
   const { command, args } = serverCommand();
@@ -32,11 +53,11 @@ function createClient(log: vscode.LogOutputChannel, events: ServerEvents, rewrit
     middleware: {
       provideInlineCompletionItems: (document, position, context, token, next) =>
         inlineCompletionsEnabled() ? next(document, position, context, token) : undefined,
-      // The server's code action "Rewrite with echoline…" carries no instruction:
+      // The server's code action "Rewrite with echoline…" carries an empty instruction:
       // route it through the interactive flow (input box, progress, preview).
       executeCommand: async (cmd, cmdArgs, next) => {
         const a = cmdArgs?.[0] as { uri?: string; range?: unknown; instruction?: unknown } | undefined;
-        if (cmd === 'echoline.rewrite' && a?.uri && a.range && typeof a.instruction !== 'string') {
+        if (cmd === 'echoline.rewrite' && a?.uri && a.range && !(typeof a.instruction === 'string' && a.instruction)) {
           const c = client!;
           const uri = c.protocol2CodeConverter.asUri(a.uri);
           const range = c.protocol2CodeConverter.asRange(a.range as never);
@@ -48,6 +69,7 @@ function createClient(log: vscode.LogOutputChannel, events: ServerEvents, rewrit
     },
   };
   const c = new LanguageClient('echoline', 'echoline', serverOptions, clientOptions);
+  c.registerFeature(new NoServerProgress());
   c.onNotification('echoline/status', (p: StatusParams) => {
     log.info(`status: ${p.state ?? ''} ${p.model ?? ''} ${p.message ?? ''}`);
     events.status.fire(p);

@@ -137,6 +137,7 @@ export class Rewriter {
     const stats = readStats(result.stats);
     this.status.update({ tokS: stats.tokS, acceptance: stats.acceptance });
     this.log.info(`rewrite done: applied=${result.applied} reason=${result.reason ?? ''} ${describeStats(stats)}`);
+    this.log.info(`rewrite text: ${JSON.stringify(result.text ?? '')}`);
 
     if (!confirm) {
       if (result.applied) {

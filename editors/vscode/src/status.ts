@@ -46,11 +46,9 @@ export class StatusItem implements vscode.Disposable {
     const model = s.model ?? 'echoline';
     const icon = s.state === 'ready' ? '$(sparkle)' : s.state === 'error' ? '$(error)' : '$(sync~spin)';
     const parts = [`${icon} ${model}`];
-    if (s.state === 'ready') {
-      const rate = fmtRate(s.tokS);
-      if (rate) {
-        parts.push(rate);
-      }
+    if (s.state === 'ready' && s.tokS) {
+      // Figures of the last generation; none yet right after loading.
+      parts.push(fmtRate(s.tokS) ?? '');
       const acc = fmtAcceptance(s.acceptance);
       if (acc) {
         parts.push(acc);

@@ -1,0 +1,181 @@
+// Drives a real VS Code (code-server) in headless Chromium through the echoline
+// extension: wait for activation, trigger and commit an inline suggestion, save,
+// then rewrite a line range from the command palette and save again.
+// Run by tests/test_editor_vscode.py; every input comes from the environment and
+// the findings go to E2E_OUT as JSON (the Python test checks the file on disk).
+'use strict';
+const fs = require('fs');
+const path = require('path');
+const { chromium } = require(process.env.PLAYWRIGHT_CORE || 'playwright-core');
+
+const env = process.env;
+const out = { steps: [] };
+const TIMEOUT = Number(env.E2E_TIMEOUT_MS || 240000);
+const file = path.join(env.E2E_WORKSPACE, env.E2E_FILE);
+
+function step(name, extra) {
+  out.steps.push({ name, t: Date.now(), ...extra });
+  console.log(`[e2e] ${name}`);
+}
+
+function save() {
+  fs.writeFileSync(env.E2E_OUT, JSON.stringify(out, null, 2));
+}
+
+/** The extension's log file (LogOutputChannel) under the user-data dir. */
+function extensionLog() {
+  const root = path.join(env.E2E_USER_DATA, 'logs');
+  const found = [];
+  const walk = (d) => {
+    for (const e of fs.existsSync(d) ? fs.readdirSync(d, { withFileTypes: true }) : []) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (/echoline\.log$/.test(e.name)) found.push(p);
+    }
+  };
+  walk(root);
+  return found.map((p) => fs.readFileSync(p, 'utf8')).join('\n');
+}
+
+async function waitFor(what, fn, timeout = TIMEOUT, every = 250) {
+  const t0 = Date.now();
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() - t0 > timeout) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, every));
+  }
+}
+
+async function palette(page, title) {
+  await page.keyboard.press('F1');
+  const input = page.locator('.quick-input-widget input');
+  await input.waitFor({ state: 'visible', timeout: 15000 });
+  await input.fill('>' + title);
+  const row = page.locator('.quick-input-list .monaco-list-row', { hasText: title }).first();
+  await row.waitFor({ state: 'visible', timeout: 15000 });
+  await page.keyboard.press('Enter');
+}
+
+async function gotoLine(page, line, end) {
+  // Quick Open's ":<line>" (Ctrl+G does not reach the page in every browser set-up).
+  await page.keyboard.press('Control+P');
+  const input = page.locator('.quick-input-widget input');
+  await input.waitFor({ state: 'visible', timeout: 15000 });
+  await input.fill(':' + String(line));
+  await page.waitForTimeout(200);
+  await page.keyboard.press('Enter');
+  await page.locator('.quick-input-widget').waitFor({ state: 'hidden', timeout: 15000 });
+  await page.keyboard.press(end ? 'End' : 'Home');
+  if (!end) {
+    // Home toggles between the first non-blank and column 1; make sure of column 1.
+    await page.keyboard.press('Home');
+  }
+}
+
+async function statusText(page) {
+  const item = page.locator('.statusbar-item', { hasText: env.E2E_MODEL || 'smollm2' }).first();
+  return (await item.count()) ? (await item.innerText()).trim() : '';
+}
+
+async function main() {
+  const ctx = await chromium.launchPersistentContext(env.E2E_BROWSER_PROFILE, {
+    executablePath: env.CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    viewport: { width: 1400, height: 900 },
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+  });
+  const page = ctx.pages()[0] || (await ctx.newPage());
+  page.setDefaultTimeout(30000);
+  try {
+    await page.goto(`${env.E2E_URL}/?folder=${encodeURIComponent(env.E2E_WORKSPACE)}`);
+    await page.locator('.monaco-workbench').waitFor({ state: 'visible', timeout: 90000 });
+    step('workbench');
+
+    // Activation: the status bar item appears, then reports the model as ready.
+    await waitFor('the echoline status bar item', () => statusText(page), 90000);
+    step('activated', { status: await statusText(page) });
+    out.activated = true;
+
+    await page.keyboard.press('Control+P');
+    const qi = page.locator('.quick-input-widget input');
+    await qi.waitFor({ state: 'visible', timeout: 15000 });
+    await qi.fill(env.E2E_FILE);
+    await page.locator('.quick-input-list .monaco-list-row').first().waitFor({ state: 'visible', timeout: 15000 });
+    await page.keyboard.press('Enter');
+    await page.locator('.monaco-editor .view-lines').first().waitFor({ state: 'visible' });
+    step('opened');
+    const ready = await waitFor('the model to be ready', async () => {
+      const s = await statusText(page);
+      return s && !/loading|error/.test(s) ? s : '';
+    });
+    step('ready', { status: ready });
+
+    // --- inline suggestion: trigger, see the ghost text, commit ---------------
+    if (env.E2E_GHOST_LINE) {
+      await gotoLine(page, Number(env.E2E_GHOST_LINE), true);
+      if (env.E2E_GHOST_TYPE) await page.keyboard.type(env.E2E_GHOST_TYPE);
+      await palette(page, 'Trigger Inline Suggestion');
+      const ghost = page.locator('.monaco-editor .ghost-text-decoration, .monaco-editor .ghost-text-decoration-preview, .monaco-editor .ghost-text');
+      await ghost.first().waitFor({ state: 'visible', timeout: TIMEOUT });
+      const parts = await ghost.allInnerTexts();
+      out.ghostText = parts.join('\n').replace(/\u00a0/g, ' ');
+      if (env.E2E_GHOST_SCREENSHOT) await page.screenshot({ path: env.E2E_GHOST_SCREENSHOT });
+      step('ghost shown', { ghost: out.ghostText });
+      await page.keyboard.press('Tab');
+      await waitFor('the ghost text to be committed', async () => (await ghost.count()) === 0, 10000);
+      await page.keyboard.press('Control+S');
+      await waitFor('the saved file', async () => (await page.locator('.tab.dirty').count()) === 0, 15000);
+      out.afterGhost = fs.readFileSync(file, 'utf8');
+      step('ghost committed');
+    }
+    // --- rewrite through the command palette ---------------------------------
+    const l1 = Number(env.E2E_LINE1), l2 = Number(env.E2E_LINE2);
+    await gotoLine(page, l1, false);
+    for (let i = l1; i <= l2; i++) await page.keyboard.press('Shift+ArrowDown');
+    await palette(page, 'echoline: Rewrite Selection');
+    const box = page.locator('.quick-input-widget input');
+    await box.waitFor({ state: 'visible', timeout: 15000 });
+    await box.fill(env.E2E_INSTRUCTION || '');
+    const before = extensionLog().split('rewrite done').length;
+    await page.keyboard.press('Enter');
+    step('rewrite requested');
+    // Progress notification with tok/s while generating.
+    try {
+      const toast = page.locator('.notification-toast', { hasText: 'echoline: rewriting' }).first();
+      await toast.waitFor({ state: 'visible', timeout: 30000 });
+      await waitFor('tok/s in the progress', async () => /tok\/s/.test(await toast.innerText().catch(() => '')), 60000, 100);
+      out.progressText = (await toast.innerText()).trim();
+      if (env.E2E_PROGRESS_SCREENSHOT) await page.screenshot({ path: env.E2E_PROGRESS_SCREENSHOT });
+    } catch (e) {
+      out.progressText = `not seen: ${e.message}`;
+    }
+    await waitFor('the rewrite to finish', () => extensionLog().split('rewrite done').length > before, TIMEOUT, 200);
+    const log = extensionLog();
+    out.rewriteLog = log.split('\n').filter((l) => /rewrite (done|text)/.test(l));
+    step('rewrite done');
+    await page.waitForTimeout(500); // let the applied edit render
+    await page.keyboard.press('Control+S');
+    await waitFor('the saved file', async () => (await page.locator('.tab.dirty').count()) === 0, 15000);
+    out.afterRewrite = fs.readFileSync(file, 'utf8');
+    out.status = await statusText(page);
+    if (env.E2E_SCREENSHOT) await page.screenshot({ path: env.E2E_SCREENSHOT });
+    step('rewrite saved', { status: out.status });
+
+    out.ok = true;
+  } catch (e) {
+    out.ok = false;
+    out.error = String(e && e.stack || e);
+    try {
+      await page.screenshot({ path: env.E2E_OUT + '.fail.png' });
+    } catch {}
+  } finally {
+    out.log = extensionLog().slice(-20000);
+    save();
+    await ctx.close();
+  }
+  process.exit(out.ok ? 0 : 1);
+}
+
+main();

@@ -1,0 +1,182 @@
+"""VS Code (code-server, VS Code 1.10x+) with the packaged .vsix, driven in headless Chromium.
+
+The extension is compiled with tsc and packed with vsce, installed into a fresh
+code-server, which is then driven by playwright-core (editors/vscode/test/e2e.cjs):
+activation, a rewrite from the command palette (apply mode), an inline suggestion
+shown and committed. The assertions read the saved file from disk. A screenshot of
+the rewrite is kept at docs/images/vscode-rewrite.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.editor_env import (
+    BACKEND,
+    MODEL,
+    REPO,
+    SAMPLE,
+    ensure_tools,
+    expected_rewrite,
+    free_port,
+    line_span,
+    server_cmd,
+    server_env,
+)
+
+pytestmark = [pytest.mark.editor, pytest.mark.slow]
+
+EXT = REPO / "editors" / "vscode"
+DRIVER = EXT / "test" / "e2e.cjs"
+SCREENSHOT = REPO / "docs" / "images" / "vscode-rewrite.png"
+MAX_TOKENS = 96
+
+
+def node_env(tools: dict[str, str]) -> dict[str, str]:
+    node_bin = str(Path(tools["NODE"]).parent)
+    return dict(os.environ, PATH=node_bin + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.fixture(scope="module")
+def tools(smollm2_path: Path) -> dict[str, str]:
+    found = ensure_tools("vscode")
+    for key in ("NODE", "CODE_SERVER", "VSCE", "NODE_TOOLS", "CHROMIUM"):
+        if not found.get(key) or not Path(found[key]).exists():
+            pytest.skip(f"{key} missing after installation: {found}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def vsix(tools: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Compile and package the extension exactly as a release would."""
+    env = node_env(tools)
+    npm = str(Path(tools["NODE"]).parent / "npm")
+    if not Path(npm).exists():
+        npm = shutil.which("npm") or "npm"
+    if not (EXT / "node_modules" / "vscode-languageclient").exists():
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=EXT, env=env, check=True, timeout=600)
+    subprocess.run([tools["NODE"], str(EXT / "node_modules" / "typescript" / "bin" / "tsc"), "-p", "."],
+                   cwd=EXT, env=env, check=True, timeout=300)
+    out = tmp_path_factory.mktemp("vsix") / "echoline.vsix"
+    subprocess.run([tools["NODE"], tools["VSCE"], "package", "--allow-missing-repository", "-o", str(out)],
+                   cwd=EXT, env=env, check=True, timeout=300, capture_output=True)
+    assert out.stat().st_size > 10_000
+    return out
+
+
+def wait_http(url: str, timeout: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except Exception:
+            time.sleep(0.3)
+    raise TimeoutError(url)
+
+
+def test_vscode_rewrite_and_inline_suggestion(tools: dict[str, str], vsix: Path, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    src = ws / "sample.py"
+    line1, line2, instruction = 1, 2, "rename the function add to plus"
+    src.write_text(SAMPLE)
+
+    ext_dir, user_dir = tmp_path / "extensions", tmp_path / "user-data"
+    (user_dir / "User").mkdir(parents=True)
+    settings = {
+        "echoline.command": server_cmd(),
+        "echoline.model": MODEL,
+        "echoline.backend": BACKEND,
+        "echoline.maxTokens": MAX_TOKENS,
+        "echoline.rewrite.confirm": False,
+        "editor.inlineSuggest.enabled": True,
+        "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
+        "workbench.startupEditor": "none",
+        "workbench.secondarySideBar.defaultVisibility": "hidden",
+        "chat.disableAIFeatures": True,
+        "workbench.tips.enabled": False,
+        "security.workspace.trust.enabled": False,
+        "telemetry.telemetryLevel": "off",
+        "extensions.autoCheckUpdates": False,
+        "files.autoSave": "off",
+    }
+    (user_dir / "User" / "settings.json").write_text(json.dumps(settings, indent=2))
+    env = node_env(tools)
+    env.update(server_env())
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg-config"), XDG_DATA_HOME=str(tmp_path / "xdg-data"))
+    cs = [tools["NODE"], tools["CODE_SERVER"]]
+    common = ["--extensions-dir", str(ext_dir), "--user-data-dir", str(user_dir)]
+    subprocess.run([*cs, *common, "--install-extension", str(vsix)], env=env, check=True, timeout=300,
+                   capture_output=True)
+    assert any(p.name.startswith("echoline.echoline-") for p in ext_dir.iterdir())
+
+    cfg = tmp_path / "code-server.yaml"
+    cfg.write_text("auth: none\ncert: false\n")
+    port = free_port()
+    log = open(tmp_path / "code-server.log", "w")
+    server = subprocess.Popen(
+        [*cs, "--config", str(cfg), "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
+         "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust", *common, str(ws)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    out = tmp_path / "e2e.json"
+    shot = tmp_path / "vscode-rewrite.png"
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", 60)
+        drive_env = dict(
+            env,
+            PLAYWRIGHT_CORE=str(Path(tools["NODE_TOOLS"]) / "playwright-core"),
+            CHROMIUM=tools["CHROMIUM"],
+            E2E_URL=f"http://127.0.0.1:{port}",
+            E2E_WORKSPACE=str(ws),
+            E2E_FILE="sample.py",
+            E2E_USER_DATA=str(user_dir),
+            E2E_BROWSER_PROFILE=str(tmp_path / "chromium-profile"),
+            E2E_MODEL=MODEL,
+            E2E_LINE1=str(line1),
+            E2E_LINE2=str(line2),
+            E2E_INSTRUCTION=instruction,
+            E2E_GHOST_LINE="13",
+            E2E_OUT=str(out),
+            E2E_SCREENSHOT=str(shot),
+        )
+        proc = subprocess.run([tools["NODE"], str(DRIVER)], env=drive_env, capture_output=True, text=True,
+                              timeout=900)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+    record = json.loads(out.read_text()) if out.exists() else {}
+    assert proc.returncode == 0 and record.get("ok"), (
+        f"{record.get('error')}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\nlog:\n{record.get('log', '')[-4000:]}"
+    )
+    assert record["activated"]
+    # The inline suggestion was rendered as ghost text and committed into the file.
+    ghost = record["ghostText"].strip()
+    assert ghost
+    assert record["afterGhost"] != SAMPLE
+    assert ghost.splitlines()[0].strip() in record["afterGhost"]
+    # The rewrite went through the server (apply mode) and was saved: the file equals
+    # the selection replaced by an editor-free greedy run of the same rewrite.
+    before = record["afterGhost"]
+    src.write_text(before)
+    want = expected_rewrite(src, line1, line2, instruction, MAX_TOKENS)
+    start, end = line_span(before, line1, line2)
+    assert record["afterRewrite"] == before[:start] + want["text"] + before[end:]
+    assert any("applied=true" in line for line in record["rewriteLog"]), record["rewriteLog"]
+    assert "tok/s" in record["progressText"], record["progressText"]
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(shot, SCREENSHOT)
