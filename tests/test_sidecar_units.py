@@ -1,0 +1,149 @@
+"""Fast sidecar unit tests: settings, prompts, block ends, worker queue, CLI arguments."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sidecar import config as cfg
+from sidecar.__main__ import parse_hostport
+from sidecar.prompts import (
+    REPRODUCE_INSTRUCTION,
+    block_end,
+    file_window,
+    finish_completion,
+    fit_selection,
+    rewrite_prompt,
+    strip_fence,
+)
+from sidecar.rewrite_cli import parse_range
+from sidecar.worker import EngineWorker, JobCancelled
+
+
+def test_settings_good_and_bad_values() -> None:
+    s, errs = cfg.apply(cfg.Settings(), {"echoline": {"maxTokens": 100}}["echoline"])
+    assert s.max_tokens == 100 and errs == []
+    s2, errs = cfg.apply(s, {"maxTokens": "lots", "speculation": False, "backend": "tpu", "bogus": 1})
+    assert s2.max_tokens == 100 and s2.speculation is False and s2.backend == "auto"
+    assert len(errs) == 3
+    assert any("maxTokens" in e and "keeping 100" in e for e in errs)
+    assert any("backend" in e and "one of" in e for e in errs)
+    s3, errs = cfg.apply(s2, {"index": {"maxFileBytes": 1000}, "inlineCompletion": {"maxTokens": 9}})
+    assert (s3.max_file_bytes, s3.inline_max_tokens, errs) == (1000, 9, [])
+    assert cfg.unwrap({"echoline": {"model": "x"}}) == {"model": "x"}
+    assert cfg.apply(s3, "nope")[1]
+    assert cfg.apply(s3, {"kvBudgetMB": None})[0].kv_budget_bytes is None
+    assert cfg.apply(s3, {"kvBudgetMB": 2})[0].kv_budget_bytes == 2 * 1024 * 1024
+
+
+def test_rewrite_prompt_layout_file_first() -> None:
+    text = "import os\n\ndef f(t):\n    return t\n"
+    start = text.index("def")
+    p = rewrite_prompt(text, start, len(text), "", name="file:///w/m.py")
+    content = p.messages[0]["content"]
+    assert content.index(text) < content.index("Selected code:")
+    assert REPRODUCE_INSTRUCTION in content
+    assert "```python\ndef f(t):\n    return t\n```" in content
+    assert p.prime == "```python\n"
+    # the stable part does not depend on the selection or the instruction
+    q = rewrite_prompt(text, 0, 9, "rename", name="file:///w/m.py")
+    stable = content[: content.index("Selected code:")]
+    assert q.messages[0]["content"].startswith(stable)
+
+
+def test_strip_fence_and_fit() -> None:
+    assert strip_fence("def f():\n    pass\n```\nExplanation") == "def f():\n    pass\n"
+    assert strip_fence("```python\nx = 1\n```") == "x = 1\n"
+    assert strip_fence("x = 1\n") == "x = 1\n"
+    assert fit_selection("x = 1", "x = 2\n") == "x = 1\n"
+    assert fit_selection("x = 1\n\n", "x = 2") == "x = 1"
+
+
+def test_file_window_keeps_selection() -> None:
+    text = "".join(f"line {i}\n" for i in range(5000))
+    start = text.index("line 2500\n")
+    win = file_window(text, start, start + 10, limit=2000)
+    assert "line 2500\n" in win and len(win) <= 2100 and win.startswith("line ")
+
+
+def test_block_end_rules() -> None:
+    assert block_end("x + 1\n    y = 2\n", 4) is None
+    assert block_end("x + 1\n    y = 2\n\n", 4) == len("x + 1\n    y = 2")
+    assert block_end("x + 1\nz = 3", 4) == len("x + 1")
+    assert block_end("x + 1\n  ", 4) is None  # undecided yet
+    assert finish_completion("return a + b\n\ndef other():\n", 4) == "return a + b"
+    assert finish_completion("\n        self.x = x\n        self.y = y\n    def", 8) == (
+        "\n        self.x = x\n        self.y = y"
+    )
+
+
+def test_parse_range_and_hostport() -> None:
+    assert parse_range("2:4", 10) == (1, 3)
+    assert parse_range("3", 10) == (2, 2)
+    for bad in ("0:2", "4:2", "a:b", "1:11"):
+        with pytest.raises(ValueError):
+            parse_range(bad, 10)
+    assert parse_hostport(":2087") == ("127.0.0.1", 2087)
+    assert parse_hostport("0.0.0.0:99") == ("0.0.0.0", 99)
+
+
+class SlowEngine:
+    """Counts steps; honours cancel like the real engine (checked every step)."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, str] = {}
+
+    def set_source(self, sid: str, text: str) -> None:
+        self.sources[sid] = text
+
+    def remove_source(self, sid: str) -> None:
+        self.sources.pop(sid, None)
+
+    def run(self, steps: int, cancel: threading.Event) -> int:
+        for i in range(steps):
+            if cancel.is_set():
+                return i
+            time.sleep(0.01)
+        return steps
+
+
+def test_worker_supersession_cancel_and_sources() -> None:
+    w = EngineWorker(lambda model, **kw: SlowEngine())
+    try:
+        w.set_source("file:a", "early")  # before the model exists: kept and replayed
+        w.load("fake").future.result(5)
+        assert w.state == "ready"
+        w.sync_sources().future.result(5)
+        assert w.engine.sources == {"file:a": "early"}
+        first = w.submit(lambda e, c: e.run(1000, c), kind="inline", key=("inline", "u"))
+        time.sleep(0.05)
+        second = w.submit(lambda e, c: e.run(5, c), kind="inline", key=("inline", "u"))
+        t0 = time.monotonic()
+        assert first.future.result(5) < 1000 and first.superseded
+        assert time.monotonic() - t0 < 0.5
+        assert second.future.result(5) == 5
+        queued = w.submit(lambda e, c: e.run(5, c), kind="rewrite")
+        queued.request_cancel()
+        with pytest.raises(JobCancelled):
+            queued.future.result(5)
+        w.remove_source("file:a")
+        w.set_source("file:b", "x")
+        w.sync_sources().future.result(5)
+        assert w.engine.sources == {"file:b": "x"}
+    finally:
+        w.stop()
+
+
+def test_worker_load_failure_is_reported() -> None:
+    def boom(model: str, **kw: object) -> None:
+        raise FileNotFoundError(f"{model} missing")
+
+    w = EngineWorker(boom)
+    try:
+        with pytest.raises(FileNotFoundError):
+            w.load("nope.gguf").future.result(5)
+        assert w.state == "error" and "nope.gguf" in (w.error or "")
+    finally:
+        w.stop()
