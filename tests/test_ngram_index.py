@@ -137,6 +137,11 @@ def test_incremental_extend_equals_set_source() -> None:
     for _ in range(300):
         ctx = [rng.randrange(6) for _ in range(rng.randrange(1, 40))]
         assert a.draft(ctx, 6) == b.draft(ctx, 6)
+    # growth merges sorted runs, so a lookup searches only a few of them
+    c = NgramIndex()
+    for t in toks * 5:
+        c.extend_source("reply", [t])
+    assert len(c._sources["reply"].runs) <= 6
 
 
 def test_remove_and_replace() -> None:

@@ -69,6 +69,7 @@ class VerifyCost:
         seed = max(1, window // 3)
         self._obs = [[deque([float(t)] * seed, maxlen=window) for t in row] for row in times]
         self._t = [[float(t) for t in row] for row in times]
+        self._t_used = [row[:] for row in self._t]  # the values the caches were built from
         self._cache: dict[int, list[float]] = {}
         self._ratio_cache: dict[tuple[int, int], list[float]] = {}
         self.observations = 0
@@ -135,10 +136,15 @@ class VerifyCost:
         value = seconds * (there / here) if here > 0 else seconds
         cell = self._obs[ri][ci]
         cell.append(value)
-        self._t[ri][ci] = median(cell)
-        self._cache.clear()
-        self._ratio_cache.clear()
+        m = median(cell)
+        self._t[ri][ci] = m
         self.observations += 1
+        # Every round observes; rebuild the cached curves only on a real move (> 1%).
+        used = self._t_used[ri][ci]
+        if abs(m - used) > 0.01 * used:
+            self._cache.clear()
+            self._ratio_cache.clear()
+            self._t_used = [row[:] for row in self._t]
 
     # ----- internals -----
     def _times_at(self, ctx: int) -> list[float]:
@@ -211,6 +217,8 @@ class AcceptanceModel:
         self.decay = decay
         self._pool: dict[str, _Counts] = {}
         self._src: dict[str, _Counts] = {}
+        self._cache: dict[tuple[str, int, int], list[float]] = {}
+        self._prior_cache: dict[tuple[int, int], list[float]] = {}
 
     @staticmethod
     def kind(source: str) -> str:
@@ -228,9 +236,18 @@ class AcceptanceModel:
         return (src.s[b] + w1 * pp) / (src.n[b] + w1)
 
     def position_probs(self, source: str, match_len: int, k: int) -> list[float]:
-        """[p_1 … p_k]: position j is judged at effective match length match_len + j - 1."""
+        """[p_1 … p_k]: position j is judged at effective match length match_len + j - 1.
+
+        Cached until the next observation: rounds that do not draft (the common case in
+        chat) then cost a dictionary lookup here.
+        """
         cap = MATCH_BUCKETS[-1]
-        out: list[float] = []
+        key = (source, min(match_len, cap), k)
+        out = self._cache.get(key)
+        if out is not None:
+            return out
+        out = []
+        self._cache[key] = out
         last_b, last_p = -1, 0.0
         for j in range(k):
             b = match_bucket(min(match_len + j, cap))
@@ -241,13 +258,19 @@ class AcceptanceModel:
 
     def prior_probs(self, match_len: int, k: int) -> list[float]:
         cap = MATCH_BUCKETS[-1]
-        return [self.prior[match_bucket(min(match_len + j, cap))] for j in range(k)]
+        key = (min(match_len, cap), k)
+        out = self._prior_cache.get(key)
+        if out is None:
+            out = [self.prior[match_bucket(min(match_len + j, cap))] for j in range(k)]
+            self._prior_cache[key] = out
+        return out
 
     def observe(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
         """One verify round: positions 1…accepted passed, position accepted+1 failed."""
         if drafted <= 0 or match_len <= 0:
             return
         accepted = max(0, min(accepted, drafted))
+        self._cache.clear()
         pool = self._pool.setdefault(self.kind(source), _Counts())
         src = self._src.setdefault(source, _Counts())
         cap = MATCH_BUCKETS[-1]
@@ -260,6 +283,7 @@ class AcceptanceModel:
 
     def forget(self, source: str) -> None:
         self._src.pop(source, None)
+        self._cache.clear()
 
 
 def expected_tokens(probs: Sequence[float]) -> list[float]:
@@ -315,13 +339,21 @@ class DraftController:
             return 1.0
         return self.expected_tokens(k, source, match_len) / self.cost.ratio(k + 1, context_len)
 
-    def _best(self, probs: Sequence[float], ratios: Sequence[float]) -> tuple[int, float]:
-        ev = expected_tokens(probs)
+    @staticmethod
+    def _best(probs: Sequence[float], ratios: Sequence[float]) -> tuple[int, float]:
+        """argmax_k E[tokens | k] / (T(k+1)/T(1)); (0, 1.0) when nothing beats plain decode."""
         best_k, best_s = 0, 1.0
-        for k in range(1, len(probs) + 1):
-            s = ev[k] / ratios[k + 1]
+        run = acc = 1.0
+        k = 1
+        for p in probs:
+            run *= p
+            acc += run
+            s = acc / ratios[k + 1]
             if s > best_s:
                 best_k, best_s = k, s
+            elif run < 1e-3:  # later positions add almost nothing and cost more
+                break
+            k += 1
         return best_k, best_s
 
     def choose(self, draft: Draft, context_len: int, remaining: int | None = None) -> int:
@@ -339,6 +371,9 @@ class DraftController:
             return k
         # The model says no. Bank a little exploration credit; probe when it pays for one.
         self._credit = min(self._credit + self.explore_budget, _MAX_CREDIT)
+        if self._credit < ratios[2] - 1.0:  # not even a 1-token probe is affordable yet
+            self.last_speedup = 1.0
+            return 0
         pk, ps = self._best(self.acceptance.prior_probs(draft.match_len, kmax), ratios)
         while pk > 1 and ratios[pk + 1] - 1.0 > _MAX_CREDIT:  # keep a probe affordable
             pk -= 1
