@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from engine.drafting.controller import DraftController, VerifyCost
+from engine.calibration import measure_verify_cost
+from engine.drafting.controller import DraftController
 from engine.drafting.ngram_index import NgramIndex
 from engine.errors import EcholineError
 from engine.generate import StopRules, generate_tokens
@@ -39,19 +40,34 @@ class Engine:
         kv_budget_bytes: int | None = None,
         prefill_chunk: int = 512,
         max_draft: int = MAX_DRAFT,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         t0 = time.perf_counter()
         self.model_path = Path(model_path)
         self.gguf, self.model = load_model(self.model_path, backend)
         self.config = self.model.config
         self.backend = self.model.backend
-        self.tokenizer = Tokenizer.from_gguf(self.gguf)
-        self.sessions = SessionStore(self.model, kv_budget_bytes)
+        # Tests of tokenizer-less synthetic models pass a stand-in tokenizer.
+        self.tokenizer = tokenizer or Tokenizer.from_gguf(self.gguf)
+        fixed = 0 if self.backend.batch_invariant else int(getattr(self.backend, "fixed_rows", 0))
+        if fixed:
+            # Every forward is padded to fixed rows: a verify round can carry at most fixed - 1 drafts.
+            max_draft = min(max_draft, fixed - 1)
+            prefill_chunk = min(prefill_chunk, fixed)
         self.prefill_chunk = prefill_chunk
+        self.sessions = SessionStore(self.model, kv_budget_bytes, max_rows=max(prefill_chunk, max_draft + 1))
         self.index = NgramIndex()
-        self.cost = VerifyCost()
-        self.controller = DraftController(self.cost, max_draft=max_draft)
+        self.max_draft = max_draft
+        self._controller: DraftController | None = None
         self.load_s = time.perf_counter() - t0
+
+    @property
+    def controller(self) -> DraftController:
+        """The draft controller, calibrated on first use (the cost curve is cached on disk)."""
+        if self._controller is None:
+            cost = measure_verify_cost(self.model, self.model_path)
+            self._controller = DraftController(cost, max_draft=self.max_draft)
+        return self._controller
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
@@ -126,7 +142,7 @@ class Engine:
             raise EcholineError("empty prompt")
         if any(t < 0 or t >= self.config.vocab_size for t in prompt):
             raise EcholineError("prompt holds token ids outside the vocabulary")
-        reserve = len(prompt) + max(0, max_tokens) + self.controller.max_draft + 2
+        reserve = len(prompt) + max(0, max_tokens) + self.max_draft + 2
         reserve = min(reserve, self.config.context_length)
         sess = self.sessions.prepare(session, prompt, reserve)
         stats = GenerationStats()

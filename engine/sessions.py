@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from engine.errors import EcholineError
-from engine.kvcache import KVCache
+from engine.kvcache import KVCache, ring_size
 from engine.models.base import Transformer
 
 _CAPACITY_STEP = 256
@@ -52,10 +52,11 @@ class Session:
 class SessionStore:
     """Sessions by key, under a byte budget, least recently used evicted first."""
 
-    def __init__(self, model: Transformer, budget_bytes: int | None = None) -> None:
+    def __init__(self, model: Transformer, budget_bytes: int | None = None, max_rows: int = 512) -> None:
         self.model = model
-        per_token = model.config.kv_bytes_per_token
-        default = min(2 << 30, per_token * 65536)
+        self.max_rows = max_rows  # the most rows one forward carries (prefill chunk, verify)
+        self.ring = ring_size(model.config, max_rows)
+        default = min(2 << 30, KVCache.bytes_for(model.config, 65536, self.ring))
         self.budget_bytes = int(budget_bytes if budget_bytes is not None else default)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.evictions = 0
@@ -92,26 +93,33 @@ class SessionStore:
                 f"prompt of {len(prompt)} tokens does not fit the model's context of "
                 f"{self.model.config.context_length}"
             )
-        per_token = self.model.config.kv_bytes_per_token
+        config = self.model.config
         capacity = self._capacity_for(reserve_tokens)
         session = self.sessions.get(key) if key is not None else None
         if session is None:
-            self._make_room(capacity * per_token, keep="")
-            session = Session(key or "", self.model.new_cache(capacity))
+            self._make_room(KVCache.bytes_for(config, capacity, self.ring), keep="")
+            session = Session(key or "", self.model.new_cache(capacity, self.max_rows))
             if key is not None:
                 self.sessions[key] = session
         else:
             self.sessions.move_to_end(key)
             if session.cache.capacity < capacity:
-                self._make_room((capacity - session.cache.capacity) * per_token, keep=key)
+                grow_to = session.cache.capacity
+                while grow_to < capacity:
+                    grow_to *= 2
+                grow_to = min(grow_to, config.context_length)
+                extra = KVCache.bytes_for(config, grow_to, self.ring) - session.cache.bytes_reserved
+                self._make_room(extra, keep=key)
                 session.cache.ensure(capacity)
         session.last_used = time.monotonic()
         # Keep at least one prompt token to run: its logits give the first reply token.
         limit = len(prompt) - 1
         own = min(common_prefix(session.history, prompt), limit)
+        if not session.cache.can_truncate_to(min(own, session.cache.length)):
+            own = 0  # the window ring no longer holds what that prefix needs
         donor, shared = None, own
         for other in self.sessions.values():
-            if other is session:
+            if other is session or self.ring:  # ring caches hold only recent rows: no copying
                 continue
             n = min(common_prefix(other.history, prompt), limit)
             if n > shared:

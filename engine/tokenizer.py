@@ -256,7 +256,7 @@ def _build_spm(meta: dict[str, Any], tokens: list[str], types: np.ndarray, merge
 
 
 def _build_hf(meta: dict[str, Any], cache_dir: Path | None) -> HFTokenizer:
-    """The library tokenizer, from the on-disk cache when the same vocab was built before."""
+    """The library tokenizer; SentencePiece merges come from the on-disk cache when warm."""
     kind = meta.get("tokenizer.ggml.model")
     if kind not in ("gpt2", "llama"):
         raise TokenizerError(
@@ -268,38 +268,48 @@ def _build_hf(meta: dict[str, Any], cache_dir: Path | None) -> HFTokenizer:
         raise TokenizerError("no tokenizer.ggml.tokens in the model file")
     types = _token_types(meta, len(tokens))
     if kind == "gpt2":
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        if pre not in _BPE_PRE:  # fail before touching the cache
-            _build_bpe(meta, tokens, types)
-    cache_path: Path | None = None
-    if cache_dir is not None:
-        cache_path = cache_dir / f"{kind}-{_vocab_hash(meta)}.json"
-        if cache_path.is_file():
-            try:
-                return HFTokenizer.from_file(str(cache_path))
-            except Exception:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
-                pass
-    if kind == "gpt2":
         tok = _build_bpe(meta, tokens, types)
     else:
         scores = meta.get("tokenizer.ggml.scores")
         if scores is None:
             raise TokenizerError("SentencePiece-style tokenizer without tokenizer.ggml.scores")
-        tok = _build_spm(meta, tokens, types, derive_spm_merges(tokens, types, np.asarray(scores)))
+        tok = _build_spm(meta, tokens, types, _spm_merges(meta, tokens, types, np.asarray(scores), cache_dir))
     special, plain = _added_tokens(tokens, types)
     tok.add_special_tokens(special)
     tok.add_tokens(plain)
-    if cache_path is not None:
-        _write_atomic(cache_path, tok.to_str())
     return tok
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _spm_merges(
+    meta: dict[str, Any], tokens: list[str], types: np.ndarray, scores: np.ndarray, cache_dir: Path | None
+) -> list[tuple[str, str]]:
+    """Derived merges, cached as (left id, right id) pairs keyed by a hash of the vocabulary.
+
+    Ids rather than the library's JSON: reading 513k int pairs and indexing the
+    token list is several times faster than parsing the serialized tokenizer.
+    """
+    path = cache_dir / f"spm-merges-{_vocab_hash(meta)}.npy" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        try:
+            pairs = np.load(path, allow_pickle=False)
+            if pairs.ndim == 2 and pairs.shape[1] == 2 and (pairs.size == 0 or int(pairs.max()) < len(tokens)):
+                return [(tokens[a], tokens[b]) for a, b in pairs.tolist()]
+        except (OSError, ValueError):
+            pass  # damaged cache: derive again and overwrite it
+    merges = derive_spm_merges(tokens, types, scores)
+    if path is not None:
+        ids = _vocab_dict(tokens)
+        pairs = np.array([(ids[a], ids[b]) for a, b in merges], dtype=np.int32).reshape(-1, 2)
+        _save_atomic(path, pairs)
+    return merges
+
+
+def _save_atomic(path: Path, pairs: np.ndarray) -> None:
     """Write via a temporary file so a concurrent reader never sees half a cache."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(text, encoding="utf-8")
+        tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npy")
+        np.save(tmp, pairs, allow_pickle=False)
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs speed

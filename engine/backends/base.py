@@ -136,3 +136,4 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for queued device work (timing); a no-op on the CPU."""
+        return None

@@ -85,8 +85,9 @@ class Transformer:
             lw.post_ffn_norm = self._vec(gf, p + "post_ffw_norm.weight")
         return lw
 
-    def new_cache(self, capacity: int = 256) -> KVCache:
-        return KVCache(self.backend, self.config, capacity)
+    def new_cache(self, capacity: int = 256, max_rows: int | None = None) -> KVCache:
+        """A cache; ``max_rows`` (the most rows one forward will carry) enables window rings."""
+        return KVCache(self.backend, self.config, capacity, max_rows)
 
     def forward(self, ids: list[int] | np.ndarray, cache: KVCache, all_logits: bool = True) -> Any:
         """Run ``ids`` at positions cache.length… and append their K/V.
@@ -106,7 +107,7 @@ class Transformer:
             x = b.scale(x, math.sqrt(c.d_model))
         for li, lw in enumerate(self.layers):
             x = self._block(x, li, lw, cache, start, positions)
-        cache.length = start + n
+        cache.advance(start, n)
         if not all_logits:
             x = x[n - 1 :]
         x = b.rms_norm(x, self.output_norm, c.rms_eps)
@@ -129,9 +130,10 @@ class Transformer:
         base = c.layer_rope_base(li)
         q = b.rope(q, positions, base, self.neox_rope)
         k = b.rope(k, positions, base, self.neox_rope)
-        b.write_cache(cache.k[li], start, k)
-        b.write_cache(cache.v[li], start, v)
-        attn = b.attention(q, cache.k[li], cache.v[li], positions, c.layer_window(li), self.attn_scale)
+        cache.write(li, start, k, v)
+        k_all, v_all, offset = cache.view(li, start, n)
+        rel = positions - offset if offset else positions
+        attn = b.attention(q, k_all, v_all, rel, c.layer_window(li), self.attn_scale)
         o = b.matmul(attn, lw.wo)
         if lw.post_attn_norm is not None:
             o = b.rms_norm(o, lw.post_attn_norm, c.rms_eps)

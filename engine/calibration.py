@@ -1,0 +1,85 @@
+"""Measure the whole-forward cost curve T(rows, context) on this machine.
+
+The controller divides expected tokens by these times, so they must be
+whole-graph wall times of real forwards (never sums of per-op timings: the
+field report's ruler mistake). Results are cached per model file, backend and
+host, and refined online by every real step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.drafting.controller import VerifyCost
+from engine.kvcache import KVCache
+from engine.models.base import Transformer
+
+CAL_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
+CAL_CONTEXTS = (64, 512)
+GRID_CONTEXTS = (0, 512, 2048, 8192)
+
+
+def time_forward(model: Transformer, cache: KVCache, rows: Sequence[int]) -> float:
+    """Wall time of one forward of ``rows`` new rows (argmax included), then undone."""
+    base = cache.length
+    backend = model.backend
+    backend.synchronize()
+    t0 = time.perf_counter()
+    backend.argmax(model.forward(list(rows), cache, all_logits=True))
+    backend.synchronize()
+    dt = time.perf_counter() - t0
+    cache.truncate(base)
+    return dt
+
+
+def row_times(model: Transformer, context: int, ks: Sequence[int], reps: int = 3) -> dict[int, float]:
+    """Median forward time per row count at a context length, row counts interleaved per rep."""
+    vocab = model.config.vocab_size
+    ids = [(i * 7919) % (vocab - 10) + 5 for i in range(context + max(ks) + 1)]
+    cache = model.new_cache(context + max(ks) + 8)
+    for start in range(0, context, 256):
+        model.forward(ids[start : min(context, start + 256)], cache, all_logits=False)
+    samples: dict[int, list[float]] = {k: [] for k in ks}
+    time_forward(model, cache, ids[context : context + 1])  # warm-up
+    for rep in range(reps):
+        for k in ks if rep % 2 == 0 else list(reversed(ks)):
+            samples[k].append(time_forward(model, cache, ids[context : context + k]))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _cache_file(model_path: Path, backend: str) -> Path:
+    st = model_path.stat()
+    key = f"{model_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend}|{platform.node()}|{os.cpu_count()}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "echoline" / "calibration"
+    return root / f"{digest}.json"
+
+
+def measure_verify_cost(model: Transformer, model_path: Path | None = None) -> VerifyCost:
+    """Measure (or load from cache) T(rows) at two contexts; extrapolate the larger grid points."""
+    path = _cache_file(model_path, model.backend.name) if model_path is not None else None
+    table = None
+    if path is not None and path.is_file():
+        try:
+            table = {int(c): {int(r): t for r, t in v.items()} for c, v in json.loads(path.read_text()).items()}
+        except (ValueError, OSError):
+            table = None
+    if table is None:
+        table = {c: row_times(model, c, CAL_ROWS, reps=2) for c in CAL_CONTEXTS}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(table))
+    c0, c1 = CAL_CONTEXTS
+    times = []
+    for r in CAL_ROWS:
+        t0, t1 = table[c0][r], table[c1][r]
+        slope = max(0.0, (t1 - t0) / (c1 - c0))
+        times.append([max(1e-6, t0 + slope * (c - c0)) for c in GRID_CONTEXTS])
+    return VerifyCost(CAL_ROWS, GRID_CONTEXTS, times)
