@@ -47,7 +47,9 @@ class KVCache:
         self.backend = backend
         self.config = config
         self.capacity = max(16, capacity)
-        self.ring = ring_size(config, max_rows) if max_rows else 0
+        # Graph-capturing backends bake slice offsets into their graphs: they keep linear caches.
+        linear_only = getattr(backend, "linear_cache_only", False)
+        self.ring = ring_size(config, max_rows) if max_rows and not linear_only else 0
         self.k: list[Any] = []
         self.v: list[Any] = []
         for layer in range(config.n_layers):
