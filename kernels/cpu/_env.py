@@ -1,0 +1,57 @@
+"""Numba settings the kernels depend on, applied before numba is imported.
+
+Why: numba ships with SLP vectorization off, and the matmul kernels are written
+as many independent scalar accumulators that only SLP turns into SIMD code.
+The flag is not part of numba's cache key, so generated kernels live in a cache
+directory whose name hashes every setting that changes the machine code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
+if "numba" in sys.modules:  # imported earlier by someone else: set the live config too
+    import numba.core.config as _cfg
+
+    _cfg.SLP_VECTORIZE = 1
+
+import numba  # noqa: E402
+import numba.core.config as _config  # noqa: E402
+from numba import njit, prange  # noqa: E402,F401  (re-exported: import numba through here)
+
+_config.SLP_VECTORIZE = 1
+
+#: Bump when the generated source changes meaning, so stale caches are never reused.
+CODEGEN_VERSION = 3
+
+
+def _cpu_name() -> str:
+    try:
+        import llvmlite.binding as llvm
+
+        return f"{llvm.get_host_cpu_name()}-{llvm.get_host_cpu_features().flatten()}"
+    except Exception:  # noqa: BLE001 - any failure just means a less specific key
+        return "unknown-cpu"
+
+
+def cache_root() -> Path:
+    """~/.cache/echoline/numba/<hash of numba, python, cpu, flags>/ (created on demand)."""
+    base = Path(os.environ.get("ECHOLINE_CACHE_DIR", Path.home() / ".cache" / "echoline"))
+    key = "|".join(
+        [
+            numba.__version__,
+            sys.version,
+            _cpu_name(),
+            f"slp={_config.SLP_VECTORIZE}",
+            f"opt={_config.OPT}",
+            f"v={CODEGEN_VERSION}",
+        ]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = base / "numba" / digest
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,190 @@
+"""Batch-invariant quantized matrix products on the CPU.
+
+Weights are re-laid out once (``prepare``) as int8 values (or float32 for
+float types) in groups of ``GROUP`` outputs, so the kernel's inner loop reads
+GROUP contiguous bytes per input element, plus float32 scale/offset per block
+of 32 (16 for Q6_K) inputs. No float32 copy of a quantized matrix is kept.
+See ``kernels.cpu.codegen`` for the fixed per-row reduction order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernels.cpu._env import njit  # sets numba's flags before numba is imported
+from kernels.cpu.codegen import KernelSpec, load_kernel
+from kernels.cpu.relayout import KINDS, Kind, unpack
+
+#: Outputs per weight group (layout) and the default register tiles (rows, outputs).
+GROUP = 64
+DEFAULT_TILES: tuple[tuple[int, int], ...] = ((8, 32), (4, 32), (2, 64), (1, 64))
+#: Rows per kernel call: keeps the transposed input small and in cache.
+ROW_CHUNK = 64
+_U = np.uint64
+_CHUNK_ROWS = 4096  # rows unpacked at a time while preparing (bounds temporary memory)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def block_sums(x: np.ndarray, block: int) -> np.ndarray:
+    """Per-row sums of each block of ``block`` inputs, in input order (float32)."""
+    n, cols = x.shape
+    nb = cols // block
+    out = np.empty((n, nb), dtype=np.float32)
+    for r in range(n):
+        for b in range(nb):
+            acc = np.float32(0.0)
+            for i in range(block):
+                acc += x[r, b * block + i]
+            out[r, b] = acc
+    return out
+
+
+@dataclass
+class Part:
+    """A run of fused tensors sharing one representation: one kernel call."""
+
+    kind: Kind
+    q: np.ndarray  # flat (ngroups, nblocks, block, GROUP)
+    s: np.ndarray  # flat (ngroups, nblocks, GROUP) or a 1-element dummy
+    m: np.ndarray
+    col0: int  # first output column (padded space)
+    ngroups: int
+    nblocks: int
+    kernel: Callable | None = None
+
+
+@dataclass
+class PreparedMatrix:
+    """Fused weight: ``matmul`` returns the parts' outputs concatenated."""
+
+    in_features: int
+    out_features: int
+    padded_out: int
+    parts: list[Part]
+    valid_cols: np.ndarray | None  # gather index when some tensor needed padding
+    tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.q.nbytes + p.s.nbytes + p.m.nbytes for p in self.parts)
+
+
+def _tile_tensor(qtype, data: np.ndarray, rows: int, cols: int, kind: Kind):
+    """Unpack one tensor into grouped layout arrays (padded to whole groups)."""
+    G, BS = GROUP, kind.block
+    ngroups = -(-rows // G)
+    nb = cols // BS
+    wdt = np.int8 if kind.wdtype == "int8" else np.float32
+    q = np.zeros((ngroups, nb, BS, G), dtype=wdt)
+    s = np.zeros((ngroups, nb, G), dtype=np.float32) if kind.scaled else None
+    m = np.zeros((ngroups, nb, G), dtype=np.float32) if kind.offset else None
+    data2 = np.asarray(data).reshape(rows, -1)
+    step = max(G, _CHUNK_ROWS // G * G)
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        vals, sc, off = unpack(qtype, data2[r0:r1], cols)
+        g0, g1 = r0 // G, -(-r1 // G)
+        pad = (g1 - g0) * G - (r1 - r0)
+        if pad:
+            vals = np.concatenate([vals, np.zeros((pad, cols), dtype=vals.dtype)])
+            sc = None if sc is None else np.concatenate([sc, np.zeros((pad, nb), np.float32)])
+            off = None if off is None else np.concatenate([off, np.zeros((pad, nb), np.float32)])
+        # q[g, b, i, o] = vals[g*G + o, b*BS + i]
+        q[g0:g1] = vals.reshape(g1 - g0, G, nb, BS).transpose(0, 2, 3, 1)
+        if s is not None:
+            s[g0:g1] = sc.reshape(g1 - g0, G, nb).transpose(0, 2, 1)
+        if m is not None:
+            m[g0:g1] = off.reshape(g1 - g0, G, nb).transpose(0, 2, 1)
+    return q, s, m, ngroups, nb
+
+
+def prepare(tensors: Sequence, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES) -> PreparedMatrix:
+    """Re-lay out QuantTensors (out_i, in) sharing ``in`` into one fused matrix."""
+    if not tensors:
+        raise ValueError("prepare needs at least one tensor")
+    cols = tensors[0].cols
+    for t in tensors:
+        if t.cols != cols:
+            raise ValueError(f"fused tensors must share the input size ({t.name}: {t.cols} != {cols})")
+        if t.qtype not in KINDS:
+            raise ValueError(f"{t.name}: unsupported quant type {t.qtype.name}")
+    pieces = []  # (kind, q, s, m, ngroups, nb, rows)
+    for t in tensors:
+        kind = KINDS[t.qtype]
+        q, s, m, ng, nb = _tile_tensor(t.qtype, t.data, t.rows, cols, kind)
+        pieces.append((kind, q, s, m, ng, nb, t.rows))
+    parts: list[Part] = []
+    valid: list[np.ndarray] = []
+    col = 0
+    i = 0
+    while i < len(pieces):
+        j = i
+        while j + 1 < len(pieces) and pieces[j + 1][0] == pieces[i][0]:
+            j += 1
+        run = pieces[i : j + 1]
+        kind = run[0][0]
+        q = np.concatenate([p[1] for p in run]) if len(run) > 1 else run[0][1]
+        s = np.concatenate([p[2] for p in run]) if kind.scaled else np.zeros(1, np.float32)
+        m = np.concatenate([p[3] for p in run]) if kind.offset else np.zeros(1, np.float32)
+        ngroups = sum(p[4] for p in run)
+        part = Part(kind, q.reshape(-1), s.reshape(-1), m.reshape(-1), col, ngroups, run[0][5])
+        for p in run:
+            valid.append(np.arange(col, col + p[6]))
+            col += p[4] * GROUP
+        parts.append(part)
+        i = j + 1
+    valid_cols = np.concatenate(valid)
+    out = int(valid_cols.size)
+    pm = PreparedMatrix(
+        in_features=cols,
+        out_features=out,
+        padded_out=col,
+        parts=parts,
+        valid_cols=None if out == col else valid_cols,
+        tiles=tuple(tiles),
+        sizes=[t.rows for t in tensors],
+    )
+    for part in parts:
+        part.kernel = kernel_for(part.kind, pm.tiles)
+    return pm
+
+
+def kernel_for(kind: Kind, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES) -> Callable:
+    """The generated (disk-cached) kernel for a representation and tile set."""
+    spec = KernelSpec(
+        group=GROUP,
+        block=kind.block,
+        partials=1,
+        scaled=kind.scaled,
+        offset=kind.offset,
+        wdtype=kind.wdtype,
+        tiles=tiles,
+    )
+    return load_kernel(spec)
+
+
+def matmul(x: np.ndarray, w: PreparedMatrix, row_chunk: int = ROW_CHUNK) -> np.ndarray:
+    """x (n, in) float32 → (n, out) float32; each row's result is independent of n."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != w.in_features:
+        raise ValueError(f"matmul: x has shape {x.shape}, weight expects (n, {w.in_features})")
+    n = x.shape[0]
+    out = np.empty((n, w.padded_out), dtype=np.float32)
+    need_xs = any(p.kind.offset for p in w.parts)
+    dummy = np.zeros(1, np.float32)
+    for r0 in range(0, n, row_chunk):
+        r1 = min(n, r0 + row_chunk)
+        xc = x[r0:r1]
+        xt = np.ascontiguousarray(xc.T).reshape(-1)
+        xs = block_sums(xc, 32).reshape(-1) if need_xs else dummy
+        oc = out[r0:r1].reshape(-1)
+        rows, ldo = _U(r1 - r0), _U(w.padded_out)
+        for p in w.parts:
+            p.kernel(xt, xs, p.q, p.s, p.m, oc, rows, ldo, _U(p.col0), _U(p.nblocks), _U(p.ngroups))
+    if w.valid_cols is not None:
+        return np.ascontiguousarray(out[:, w.valid_cols])
+    return out
