@@ -71,15 +71,17 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None) -> V
             table = {int(c): {int(r): t for r, t in v.items()} for c, v in json.loads(path.read_text()).items()}
         except (ValueError, OSError):
             table = None
-    if table is None:
-        table = {c: row_times(model, c, CAL_ROWS, reps=2) for c in CAL_CONTEXTS}
+    limit = model.config.context_length - max(CAL_ROWS) - 16
+    contexts = tuple(min(c, max(0, limit)) for c in CAL_CONTEXTS)
+    if table is None or sorted(table) != sorted(set(contexts)):
+        table = {c: row_times(model, c, CAL_ROWS, reps=2) for c in sorted(set(contexts))}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(table))
-    c0, c1 = CAL_CONTEXTS
+    c0, c1 = contexts
     times = []
     for r in CAL_ROWS:
         t0, t1 = table[c0][r], table[c1][r]
-        slope = max(0.0, (t1 - t0) / (c1 - c0))
+        slope = max(0.0, (t1 - t0) / (c1 - c0)) if c1 > c0 else 0.0
         times.append([max(1e-6, t0 + slope * (c - c0)) for c in GRID_CONTEXTS])
     return VerifyCost(CAL_ROWS, GRID_CONTEXTS, times)

@@ -1,0 +1,172 @@
+"""Per-buffer sessions: warm replies equal cold ones, memory stays within budget."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.api import Engine
+from engine.errors import EcholineError
+from engine.kvcache import KVCache
+from tests.synth import write_model
+
+VOCAB = 64
+
+
+class StandInTokenizer:
+    """Synthetic models carry no vocabulary: ids map to letters, nothing stops early."""
+
+    chat_template = None
+    fim = None
+    stop_ids: frozenset[int] = frozenset()
+
+    def decode(self, ids) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+    def encode(self, text: str, add_bos=None, parse_special=True) -> list[int]:
+        return [ord(c) % VOCAB for c in text]
+
+
+def make_engine(path: Path, **kw) -> Engine:
+    return Engine(path, backend="numpy", tokenizer=StandInTokenizer(), **kw)
+
+
+@pytest.fixture(scope="module")
+def llama_path(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("s") / "llama.gguf", "llama", vocab=VOCAB, context=1024, seed=5)
+
+
+def buffer(n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    base = list(rng.integers(3, VOCAB, size=24))
+    return [int(base[i % 24] if i % 5 else rng.integers(3, VOCAB)) for i in range(n)]
+
+
+def edit(prompt: list[int], at: int) -> list[int]:
+    out = list(prompt)
+    out[at] = (out[at] + 1) % VOCAB
+    return out
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+@pytest.mark.parametrize("spec", [False, True])
+def test_warm_equals_cold_for_every_edit_position(llama_path, chunk, spec):
+    warm_engine = make_engine(llama_path, prefill_chunk=chunk)
+    cold_engine = make_engine(llama_path, prefill_chunk=chunk)
+    prompt = buffer(120, 1)
+    first = warm_engine.generate(prompt, max_tokens=12, session="buf", spec=spec)
+    assert first.stats.reused_tokens == 0
+    for at, name in ((115, "end"), (60, "middle"), (0, "top")):
+        edited = edit(prompt, at)
+        warm = warm_engine.generate(edited, max_tokens=12, session="buf", spec=spec)
+        cold = cold_engine.generate(edited, max_tokens=12, session=None, spec=False)
+        assert warm.token_ids == cold.token_ids, name
+        assert warm.stats.reused_tokens == min(at, len(edited) - 1), name
+        assert warm.stats.prefilled_tokens == len(edited) - warm.stats.reused_tokens
+        prompt = edited
+    # A repeat reuses everything but the last prompt token.
+    again = warm_engine.generate(prompt, max_tokens=12, session="buf", spec=spec)
+    assert again.stats.reused_tokens == len(prompt) - 1
+
+
+def test_follow_up_turn_reuses_prompt_and_reply(llama_path):
+    """The trailing-token rule: after max_tokens and after a cancel, turn two equals a cold run."""
+    eng = make_engine(llama_path)
+    cold = make_engine(llama_path)
+    prompt = buffer(40, 2)
+    first = eng.generate(prompt, max_tokens=9, session="chat")
+    sess = eng.sessions.sessions["chat"]
+    assert sess.cache.length == len(prompt) + len(first.token_ids) == len(sess.history)
+    turn2 = prompt + first.token_ids + buffer(6, 3)
+    warm = eng.generate(turn2, max_tokens=9, session="chat")
+    assert warm.stats.reused_tokens == len(prompt) + len(first.token_ids)
+    assert warm.token_ids == cold.generate(turn2, max_tokens=9).token_ids
+
+    cancel = threading.Event()
+    seen: list[int] = []
+
+    def stop_soon(event) -> None:
+        seen.extend(event.new_ids)
+        if len(seen) >= 3:
+            cancel.set()
+
+    turn3 = turn2 + warm.token_ids + buffer(4, 4)
+    partial = eng.generate(turn3, max_tokens=30, session="chat", on_token=stop_soon, cancel=cancel)
+    assert partial.finish_reason == "cancelled"
+    assert sess.cache.length == len(turn3) + len(partial.token_ids) == len(sess.history)
+    turn4 = turn3 + partial.token_ids + [5, 6]
+    warm4 = eng.generate(turn4, max_tokens=8, session="chat")
+    assert warm4.stats.reused_tokens == len(turn3) + len(partial.token_ids)
+    assert warm4.token_ids == cold.generate(turn4, max_tokens=8).token_ids
+
+
+def test_shared_prefix_across_sessions(llama_path):
+    eng = make_engine(llama_path)
+    cold = make_engine(llama_path)
+    shared = buffer(100, 7)
+    eng.generate(shared + [9, 9, 9], max_tokens=4, session="a")
+    res = eng.generate(shared + [4, 4], max_tokens=6, session="b")
+    assert res.stats.reused_tokens == 100
+    assert res.token_ids == cold.generate(shared + [4, 4], max_tokens=6).token_ids
+
+
+def test_budget_never_exceeded_and_lru_evicts(llama_path):
+    probe = make_engine(llama_path)
+    one = KVCache.bytes_for(probe.config, 256, 0)
+    eng = make_engine(llama_path, kv_budget_bytes=3 * one)
+    cold = make_engine(llama_path)
+    prompts = {f"doc{i}": buffer(30, 10 + i) for i in range(7)}
+    for round_ in range(2):
+        for key, prompt in prompts.items():
+            res = eng.generate(prompt, max_tokens=5, session=key)
+            assert eng.sessions.bytes_in_use <= eng.sessions.budget_bytes
+            assert len(eng.sessions.sessions) <= 3
+            if round_ == 1:
+                assert res.token_ids == cold.generate(prompt, max_tokens=5).token_ids
+    assert eng.sessions.evictions >= 4
+    tiny = make_engine(llama_path, kv_budget_bytes=one // 2)
+    with pytest.raises(EcholineError, match="budget"):
+        tiny.generate(buffer(30, 1), max_tokens=4, session="x")
+
+
+@pytest.fixture(scope="module")
+def gemma_long_path(tmp_path_factory) -> Path:
+    return write_model(
+        tmp_path_factory.mktemp("g") / "gemma.gguf", "gemma3", vocab=VOCAB, context=4096,
+        sliding_window=8, n_layers=6, seed=9,
+    )
+
+
+def test_sliding_window_ring_is_exact_and_small(gemma_long_path):
+    """Local layers keep a ring; results equal a full linear cache; reuse stays exact."""
+    ring_engine = make_engine(gemma_long_path, prefill_chunk=32)
+    assert ring_engine.sessions.ring > 0
+    prompt = buffer(1400, 11)  # longer than the ring: slots are reused
+    first = ring_engine.generate(prompt, max_tokens=10, session="g", spec=True)
+    cache = ring_engine.sessions.sessions["g"].cache
+    assert cache.ring and cache.bytes_reserved < KVCache.bytes_for(cache.config, cache.capacity, 0)
+    # The same model with a linear cache computes the same reply.
+    model = ring_engine.model
+    linear = model.new_cache(2048)
+    assert linear.ring == 0
+    from engine.generate import StopRules, generate_tokens
+
+    ref = generate_tokens(model, linear, prompt, decode=StandInTokenizer().decode,
+                          rules=StopRules(max_tokens=10), prefill_chunk=32)
+    assert ref.token_ids == first.token_ids
+    # An edit near the end reuses the ring; an edit far back falls back to a cold prefill.
+    near = edit(prompt, 1390)
+    warm = ring_engine.generate(near, max_tokens=10, session="g")
+    assert warm.stats.reused_tokens == 1390
+    ref_near = generate_tokens(model, model.new_cache(2048), near, decode=StandInTokenizer().decode,
+                               rules=StopRules(max_tokens=10), prefill_chunk=32)
+    assert warm.token_ids == ref_near.token_ids
+    far = edit(near, 100)
+    warm_far = ring_engine.generate(far, max_tokens=10, session="g")
+    assert warm_far.stats.reused_tokens == 0
+    ref_far = generate_tokens(model, model.new_cache(2048), far, decode=StandInTokenizer().decode,
+                              rules=StopRules(max_tokens=10), prefill_chunk=32)
+    assert warm_far.token_ids == ref_far.token_ids
