@@ -1,0 +1,87 @@
+"""The fast CPU backend: numba kernels over int8 re-laid-out weights.
+
+Every op keeps a row's result independent of how many rows share the call
+(``batch_invariant = True``), so speculative verification over many rows and
+plain one-row decoding produce the same bits. Arrays are numpy float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backends.base import Array, Backend
+from engine.gguf_file import QuantTensor
+from kernels.cpu import ops
+from kernels.cpu.embed import embed_rows
+from kernels.cpu.matmul import PreparedMatrix, matmul, prepare
+
+
+def _f32(x: Array) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+class CpuBackend(Backend):
+    """numba kernels; weights as int8 + per-block float32 scale/offset."""
+
+    name = "cpu"
+    batch_invariant = True
+
+    def prepare_matrix(self, tensors: list[QuantTensor]) -> PreparedMatrix:
+        return prepare(list(tensors))
+
+    def prepare_vector(self, values: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+
+    def prepare_embedding(self, table: QuantTensor) -> QuantTensor:
+        return table  # rows are dequantized on demand from the memory map
+
+    def embed(self, table: QuantTensor, ids: np.ndarray) -> np.ndarray:
+        return embed_rows(table.qtype, table.data, table.cols, ids)
+
+    def matmul(self, x: Array, w: PreparedMatrix) -> np.ndarray:
+        return matmul(_f32(x), w)
+
+    def rms_norm(self, x: Array, weight: np.ndarray, eps: float) -> np.ndarray:
+        x = _f32(x)
+        flat = x.reshape(-1, x.shape[-1])
+        return ops.rms_norm(flat, _f32(weight), float(eps)).reshape(x.shape)
+
+    def rope(self, x: Array, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
+        x = _f32(x)
+        cos, sin = ops.rope_tables(positions, x.shape[-1], base)
+        return ops.rope_apply(x, cos, sin, bool(neox))
+
+    def attention(self, q, k_cache, v_cache, positions, window, scale) -> np.ndarray:
+        pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
+        return ops.attention(_f32(q), k_cache, v_cache, pos, int(window), float(scale))
+
+    def silu_mul(self, gate, up) -> np.ndarray:
+        gate, up = _f32(gate), _f32(up)
+        return ops.silu_mul(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])).reshape(
+            gate.shape
+        )
+
+    def gelu_tanh_mul(self, gate, up) -> np.ndarray:
+        gate, up = _f32(gate), _f32(up)
+        out = ops.gelu_tanh_mul(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]))
+        return out.reshape(gate.shape)
+
+    def add(self, a, b) -> np.ndarray:
+        return np.add(a, b, dtype=np.float32)
+
+    def scale(self, x, factor: float) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32) * np.float32(factor)
+
+    def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
+        return np.zeros((capacity, n_kv_heads, head_dim), dtype=np.float32)
+
+    def write_cache(self, cache: np.ndarray, start: int, rows) -> None:
+        cache[start : start + rows.shape[0]] = rows
+
+    def grow_cache(self, cache: np.ndarray, capacity: int) -> np.ndarray:
+        new = np.zeros((capacity,) + cache.shape[1:], dtype=cache.dtype)
+        new[: cache.shape[0]] = cache
+        return new
+
+    def to_host(self, x) -> np.ndarray:
+        return np.asarray(x)
