@@ -49,9 +49,16 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(f"chat template error: {message}")
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -60,7 +67,9 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -95,8 +104,12 @@ def render_chat(
     """The prompt text the model's template makes of ``messages``."""
     template, variables = _template_and_vars(tokenizer_or_template)
     compiled = _compile(template)
-    context = {**variables, **extra, "messages": [dict(m) for m in messages],
-               "add_generation_prompt": add_generation_prompt}
+    context = {
+        **variables,
+        **extra,
+        "messages": [dict(m) for m in messages],
+        "add_generation_prompt": add_generation_prompt,
+    }
     try:
         return compiled.render(**context)
     except ChatTemplateError:
@@ -114,7 +127,10 @@ _PLACEHOLDER_RE = re.compile("\ue000echoline-content-(\\d+)\ue001")
 
 
 def _segments(
-    tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool, extra: dict[str, Any]
+    tokenizer: Tokenizer,
+    messages: Sequence[Message],
+    add_generation_prompt: bool,
+    extra: dict[str, Any],
 ) -> list[tuple[str, bool]]:
     """The rendered prompt as (text, is_content) pieces, in order."""
     rendered = render_chat(tokenizer, messages, add_generation_prompt, **extra)
@@ -195,6 +211,10 @@ def encode_chat(
             ids.append(run)
         elif run:
             ids.extend(tokenizer.encode(run, add_bos=False, parse_special=False))
-    if tokenizer.add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
+    if (
+        tokenizer.add_bos
+        and tokenizer.bos_id is not None
+        and (not ids or ids[0] != tokenizer.bos_id)
+    ):
         ids.insert(0, tokenizer.bos_id)
     return ids

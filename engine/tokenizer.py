@@ -25,6 +25,7 @@ character split across tokens is never emitted half-done.
 from __future__ import annotations
 
 import codecs
+import gc
 import hashlib
 import json
 import os
@@ -95,7 +96,14 @@ _EOG_TEXTS = (
     "<｜end▁of▁sentence｜>",
 )
 _FIM_TEXTS: dict[str, tuple[str, ...]] = {
-    "prefix": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "▁<PRE>", "<|fim▁begin|>"),
+    "prefix": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|fim▁begin|>",
+    ),
     "suffix": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "▁<SUF>", "<|fim▁hole|>"),
     "middle": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "▁<MID>", "<|fim▁end|>"),
     "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
@@ -163,7 +171,9 @@ def _vocab_hash(meta: dict[str, Any]) -> str:
     return h.hexdigest()[:32]
 
 
-def derive_spm_merges(tokens: Sequence[str], types: np.ndarray, scores: np.ndarray) -> list[tuple[str, str]]:
+def derive_spm_merges(
+    tokens: Sequence[str], types: np.ndarray, scores: np.ndarray
+) -> list[tuple[str, str]]:
     """BPE merges equivalent to llama.cpp's score-driven SentencePiece merging.
 
     Every split ``a + b`` of a normal token whose halves are normal tokens is a
@@ -186,7 +196,9 @@ def derive_spm_merges(tokens: Sequence[str], types: np.ndarray, scores: np.ndarr
     return [(a, b) for _, _, a, b in found]
 
 
-def _added_tokens(tokens: Sequence[str], types: np.ndarray) -> tuple[list[AddedToken], list[AddedToken]]:
+def _added_tokens(
+    tokens: Sequence[str], types: np.ndarray
+) -> tuple[list[AddedToken], list[AddedToken]]:
     """(special, plain) added tokens: control/unknown are special, user-defined are plain."""
     special: list[AddedToken] = []
     plain: list[AddedToken] = []
@@ -242,7 +254,9 @@ def _build_bpe(meta: dict[str, Any], tokens: list[str], types: np.ndarray) -> HF
     return tok
 
 
-def _build_spm(meta: dict[str, Any], tokens: list[str], types: np.ndarray, merges: list[tuple[str, str]]) -> HFTokenizer:
+def _build_spm(
+    meta: dict[str, Any], tokens: list[str], types: np.ndarray, merges: list[tuple[str, str]]
+) -> HFTokenizer:
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
     model = models.BPE(_vocab_dict(tokens), merges, unk_token=unk, byte_fallback=True)
@@ -251,7 +265,9 @@ def _build_spm(meta: dict[str, Any], tokens: list[str], types: np.ndarray, merge
     if meta.get("tokenizer.ggml.add_space_prefix", False):
         steps.insert(0, normalizers.Prepend("▁"))
     tok.normalizer = normalizers.Sequence(steps)
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
     return tok
 
 
@@ -273,7 +289,9 @@ def _build_hf(meta: dict[str, Any], cache_dir: Path | None) -> HFTokenizer:
         scores = meta.get("tokenizer.ggml.scores")
         if scores is None:
             raise TokenizerError("SentencePiece-style tokenizer without tokenizer.ggml.scores")
-        tok = _build_spm(meta, tokens, types, _spm_merges(meta, tokens, types, np.asarray(scores), cache_dir))
+        tok = _build_spm(
+            meta, tokens, types, _spm_merges(meta, tokens, types, np.asarray(scores), cache_dir)
+        )
     special, plain = _added_tokens(tokens, types)
     tok.add_special_tokens(special)
     tok.add_tokens(plain)
@@ -281,7 +299,11 @@ def _build_hf(meta: dict[str, Any], cache_dir: Path | None) -> HFTokenizer:
 
 
 def _spm_merges(
-    meta: dict[str, Any], tokens: list[str], types: np.ndarray, scores: np.ndarray, cache_dir: Path | None
+    meta: dict[str, Any],
+    tokens: list[str],
+    types: np.ndarray,
+    scores: np.ndarray,
+    cache_dir: Path | None,
 ) -> list[tuple[str, str]]:
     """Derived merges, cached as (left id, right id) pairs keyed by a hash of the vocabulary.
 
@@ -292,7 +314,11 @@ def _spm_merges(
     if path is not None and path.is_file():
         try:
             pairs = np.load(path, allow_pickle=False)
-            if pairs.ndim == 2 and pairs.shape[1] == 2 and (pairs.size == 0 or int(pairs.max()) < len(tokens)):
+            if (
+                pairs.ndim == 2
+                and pairs.shape[1] == 2
+                and (pairs.size == 0 or int(pairs.max()) < len(tokens))
+            ):
                 return [(tokens[a], tokens[b]) for a, b in pairs.tolist()]
         except (OSError, ValueError):
             pass  # damaged cache: derive again and overwrite it
@@ -338,7 +364,9 @@ class Tokenizer:
         self.vocab_size: int = len(self._tokens)
         self.bos_id: int | None = _opt_id(meta, "tokenizer.ggml.bos_token_id", self.vocab_size)
         self.eos_id: int | None = _opt_id(meta, "tokenizer.ggml.eos_token_id", self.vocab_size)
-        self.add_bos: bool = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and self.bos_id is not None
+        self.add_bos: bool = (
+            bool(meta.get("tokenizer.ggml.add_bos_token", False)) and self.bos_id is not None
+        )
         self.add_space_prefix: bool = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
         tmpl = meta.get("tokenizer.chat_template")
         self.chat_template: str | None = tmpl if isinstance(tmpl, str) and tmpl.strip() else None
@@ -354,10 +382,20 @@ class Tokenizer:
         return cls.from_metadata(gf.metadata, cache_dir=cache_dir)
 
     @classmethod
-    def from_metadata(cls, meta: dict[str, Any], cache_dir: Path | None = None, use_cache: bool = True) -> Tokenizer:
+    def from_metadata(
+        cls, meta: dict[str, Any], cache_dir: Path | None = None, use_cache: bool = True
+    ) -> Tokenizer:
         """Build from a metadata dict (what ``GGUFFile.metadata`` holds)."""
         directory = (cache_dir or default_cache_dir()) if use_cache else None
-        return cls(_build_hf(meta, directory), meta)
+        # Hundreds of thousands of small tuples would trigger the cyclic GC over
+        # and over; nothing built here forms cycles, so it is paused meanwhile.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return cls(_build_hf(meta, directory), meta)
+        finally:
+            if was_enabled:
+                gc.enable()
 
     # ---- special tokens -------------------------------------------------
 
@@ -377,7 +415,11 @@ class Tokenizer:
 
     def _find_stops(self, meta: dict[str, Any]) -> frozenset[int]:
         stops: set[int] = set()
-        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        for key in (
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ):
             tid = _opt_id(meta, key, self.vocab_size)
             if tid is not None:
                 stops.add(tid)
@@ -393,7 +435,9 @@ class Tokenizer:
 
     # ---- encoding -------------------------------------------------------
 
-    def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+    def encode(
+        self, text: str, *, add_bos: bool | None = None, parse_special: bool = True
+    ) -> list[int]:
         """Token ids as llama.cpp's ``llama_tokenize(text, add_special, parse_special)``.
 
         ``add_bos=None`` follows the model (``tokenizer.ggml.add_bos_token``).
@@ -435,7 +479,9 @@ class Tokenizer:
     def special_texts(self) -> dict[str, int]:
         """Control/unknown token text → id (what ``parse_special`` may match)."""
         return {
-            t: i for i, t in enumerate(self._tokens) if t and int(self._types[i]) in (TOKEN_CONTROL, TOKEN_UNKNOWN)
+            t: i
+            for i, t in enumerate(self._tokens)
+            if t and int(self._types[i]) in (TOKEN_CONTROL, TOKEN_UNKNOWN)
         }
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -451,7 +497,9 @@ class Tokenizer:
             out = text.encode("utf-8")
         elif self._byte_decoder is not None:
             dec = self._byte_decoder
-            out = bytes(dec[c] for c in text) if all(c in dec for c in text) else text.encode("utf-8")
+            out = (
+                bytes(dec[c] for c in text) if all(c in dec for c in text) else text.encode("utf-8")
+            )
         elif ty == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
             out = bytes([int(text[3:5], 16)])
         else:
