@@ -341,6 +341,12 @@ def test_vocab_only_gguf_qwen2_pre(tmp_path: Path) -> None:
     smol = Tokenizer.from_metadata(meta, use_cache=False)
     assert tok.encode("12345") == smol.encode("12345")
     assert any(tok.encode(s) != smol.encode(s) for s in _code_samples(3))
+    if FIXTURES.is_file():  # llama.cpp's ids for the same vocab-only file
+        cases = json.loads(FIXTURES.read_text())["models"]["smollm-vocab-pre-qwen2.gguf"]
+        assert cases
+        for case in cases:
+            got = tok.encode(case["text"], parse_special=case["parse_special"])
+            assert got == case["ids"], (case["text"][:60], case["parse_special"])
 
 
 def test_unknown_pre_and_model_raise(tmp_path: Path) -> None:
