@@ -147,11 +147,8 @@ def matmul_source(spec: KernelSpec) -> str:
         "        gu = U0 + g",
         "        r0 = U0",
     ]
-    first = True
     for rows, width in spec.tiles:
-        loop = "while" if first else "if"
-        first = False
-        body.append(f"        {loop} r0 + {u(rows)} <= n:")
+        body.append(f"        while r0 + {u(rows)} <= n:")
         body.append(f"            for o0i in range({u(G // width)}):")
         body.append(f"                o0 = o0i * {u(width)}")
         body.extend(_tile_body(spec, rows, width, " " * 16, u))

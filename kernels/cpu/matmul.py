@@ -167,13 +167,22 @@ def kernel_for(kind: Kind, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES) -
     return load_kernel(spec)
 
 
-def matmul(x: np.ndarray, w: PreparedMatrix, row_chunk: int = ROW_CHUNK) -> np.ndarray:
-    """x (n, in) float32 → (n, out) float32; each row's result is independent of n."""
+def matmul(
+    x: np.ndarray, w: PreparedMatrix, row_chunk: int = ROW_CHUNK, out: np.ndarray | None = None
+) -> np.ndarray:
+    """x (n, in) float32 → (n, out) float32; each row's result is independent of n.
+
+    ``out`` (n, padded_out) may be supplied (tests pass a NaN-poisoned buffer to
+    prove every element is written).
+    """
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != w.in_features:
         raise ValueError(f"matmul: x has shape {x.shape}, weight expects (n, {w.in_features})")
     n = x.shape[0]
-    out = np.empty((n, w.padded_out), dtype=np.float32)
+    if out is None:
+        out = np.empty((n, w.padded_out), dtype=np.float32)
+    elif out.shape != (n, w.padded_out) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError("matmul: out must be a C-contiguous float32 (n, padded_out) array")
     need_xs = any(p.kind.offset for p in w.parts)
     dummy = np.zeros(1, np.float32)
     for r0 in range(0, n, row_chunk):

@@ -1,0 +1,250 @@
+"""Property tests for the numba CPU kernels: exactness of the relayout,
+accuracy against float64, and bit-identical rows whatever the batch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.backends.cpu_backend import CpuBackend
+from engine.backends.numpy_backend import NumpyBackend
+from engine.gguf_file import QuantTensor
+from kernels.cpu import ops
+from kernels.cpu.matmul import matmul, prepare
+from kernels.cpu.relayout import dequantize_relayout
+
+Q = gguf.GGMLQuantizationType
+QUANTIZABLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16]
+FLOATS = [Q.F16, Q.F32]
+KQUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# Small register tiles keep compile time low in tests; the generator is the same.
+TILES_A = ((2, 32), (1, 32))
+TILES_B = ((3, 16), (1, 64))
+SETTINGS = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+
+
+def make_tensor(qtype: Q, rows: int, cols: int, seed: int) -> QuantTensor:
+    """A random valid tensor of ``qtype`` (K-quants built byte-wise with sane d/dmin)."""
+    rng = np.random.default_rng(seed)
+    if qtype == Q.F32:
+        data = rng.standard_normal((rows, cols)).astype(np.float32)
+    elif qtype == Q.F16:
+        data = rng.standard_normal((rows, cols)).astype(np.float16)
+    elif qtype in QUANTIZABLE:
+        data = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    else:
+        nblk = cols // 256
+        bsize = gguf.GGML_QUANT_SIZES[qtype][1]
+        raw = rng.integers(0, 256, size=(rows, nblk, bsize), dtype=np.uint8)
+        d = rng.uniform(1e-4, 3e-2, size=(rows, nblk)).astype(np.float16)
+        if qtype == Q.Q6_K:
+            raw[..., 208:210] = d.view(np.uint8).reshape(rows, nblk, 2)
+        else:
+            dmin = rng.uniform(1e-4, 3e-2, size=(rows, nblk)).astype(np.float16)
+            raw[..., 0:2] = d.view(np.uint8).reshape(rows, nblk, 2)
+            raw[..., 2:4] = dmin.view(np.uint8).reshape(rows, nblk, 2)
+        data = raw.reshape(rows, nblk * bsize)
+    return QuantTensor("w", qtype, (rows, cols), data)
+
+
+def block_of(qtype: Q) -> int:
+    return 256 if qtype in KQUANTS else 32
+
+
+@st.composite
+def matrices(draw, qtypes=QUANTIZABLE + FLOATS + KQUANTS):
+    qtype = draw(st.sampled_from(qtypes))
+    rows = draw(st.integers(1, 150))
+    cols = block_of(qtype) * draw(st.integers(1, 3))
+    return make_tensor(qtype, rows, cols, draw(st.integers(0, 2**31)))
+
+
+def reference(x: np.ndarray, t: QuantTensor) -> np.ndarray:
+    return x.astype(np.float64) @ t.dequantize().reshape(t.rows, t.cols).astype(np.float64).T
+
+
+def bound(x: np.ndarray, t: QuantTensor) -> np.ndarray:
+    w = np.abs(t.dequantize().reshape(t.rows, t.cols).astype(np.float64))
+    return 1e-5 * (np.abs(x.astype(np.float64)) @ w.T) * max(1.0, t.cols / 64) + 1e-6
+
+
+# ---- relayout exactness ----------------------------------------------------------------------
+@pytest.mark.parametrize("qtype", QUANTIZABLE + FLOATS + KQUANTS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_relayout_is_bit_exact(qtype: Q, seed: int) -> None:
+    t = make_tensor(qtype, 37, block_of(qtype) * 2, seed)
+    ref = t.dequantize().reshape(t.rows, t.cols)
+    mine = dequantize_relayout(qtype, np.asarray(t.data), t.cols)
+    assert mine.dtype == np.float32 and np.isfinite(mine).all()
+    assert np.array_equal(ref.view(np.uint32), mine.view(np.uint32))
+
+
+def test_relayout_rejects_unknown_type() -> None:
+    with pytest.raises(ValueError):
+        dequantize_relayout(Q.Q2_K, np.zeros((1, 84), np.uint8), 256)
+
+
+# ---- matmul ------------------------------------------------------------------------------------
+@SETTINGS
+@given(t=matrices(), n=st.integers(1, 20), seed=st.integers(0, 1000))
+def test_matmul_close_to_float64_and_rows_invariant(t: QuantTensor, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, t.cols)).astype(np.float32)
+    pm = prepare([t], TILES_A)
+    poisoned = np.full((n, pm.padded_out), np.nan, dtype=np.float32)
+    y = matmul(x, pm, out=poisoned)
+    assert y.shape == (n, t.rows) and np.isfinite(y).all()
+    assert (np.abs(y - reference(x, t)) <= bound(x, t)).all()
+    for i in range(n):  # each row alone
+        assert np.array_equal(matmul(x[i : i + 1], pm)[0], y[i])
+    k = int(rng.integers(1, n + 1))  # odd chunkings and a sub-batch at another offset
+    assert np.array_equal(matmul(x, pm, row_chunk=k), y)
+    lo = int(rng.integers(0, n))
+    assert np.array_equal(matmul(x[lo:], pm), y[lo:])
+
+
+@SETTINGS
+@given(t=matrices(qtypes=[Q.Q8_0, Q.Q4_1]), n=st.integers(1, 12), seed=st.integers(0, 1000))
+def test_matmul_tile_shape_does_not_change_bits(t: QuantTensor, n: int, seed: int) -> None:
+    x = np.random.default_rng(seed).standard_normal((n, t.cols)).astype(np.float32)
+    pa, pb = prepare([t], TILES_A), prepare([t], TILES_B)
+    ya = matmul(x, pa, out=np.full((n, pa.padded_out), np.nan, np.float32))
+    yb = matmul(x, pb, out=np.full((n, pb.padded_out), np.nan, np.float32))
+    assert np.isfinite(ya).all() and np.array_equal(ya, yb)
+
+
+def test_fused_mixed_types_equal_separate() -> None:
+    parts = [
+        make_tensor(Q.Q5_0, 70, 512, 1),
+        make_tensor(Q.Q8_0, 64, 512, 2),
+        make_tensor(Q.Q4_K, 40, 512, 3),
+        make_tensor(Q.F16, 3, 512, 4),
+        make_tensor(Q.Q6_K, 64, 512, 5),
+    ]
+    x = np.random.default_rng(0).standard_normal((5, 512)).astype(np.float32)
+    fused = matmul(x, prepare(parts, TILES_A))
+    alone = np.concatenate([matmul(x, prepare([p], TILES_A)) for p in parts], axis=1)
+    assert fused.shape == (5, sum(p.rows for p in parts))
+    assert np.array_equal(fused, alone)
+    with pytest.raises(ValueError):
+        prepare([make_tensor(Q.Q8_0, 4, 64, 0), make_tensor(Q.Q8_0, 4, 96, 0)], TILES_A)
+
+
+# ---- row ops -----------------------------------------------------------------------------------
+@SETTINGS
+@given(
+    n=st.integers(1, 9),
+    heads=st.sampled_from([(4, 1), (9, 3), (2, 2)]),
+    hd=st.sampled_from([16, 64, 40]),
+    window=st.sampled_from([0, 3, 17]),
+    seed=st.integers(0, 99),
+)
+def test_attention_rows_invariant_and_close(n, heads, hd, window, seed) -> None:
+    rng = np.random.default_rng(seed)
+    nh, nkv = heads
+    ctx = 40
+    k = rng.standard_normal((ctx, nkv, hd)).astype(np.float32)
+    v = rng.standard_normal((ctx, nkv, hd)).astype(np.float32)
+    q = rng.standard_normal((n, nh, hd)).astype(np.float32)
+    pos = rng.integers(0, ctx, size=n)
+    out = ops.attention(q, k, v, pos, window, 0.3)
+    ref = NumpyBackend().attention(q, k, v, pos, window, 0.3)
+    assert np.isfinite(out).all() and np.allclose(out, ref, rtol=1e-4, atol=1e-5)
+    for i in range(n):
+        assert np.array_equal(
+            ops.attention(q[i : i + 1], k, v, pos[i : i + 1], window, 0.3)[0], out[i]
+        )
+
+
+@SETTINGS
+@given(n=st.integers(1, 12), d=st.integers(1, 300), seed=st.integers(0, 99))
+def test_elementwise_ops_rows_invariant(n: int, d: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, d)) * 5).astype(np.float32)
+    u = rng.standard_normal((n, d)).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    nb = NumpyBackend()
+    results = {
+        "rms": (
+            ops.rms_norm(x, w, 1e-6),
+            lambda a: ops.rms_norm(a, w, 1e-6),
+            nb.rms_norm(x, w, 1e-6),
+        ),
+        "silu": (ops.silu_mul(x, u), lambda a: ops.silu_mul(a, u[: len(a)]), nb.silu_mul(x, u)),
+        "gelu": (
+            ops.gelu_tanh_mul(x, u),
+            lambda a: ops.gelu_tanh_mul(a, u[: len(a)]),
+            nb.gelu_tanh_mul(x, u),
+        ),
+    }
+    for name, (full, fn, ref) in results.items():
+        assert np.isfinite(full).all(), name
+        assert np.allclose(full, ref, rtol=1e-5, atol=1e-6), name
+        assert np.array_equal(fn(x[:1]), full[:1]), name
+    # a row's rms_norm does not depend on its neighbours
+    for i in range(n):
+        assert np.array_equal(ops.rms_norm(x[i : i + 1], w, 1e-6)[0], results["rms"][0][i])
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 8),
+    hd=st.sampled_from([8, 64, 256]),
+    neox=st.booleans(),
+    seed=st.integers(0, 99),
+)
+def test_rope_rows_invariant(n: int, hd: int, neox: bool, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 3, hd)).astype(np.float32)
+    pos = rng.integers(0, 5000, size=n)
+    cb = CpuBackend()
+    out = cb.rope(x, pos, 10000.0, neox)
+    assert np.allclose(out, NumpyBackend().rope(x, pos, 10000.0, neox), rtol=1e-5, atol=1e-5)
+    for i in range(n):
+        assert np.array_equal(cb.rope(x[i : i + 1], pos[i : i + 1], 10000.0, neox)[0], out[i])
+
+
+# ---- backend -----------------------------------------------------------------------------------
+def test_backend_matches_numpy_backend() -> None:
+    cb, nb = CpuBackend(), NumpyBackend()
+    t = make_tensor(Q.Q8_0, 100, 64, 7)
+    ids = np.array([3, 0, 99, 3])
+    assert np.array_equal(cb.embed(cb.prepare_embedding(t), ids), nb.embed(t, ids))
+    with pytest.raises(IndexError):
+        cb.embed(t, np.array([100]))
+    cache = cb.empty_cache(4, 2, 8)
+    cb.write_cache(cache, 1, np.ones((2, 2, 8), np.float32))
+    grown = cb.grow_cache(cache, 10)
+    assert grown.shape == (10, 2, 8) and grown[1:3].sum() == 32 and grown[3:].sum() == 0
+    assert np.array_equal(cb.scale(np.ones(3), 0.5), np.full(3, 0.5, np.float32))
+    assert cb.batch_invariant and cb.name == "cpu"
+
+
+REAL = Path(os.path.expanduser("~/.cache/echoline/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL.exists(), reason="real model not on disk")
+def test_production_tiles_on_real_weights() -> None:
+    """Default tiles on SmolLM2's fused q|k|v: rows bit-identical for n = 1..16."""
+    from engine.gguf_file import GGUFFile
+
+    f = GGUFFile(REAL)
+    ts = [f.tensor(f"blk.0.attn_{p}.weight") for p in "qkv"]
+    cb = CpuBackend()
+    w = cb.prepare_matrix(ts)
+    x = np.random.default_rng(0).standard_normal((16, 576)).astype(np.float32)
+    full = cb.matmul(x, w)
+    ref = NumpyBackend().matmul(x, NumpyBackend().prepare_matrix(ts))
+    assert np.allclose(full, ref, rtol=1e-4, atol=1e-4)
+    for n in range(1, 17):
+        assert np.array_equal(cb.matmul(x[:n], w), full[:n]), n
+        assert np.array_equal(cb.matmul(x[16 - n :], w), full[16 - n :]), n
