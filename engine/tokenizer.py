@@ -217,7 +217,7 @@ def _vocab_dict(tokens: Sequence[str]) -> dict[str, int]:
     return {tok: i for i, tok in enumerate(tokens)}
 
 
-def _build_bpe(meta: dict[str, Any], tokens: list[str], types: np.ndarray) -> HFTokenizer:
+def _build_bpe(meta: dict[str, Any], vocab: dict[str, int]) -> HFTokenizer:
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _BPE_PRE:
         raise TokenizerError(
@@ -234,7 +234,7 @@ def _build_bpe(meta: dict[str, Any], tokens: list[str], types: np.ndarray) -> HF
         if pos < 0:
             raise TokenizerError(f"malformed BPE merge {m!r}")
         merges.append((m[:pos], m[pos + 1 :]))
-    model = models.BPE(_vocab_dict(tokens), merges, ignore_merges=ignore_merges)
+    model = models.BPE(vocab, merges, ignore_merges=ignore_merges)
     tok = HFTokenizer(model)
     if regexes == (_GPT2_RE,):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -255,11 +255,12 @@ def _build_bpe(meta: dict[str, Any], tokens: list[str], types: np.ndarray) -> HF
 
 
 def _build_spm(
-    meta: dict[str, Any], tokens: list[str], types: np.ndarray, merges: list[tuple[str, str]]
+    meta: dict[str, Any], vocab: dict[str, int], merges: list[tuple[str, str]]
 ) -> HFTokenizer:
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    tokens = meta["tokenizer.ggml.tokens"]
     unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
-    model = models.BPE(_vocab_dict(tokens), merges, unk_token=unk, byte_fallback=True)
+    model = models.BPE(vocab, merges, unk_token=unk, byte_fallback=True)
     tok = HFTokenizer(model)
     steps = [normalizers.Replace(" ", "▁")]
     if meta.get("tokenizer.ggml.add_space_prefix", False):
@@ -271,8 +272,8 @@ def _build_spm(
     return tok
 
 
-def _build_hf(meta: dict[str, Any], cache_dir: Path | None) -> HFTokenizer:
-    """The library tokenizer; SentencePiece merges come from the on-disk cache when warm."""
+def _build_hf(meta: dict[str, Any], cache_dir: Path | None) -> tuple[HFTokenizer, dict[str, int]]:
+    """The library tokenizer and the text → id map; SentencePiece merges come from the cache."""
     kind = meta.get("tokenizer.ggml.model")
     if kind not in ("gpt2", "llama"):
         raise TokenizerError(
@@ -283,25 +284,26 @@ def _build_hf(meta: dict[str, Any], cache_dir: Path | None) -> HFTokenizer:
     if not tokens:
         raise TokenizerError("no tokenizer.ggml.tokens in the model file")
     types = _token_types(meta, len(tokens))
+    vocab = _vocab_dict(tokens)
     if kind == "gpt2":
-        tok = _build_bpe(meta, tokens, types)
+        tok = _build_bpe(meta, vocab)
     else:
         scores = meta.get("tokenizer.ggml.scores")
         if scores is None:
             raise TokenizerError("SentencePiece-style tokenizer without tokenizer.ggml.scores")
-        tok = _build_spm(
-            meta, tokens, types, _spm_merges(meta, tokens, types, np.asarray(scores), cache_dir)
-        )
+        merges = _spm_merges(meta, tokens, types, vocab, np.asarray(scores), cache_dir)
+        tok = _build_spm(meta, vocab, merges)
     special, plain = _added_tokens(tokens, types)
     tok.add_special_tokens(special)
     tok.add_tokens(plain)
-    return tok
+    return tok, vocab
 
 
 def _spm_merges(
     meta: dict[str, Any],
     tokens: list[str],
     types: np.ndarray,
+    vocab: dict[str, int],
     scores: np.ndarray,
     cache_dir: Path | None,
 ) -> list[tuple[str, str]]:
@@ -319,13 +321,15 @@ def _spm_merges(
                 and pairs.shape[1] == 2
                 and (pairs.size == 0 or int(pairs.max()) < len(tokens))
             ):
-                return [(tokens[a], tokens[b]) for a, b in pairs.tolist()]
+                texts = np.array(tokens, dtype=object)  # fancy indexing beats a comprehension
+                return list(
+                    zip(texts[pairs[:, 0]].tolist(), texts[pairs[:, 1]].tolist(), strict=True)
+                )
         except (OSError, ValueError):
             pass  # damaged cache: derive again and overwrite it
     merges = derive_spm_merges(tokens, types, scores)
     if path is not None:
-        ids = _vocab_dict(tokens)
-        pairs = np.array([(ids[a], ids[b]) for a, b in merges], dtype=np.int32).reshape(-1, 2)
+        pairs = np.array([(vocab[a], vocab[b]) for a, b in merges], dtype=np.int32).reshape(-1, 2)
         _save_atomic(path, pairs)
     return merges
 
@@ -354,13 +358,15 @@ def _token_types(meta: dict[str, Any], n: int) -> np.ndarray:
 class Tokenizer:
     """Text ↔ llama.cpp-identical token ids for one model."""
 
-    def __init__(self, hf: HFTokenizer, meta: dict[str, Any]) -> None:
+    def __init__(
+        self, hf: HFTokenizer, meta: dict[str, Any], vocab: dict[str, int] | None = None
+    ) -> None:
         self._hf = hf
         self._lock = threading.Lock()
         self.model_kind: str = meta["tokenizer.ggml.model"]
         self._tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
         self._types = _token_types(meta, len(self._tokens))
-        self._ids: dict[str, int] = _vocab_dict(self._tokens)
+        self._ids: dict[str, int] = vocab if vocab is not None else _vocab_dict(self._tokens)
         self.vocab_size: int = len(self._tokens)
         self.bos_id: int | None = _opt_id(meta, "tokenizer.ggml.bos_token_id", self.vocab_size)
         self.eos_id: int | None = _opt_id(meta, "tokenizer.ggml.eos_token_id", self.vocab_size)
@@ -392,7 +398,8 @@ class Tokenizer:
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return cls(_build_hf(meta, directory), meta)
+            hf, vocab = _build_hf(meta, directory)
+            return cls(hf, meta, vocab)
         finally:
             if was_enabled:
                 gc.enable()
