@@ -3,20 +3,21 @@
 Why: the editor tests run on fresh CI machines, so they install Neovim, Node 24,
 code-server, vsce, playwright-core and chromium themselves (tests/editor_setup.sh,
 idempotent, cached under ~/.cache/echoline-editor-test) and skip only when that
-is impossible. Expected rewrite text comes from ``python -m sidecar rewrite`` —
-the same prompt and greedy decoding without an editor — so the tests check what
+is impossible. Expected rewrite text comes from an in-process, editor-free run of
+the same rewrite (plain greedy decoding, no speculation), so the tests check what
 the editor wrote to disk against an independent run, not against itself.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ SETUP = REPO / "tests" / "editor_setup.sh"
 MODEL = os.environ.get("ECHOLINE_EDITOR_MODEL", "smollm2")
 BACKEND = os.environ.get("ECHOLINE_EDITOR_BACKEND", "auto")
 
-SAMPLE = '''def add(a, b):
+SAMPLE = """def add(a, b):
     return a + b
 
 
@@ -43,7 +44,7 @@ def greet(name):
 if __name__ == "__main__":
     print(add(1, 2))
     print(fibonacci(10))
-'''
+"""
 
 
 def ensure_tools(what: str) -> dict[str, str]:
@@ -91,16 +92,27 @@ def line_span(text: str, line1: int, line2: int) -> tuple[int, int]:
     return start, start + sum(len(x) for x in lines[line1 - 1 : line2])
 
 
-def expected_rewrite(path: Path, line1: int, line2: int, instruction: str, max_tokens: int) -> dict:
-    """The rewrite as ``python -m sidecar rewrite`` computes it (same prompt, greedy)."""
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "sidecar", "rewrite", str(path), "--range", f"{line1}:{line2}",
-            "--instruction", instruction, "--max-tokens", str(max_tokens), "--model", MODEL,
-            "--backend", BACKEND, "--json",
-        ],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-        env=dict(os.environ, **server_env()),
+@functools.lru_cache(maxsize=1)
+def _engine() -> Any:
+    from engine.api import Engine
+
+    return Engine.load(MODEL, backend=BACKEND)
+
+
+def expected_rewrite(
+    text: str, name: str, line1: int, line2: int, instruction: str, max_tokens: int
+) -> str:
+    """The replacement an editor-free greedy run of the same rewrite produces.
+
+    Same function the server calls (sidecar.rewrite.run_rewrite), same prompt
+    (the file name enters the prompt only through its base name), no editor, no
+    cache shared with the server, speculation off: by the exactness contract the
+    server's reply must equal it token for token.
+    """
+    from sidecar.rewrite import run_rewrite
+
+    start, end = line_span(text, line1, line2)
+    out = run_rewrite(
+        _engine(), text, start, end, instruction, name=name, max_tokens=max_tokens, spec=False
     )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return out.text

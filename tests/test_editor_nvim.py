@@ -61,8 +61,22 @@ def run_scenario(nvim: str, tmp_path: Path, scenario: str, **env: object) -> tup
         **{f"ECHOLINE_TEST_{k.upper()}": str(v) for k, v in env.items()},
     )
     proc = subprocess.run(
-        [nvim, "--headless", "--clean", "-l", str(E2E), scenario, str(src), str(out), *server_cmd()],
-        capture_output=True, text=True, timeout=600, env=full_env, cwd=tmp_path,
+        [
+            nvim,
+            "--headless",
+            "--clean",
+            "-l",
+            str(E2E),
+            scenario,
+            str(src),
+            str(out),
+            *server_cmd(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=full_env,
+        cwd=tmp_path,
     )
     record = json.loads(out.read_text()) if out.exists() else {}
     return record, proc.returncode, proc.stderr + proc.stdout
@@ -72,9 +86,11 @@ def test_nvim_rewrite_applied_and_written(nvim: str, tmp_path: Path) -> None:
     line1, line2, instruction = 1, 2, "rename the function add to plus"
     src = tmp_path / "sample.py"
     src.write_text(SAMPLE)
-    want = expected_rewrite(src, line1, line2, instruction, MAX_TOKENS)
+    want = expected_rewrite(SAMPLE, src.name, line1, line2, instruction, MAX_TOKENS)
 
-    record, rc, log = run_scenario(nvim, tmp_path, "rewrite", line1=line1, line2=line2, instruction=instruction)
+    record, rc, log = run_scenario(
+        nvim, tmp_path, "rewrite", line1=line1, line2=line2, instruction=instruction
+    )
     assert rc == 0, f"{record.get('error')}\n{log}"
     assert "echoline.rewrite" in record["capabilities"]["commands"]
     assert record["applied"] is True
@@ -83,9 +99,29 @@ def test_nvim_rewrite_applied_and_written(nvim: str, tmp_path: Path) -> None:
     # The server's text landed exactly over the selection, and nothing else moved...
     assert on_disk == SAMPLE[:start] + record["result"]["text"] + SAMPLE[end:]
     # ...and it is what an editor-free greedy run of the same rewrite produces.
-    assert record["result"]["text"] == want["text"]
+    assert record["result"]["text"] == want
     stats = record["result"]["stats"]
     assert stats["generated_tokens"] > 0 and stats["tokens_per_s"] > 0
+
+
+def test_nvim_rewrite_preview_accepted(nvim: str, tmp_path: Path) -> None:
+    line1, line2, instruction = 11, 13, "add a docstring"
+    src = tmp_path / "sample.py"
+    src.write_text(SAMPLE)
+    want = expected_rewrite(SAMPLE, src.name, line1, line2, instruction, MAX_TOKENS)
+
+    record, rc, log = run_scenario(
+        nvim, tmp_path, "preview", line1=line1, line2=line2, instruction=instruction, key="a"
+    )
+    assert rc == 0, f"{record.get('error')}\n{log}"
+    # The diff tab showed original | proposal, both in diff mode, before anything changed.
+    original, proposal = record["preview"]
+    assert original["diff"] and proposal["diff"]
+    assert original["lines"] == SAMPLE.splitlines()[line1 - 1 : line2]
+    assert proposal["lines"] == want.rstrip("\n").split("\n")
+    assert record["applied"] is True and record["tabs_after"] == 1
+    start, end = line_span(SAMPLE, line1, line2)
+    assert src.read_text() == SAMPLE[:start] + want + SAMPLE[end:]
 
 
 def test_nvim_ghost_text_shown_and_accepted(nvim: str, tmp_path: Path) -> None:
@@ -118,7 +154,12 @@ def test_nvim_cancelled_rewrite_leaves_buffer_untouched(nvim: str, tmp_path: Pat
     src = tmp_path / "sample.py"
     src.write_text(SAMPLE)
     record, rc, log = run_scenario(
-        nvim, tmp_path, "cancel", line1=1, line2=18, instruction="add docstrings to every function",
+        nvim,
+        tmp_path,
+        "cancel",
+        line1=1,
+        line2=18,
+        instruction="add docstrings to every function",
         settle_ms=3000,
     )
     assert rc == 0, f"{record.get('error')}\n{log}"

@@ -63,12 +63,25 @@ def vsix(tools: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Pat
     if not Path(npm).exists():
         npm = shutil.which("npm") or "npm"
     if not (EXT / "node_modules" / "vscode-languageclient").exists():
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=EXT, env=env, check=True, timeout=600)
-    subprocess.run([tools["NODE"], str(EXT / "node_modules" / "typescript" / "bin" / "tsc"), "-p", "."],
-                   cwd=EXT, env=env, check=True, timeout=300)
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=EXT, env=env, check=True, timeout=600
+        )
+    subprocess.run(
+        [tools["NODE"], str(EXT / "node_modules" / "typescript" / "bin" / "tsc"), "-p", "."],
+        cwd=EXT,
+        env=env,
+        check=True,
+        timeout=300,
+    )
     out = tmp_path_factory.mktemp("vsix") / "echoline.vsix"
-    subprocess.run([tools["NODE"], tools["VSCE"], "package", "--allow-missing-repository", "-o", str(out)],
-                   cwd=EXT, env=env, check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [tools["NODE"], tools["VSCE"], "package", "--allow-missing-repository", "-o", str(out)],
+        cwd=EXT,
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     assert out.stat().st_size > 10_000
     return out
 
@@ -84,7 +97,9 @@ def wait_http(url: str, timeout: float) -> None:
     raise TimeoutError(url)
 
 
-def test_vscode_rewrite_and_inline_suggestion(tools: dict[str, str], vsix: Path, tmp_path: Path) -> None:
+def test_vscode_rewrite_and_inline_suggestion(
+    tools: dict[str, str], vsix: Path, tmp_path: Path
+) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     src = ws / "sample.py"
@@ -113,11 +128,18 @@ def test_vscode_rewrite_and_inline_suggestion(tools: dict[str, str], vsix: Path,
     (user_dir / "User" / "settings.json").write_text(json.dumps(settings, indent=2))
     env = node_env(tools)
     env.update(server_env())
-    env.update(XDG_CONFIG_HOME=str(tmp_path / "xdg-config"), XDG_DATA_HOME=str(tmp_path / "xdg-data"))
+    env.update(
+        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"), XDG_DATA_HOME=str(tmp_path / "xdg-data")
+    )
     cs = [tools["NODE"], tools["CODE_SERVER"]]
     common = ["--extensions-dir", str(ext_dir), "--user-data-dir", str(user_dir)]
-    subprocess.run([*cs, *common, "--install-extension", str(vsix)], env=env, check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run(
+        [*cs, *common, "--install-extension", str(vsix)],
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     assert any(p.name.startswith("echoline.echoline-") for p in ext_dir.iterdir())
 
     cfg = tmp_path / "code-server.yaml"
@@ -125,12 +147,29 @@ def test_vscode_rewrite_and_inline_suggestion(tools: dict[str, str], vsix: Path,
     port = free_port()
     log = open(tmp_path / "code-server.log", "w")
     server = subprocess.Popen(
-        [*cs, "--config", str(cfg), "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
-         "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust", *common, str(ws)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            *cs,
+            "--config",
+            str(cfg),
+            "--auth",
+            "none",
+            "--bind-addr",
+            f"127.0.0.1:{port}",
+            "--disable-telemetry",
+            "--disable-update-check",
+            "--disable-workspace-trust",
+            *common,
+            str(ws),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     out = tmp_path / "e2e.json"
     shot = tmp_path / "vscode-rewrite.png"
+    preview_shot = tmp_path / "vscode-rewrite-preview.png"
+    p_line1, p_line2, p_instruction = 11, 13, "add a docstring"
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", 60)
         drive_env = dict(
@@ -147,11 +186,16 @@ def test_vscode_rewrite_and_inline_suggestion(tools: dict[str, str], vsix: Path,
             E2E_LINE2=str(line2),
             E2E_INSTRUCTION=instruction,
             E2E_GHOST_LINE="13",
+            E2E_PREVIEW_LINE1=str(p_line1),
+            E2E_PREVIEW_LINE2=str(p_line2),
+            E2E_PREVIEW_INSTRUCTION=p_instruction,
+            E2E_PREVIEW_SCREENSHOT=str(preview_shot),
             E2E_OUT=str(out),
             E2E_SCREENSHOT=str(shot),
         )
-        proc = subprocess.run([tools["NODE"], str(DRIVER)], env=drive_env, capture_output=True, text=True,
-                              timeout=900)
+        proc = subprocess.run(
+            [tools["NODE"], str(DRIVER)], env=drive_env, capture_output=True, text=True, timeout=900
+        )
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -172,11 +216,17 @@ def test_vscode_rewrite_and_inline_suggestion(tools: dict[str, str], vsix: Path,
     # The rewrite went through the server (apply mode) and was saved: the file equals
     # the selection replaced by an editor-free greedy run of the same rewrite.
     before = record["afterGhost"]
-    src.write_text(before)
-    want = expected_rewrite(src, line1, line2, instruction, MAX_TOKENS)
+    want = expected_rewrite(before, src.name, line1, line2, instruction, MAX_TOKENS)
     start, end = line_span(before, line1, line2)
-    assert record["afterRewrite"] == before[:start] + want["text"] + before[end:]
+    assert record["afterRewrite"] == before[:start] + want + before[end:]
     assert any("applied=true" in line for line in record["rewriteLog"]), record["rewriteLog"]
     assert "tok/s" in record["progressText"], record["progressText"]
+    # Preview mode: the diff showed the proposal; Accept applied it and it was saved.
+    after = record["afterRewrite"]
+    want2 = expected_rewrite(after, src.name, p_line1, p_line2, p_instruction, MAX_TOKENS)
+    start, end = line_span(after, p_line1, p_line2)
+    assert record["afterPreview"] == after[:start] + want2 + after[end:]
+    assert any("applied=true" in line for line in record["previewLog"]), record["previewLog"]
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(shot, SCREENSHOT)
+    shutil.copyfile(preview_shot, SCREENSHOT.with_name("vscode-rewrite-preview.png"))

@@ -115,6 +115,9 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       await startClient(client, status, log);
     }),
     vscode.workspace.onDidChangeConfiguration((e) => {
+      if (e.affectsConfiguration('echoline')) {
+        log.info('settings changed');
+      }
       if (e.affectsConfiguration('echoline.command') || e.affectsConfiguration('echoline.pythonPath')) {
         void vscode.window
           .showInformationMessage('echoline: restart the server to use the new command?', 'Restart')

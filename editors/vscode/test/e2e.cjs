@@ -57,6 +57,17 @@ async function palette(page, title) {
   await page.keyboard.press('Enter');
 }
 
+async function openFile(page, name) {
+  await page.keyboard.press('Control+P');
+  const qi = page.locator('.quick-input-widget input');
+  await qi.waitFor({ state: 'visible', timeout: 15000 });
+  await qi.fill(name);
+  await page.locator('.quick-input-list .monaco-list-row', { hasText: name }).first().waitFor({ state: 'visible', timeout: 15000 });
+  await page.keyboard.press('Enter');
+  await page.locator('.quick-input-widget').waitFor({ state: 'hidden', timeout: 15000 });
+  await page.locator('.tab.active', { hasText: name }).first().waitFor({ state: 'visible', timeout: 15000 });
+}
+
 async function gotoLine(page, line, end) {
   // Quick Open's ":<line>" (Ctrl+G does not reach the page in every browser set-up).
   await page.keyboard.press('Control+P');
@@ -98,13 +109,7 @@ async function main() {
     step('activated', { status: await statusText(page) });
     out.activated = true;
 
-    await page.keyboard.press('Control+P');
-    const qi = page.locator('.quick-input-widget input');
-    await qi.waitFor({ state: 'visible', timeout: 15000 });
-    await qi.fill(env.E2E_FILE);
-    await page.locator('.quick-input-list .monaco-list-row').first().waitFor({ state: 'visible', timeout: 15000 });
-    await page.keyboard.press('Enter');
-    await page.locator('.monaco-editor .view-lines').first().waitFor({ state: 'visible' });
+    await openFile(page, env.E2E_FILE);
     step('opened');
     const ready = await waitFor('the model to be ready', async () => {
       const s = await statusText(page);
@@ -163,6 +168,53 @@ async function main() {
     if (env.E2E_SCREENSHOT) await page.screenshot({ path: env.E2E_SCREENSHOT });
     step('rewrite saved', { status: out.status });
 
+    // --- rewrite with preview: diff editor + modal, accept -----------------------
+    if (env.E2E_PREVIEW_LINE1) {
+      // Switch echoline.rewrite.confirm on through VS Code's own settings editor
+      // (a write to settings.json behind its back is not noticed reliably).
+      const settingsFile = path.join(env.E2E_USER_DATA, 'User', 'settings.json');
+      const settings = JSON.parse(fs.readFileSync(settingsFile, 'utf8'));
+      settings['echoline.rewrite.confirm'] = true;
+      const seen = extensionLog().split('settings changed').length;
+      await palette(page, 'Preferences: Open User Settings (JSON)');
+      // A tab in older versions, a modal editor in newer ones: wait for its text.
+      await page.locator('.monaco-editor', { hasText: 'echoline.rewrite.confirm' }).last()
+        .waitFor({ state: 'visible', timeout: 15000 });
+      await page.waitForTimeout(500);
+      await page.keyboard.press('Control+A');
+      await page.keyboard.insertText(JSON.stringify(settings, null, 2));
+      await page.keyboard.press('Control+S');
+      await waitFor('the settings change', () => extensionLog().split('settings changed').length > seen, 30000);
+      await page.keyboard.press('Control+W');
+      await openFile(page, env.E2E_FILE);
+      const p1 = Number(env.E2E_PREVIEW_LINE1), p2 = Number(env.E2E_PREVIEW_LINE2);
+      await gotoLine(page, p1, false);
+      for (let i = p1; i <= p2; i++) await page.keyboard.press('Shift+ArrowDown');
+      await palette(page, 'echoline: Rewrite Selection');
+      const box2 = page.locator('.quick-input-widget input');
+      await box2.waitFor({ state: 'visible', timeout: 15000 });
+      await box2.fill(env.E2E_PREVIEW_INSTRUCTION || '');
+      await page.keyboard.press('Enter');
+      step('preview requested');
+      const dialog = page.locator('.monaco-dialog-box', { hasText: 'Apply the echoline rewrite?' });
+      await dialog.waitFor({ state: 'visible', timeout: TIMEOUT });
+      await page.locator('.monaco-diff-editor').first().waitFor({ state: 'visible', timeout: 15000 });
+      await page.waitForTimeout(500);
+      out.previewDiff = await page.locator('.monaco-diff-editor .editor.modified .view-lines').first().innerText()
+        .then((t) => t.replace(/\u00a0/g, ' '))
+        .catch(() => '');
+      if (env.E2E_PREVIEW_SCREENSHOT) await page.screenshot({ path: env.E2E_PREVIEW_SCREENSHOT });
+      step('preview shown');
+      const before = extensionLog().split('rewrite accepted').length;
+      await dialog.locator('.monaco-button', { hasText: 'Accept' }).first().click();
+      await waitFor('the accepted rewrite', () => extensionLog().split('rewrite accepted').length > before, 15000);
+      await page.waitForTimeout(300);
+      await page.keyboard.press('Control+S');
+      await waitFor('the saved file', async () => (await page.locator('.tab.dirty').count()) === 0, 15000);
+      out.afterPreview = fs.readFileSync(file, 'utf8');
+      out.previewLog = extensionLog().split('\n').filter((l) => /rewrite (done|text|accepted)/.test(l)).slice(-3);
+      step('preview accepted');
+    }
     out.ok = true;
   } catch (e) {
     out.ok = false;
