@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-BACKENDS = ("auto", "numpy", "cupy", "mlx")
+BACKENDS = ("auto", "cpu", "numpy", "cuda", "mlx")  # engine.backends.BACKEND_NAMES
 
 
 @dataclass(frozen=True)

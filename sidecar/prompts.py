@@ -69,11 +69,10 @@ def rewrite_prompt(
         context += "\n"
     label = PurePosixPath(name).name if name else "the file"
     stable = f"Here is {label}:\n{FENCE}{lang}\n{context}{FENCE}\n\n"
-    volatile = (
-        f"Selected code:\n{FENCE}{lang}\n{body}\n{FENCE}\n\n"
-        f"Task: {instr}\n"
-        f"Answer with the rewritten selected code only, in one {FENCE}{lang} block."
-    )
+    # Measured on SmolLM2-135M: the instruction right before the fenced selection, with
+    # the answer primed by an opening fence, is what it follows (a "Selected code:" block
+    # followed by "Task: …" made it copy the selection unchanged).
+    volatile = f"{instr}\n{FENCE}{lang}\n{body}\n{FENCE}"
     messages = [{"role": "user", "content": stable + volatile}]
     prime = f"{FENCE}{lang}\n"
     plain = f"{stable}{volatile}\n\nRewritten code:\n{prime}"

@@ -1,0 +1,535 @@
+"""The sidecar over stdio with pytest-lsp, driving the REAL default model (smollm2).
+
+One server (one model load) serves the whole module; each test opens its own
+document so the tests do not depend on each other's edits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SERVER_CMD = [sys.executable, "-m", "sidecar", "serve"]
+READY_TIMEOUT = 120.0
+
+FIB = (
+    "def fibonacci(n):\n"
+    '    """Return the n-th Fibonacci number."""\n'
+    "    if n < 2:\n"
+    "        return n\n"
+    "    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+)
+
+
+def model_path() -> Path:
+    from engine.models_registry import resolve_model
+
+    return Path(resolve_model("smollm2"))
+
+
+class Recorder:
+    """What the server sent us besides responses."""
+
+    def __init__(self) -> None:
+        self.status: list[dict[str, Any]] = []
+        self.rewrite_progress: list[dict[str, Any]] = []
+        self.edits: list[types.ApplyWorkspaceEditParams] = []
+        self.apply_result = True
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return obj
+    return {k: getattr(obj, k) for k in dir(obj) if not k.startswith("_")}
+
+
+async def start_client(root: Path, init_options: dict[str, Any], rec: Recorder) -> LanguageClient:
+    config = ClientServerConfig(server_command=SERVER_CMD)
+    client = await config.start()
+
+    @client.feature("echoline/status")
+    def _status(params: Any) -> None:
+        rec.status.append(_plain(params))
+
+    @client.feature("echoline/rewriteProgress")
+    def _progress(params: Any) -> None:
+        rec.rewrite_progress.append(_plain(params))
+
+    @client.feature(types.WORKSPACE_APPLY_EDIT)
+    def _apply(params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
+        rec.edits.append(params)
+        return types.ApplyWorkspaceEditResult(applied=rec.apply_result)
+
+    client.init_result = await client.initialize_session(  # type: ignore[attr-defined]
+        types.InitializeParams(
+            capabilities=types.ClientCapabilities(
+                window=types.WindowClientCapabilities(work_done_progress=True),
+                workspace=types.WorkspaceClientCapabilities(apply_edit=True, configuration=True),
+            ),
+            root_uri=root.as_uri(),
+            workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name="ws")],
+            initialization_options={"echoline": init_options},
+        )
+    )
+    return client
+
+
+async def wait_state(rec: Recorder, states: set[str], timeout: float = READY_TIMEOUT) -> dict:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for st in reversed(rec.status):
+            if st.get("state") in states:
+                return st
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no echoline/status in {states}; got {rec.status}")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    model_path()  # pull the model first on a fresh machine
+    root = tmp_path_factory.mktemp("ws")
+    (root / "README.md").write_text("# demo workspace\n")
+    (root / ".env").write_text("API_KEY=do-not-index\n")
+    return root
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def lsp(workspace: Path):
+    rec = Recorder()
+    client = await start_client(
+        workspace, {"model": "smollm2", "maxTokens": 160, "inlineMaxTokens": 48}, rec
+    )
+    client.rec = rec  # type: ignore[attr-defined]
+    await wait_state(rec, {"ready", "error"})
+    yield client
+    await client.shutdown_session()
+    await client.stop()
+
+
+_counter = iter(range(1, 10_000))
+
+
+def open_doc(client: LanguageClient, root: Path, text: str, name: str | None = None) -> str:
+    path = root / (name or f"doc{next(_counter)}.py")
+    path.write_text(text)
+    uri = path.as_uri()
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(
+                uri=uri, language_id="python", version=1, text=text
+            )
+        )
+    )
+    return uri
+
+
+def change_doc(client: LanguageClient, uri: str, version: int, rng: types.Range, text: str) -> None:
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangePartial(range=rng, text=text)],
+        )
+    )
+
+
+def rng(l1: int, c1: int, l2: int, c2: int) -> dict[str, Any]:
+    return {"start": {"line": l1, "character": c1}, "end": {"line": l2, "character": c2}}
+
+
+async def rewrite(client: LanguageClient, **arg: Any) -> Any:
+    return await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="echoline.rewrite", arguments=[arg])
+    )
+
+
+async def status(client: LanguageClient, uri: str | None = None) -> dict[str, Any]:
+    args = [{"uri": uri}] if uri else []
+    return await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command="echoline.status", arguments=args)
+    )
+
+
+# ---- capabilities and loading -------------------------------------------------------------
+
+
+async def test_capabilities_advertised(lsp: LanguageClient) -> None:
+    caps = lsp.init_result.capabilities
+    assert caps.inline_completion_provider is not None
+    assert "echoline.rewrite" in caps.execute_command_provider.commands
+    assert caps.code_action_provider is not None
+    sync = caps.text_document_sync
+    assert sync.change == types.TextDocumentSyncKind.Incremental
+
+
+async def test_model_loaded_with_progress(lsp: LanguageClient) -> None:
+    st = await wait_state(lsp.rec, {"ready", "error"})
+    assert st["state"] == "ready", st
+    assert lsp.rec.status[0]["state"] == "loading"
+    kinds = [[type(v).__name__ for v in vals] for vals in lsp.progress_reports.values()]
+    assert ["WorkDoneProgressBegin", "WorkDoneProgressEnd"] in kinds
+
+
+async def test_index_skips_secrets_and_reports_memory(lsp: LanguageClient, workspace: Path) -> None:
+    st = await status(lsp, (workspace / "README.md").as_uri())
+    assert st["indexed"] is True
+    st_env = await status(lsp, (workspace / ".env").as_uri())
+    assert st_env["indexed"] is False
+    assert st["index"]["skipped"].get("secret", 0) >= 1
+    assert st["sourceMemoryBytes"] > 0
+
+
+# ---- inline completion --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_inline_completion_at_cursor(lsp: LanguageClient, workspace: Path) -> None:
+    text = "def add(a, b):\n    \n"
+    uri = open_doc(lsp, workspace, text)
+    res = await lsp.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=1, character=4),
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Invoked
+            ),
+        )
+    )
+    assert res is not None and len(res.items) == 1
+    item = res.items[0]
+    assert item.range.start == types.Position(line=1, character=4)
+    assert item.range.end.line == 1
+    assert item.insert_text.strip(), item
+    assert "return" in item.insert_text  # what SmolLM2 writes for this body
+    # the block ended: nothing dedented below the cursor's indentation
+    for line in item.insert_text.split("\n")[1:]:
+        assert not line.strip() or line.startswith("    "), item.insert_text
+
+
+# ---- rewrite ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_rewrite_empty_instruction_reproduces_and_applies(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    text = "import math\n\n" + FIB + "\nprint(fibonacci(10))\n"
+    uri = open_doc(lsp, workspace, text)
+    change_doc(
+        lsp,
+        uri,
+        2,
+        types.Range(
+            start=types.Position(line=0, character=11), end=types.Position(line=0, character=11)
+        ),
+        "  # std",
+    )
+    lsp.rec.edits.clear()
+    res = await rewrite(
+        lsp, uri=uri, version=2, range=rng(2, 0, 7, 0), instruction="", mode="apply"
+    )
+    assert res["applied"] is True, res
+    assert res["text"] == FIB
+    assert len(lsp.rec.edits) == 1
+    dc = lsp.rec.edits[0].edit.document_changes[0]
+    assert dc.text_document.uri == uri and dc.text_document.version == 2
+    assert dc.edits[0].new_text == FIB
+    assert (dc.edits[0].range.start.line, dc.edits[0].range.end.line) == (2, 7)
+    stats = res["stats"]
+    assert stats["generated_tokens"] > 0
+    # copying the selection: speculation from the prompt should be accepted
+    assert stats["accepted"] > 0 and stats["per_source"]
+    # progress was streamed while generating
+    assert any(p["uri"] == uri and p["tokens"] > 0 for p in lsp.rec.rewrite_progress)
+
+
+@pytest.mark.slow
+async def test_rewrite_preview_returns_versioned_edit(lsp: LanguageClient, workspace: Path) -> None:
+    uri = open_doc(lsp, workspace, FIB)
+    lsp.rec.edits.clear()
+    res = await rewrite(lsp, uri=uri, version=1, range=rng(0, 0, 5, 0), mode="preview")
+    assert res["applied"] is False and res["reason"] == "preview"
+    dc = res["edit"]["documentChanges"][0]
+    assert dc["textDocument"] == {"uri": uri, "version": 1}
+    assert dc["edits"][0]["newText"] == res["text"]
+    assert lsp.rec.edits == []  # nothing sent to the editor in preview mode
+
+
+@pytest.mark.slow
+async def test_rewrite_with_instruction_renames_parameter(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    sel = "def scale(x, t):\n    return x * t\n"
+    uri = open_doc(lsp, workspace, sel)
+    res = await rewrite(
+        lsp,
+        uri=uri,
+        version=1,
+        range=rng(0, 0, 2, 0),
+        instruction="Rename the parameter t to weight.",
+        mode="preview",
+    )
+    assert res["text"] == "def scale(x, weight):\n    return x * weight\n", res["text"]
+
+
+async def test_stale_version_refused_and_text_kept(lsp: LanguageClient, workspace: Path) -> None:
+    uri = open_doc(lsp, workspace, FIB)
+    change_doc(
+        lsp,
+        uri,
+        2,
+        types.Range(
+            start=types.Position(line=5, character=0), end=types.Position(line=5, character=0)
+        ),
+        "# end\n",
+    )
+    lsp.rec.edits.clear()
+    with pytest.raises(JsonRpcException) as err:
+        await rewrite(lsp, uri=uri, version=1, range=rng(0, 0, 2, 0), instruction="")
+    assert "stale version" in str(err.value)
+    assert lsp.rec.edits == []
+
+
+@pytest.mark.slow
+async def test_edit_during_generation_is_not_applied(lsp: LanguageClient, workspace: Path) -> None:
+    uri = open_doc(lsp, workspace, FIB)
+    lsp.rec.edits.clear()
+    task = asyncio.ensure_future(rewrite(lsp, uri=uri, version=1, range=rng(0, 0, 5, 0)))
+    await asyncio.sleep(0.3)
+    typed = "# typed while the model was writing\n"
+    change_doc(
+        lsp,
+        uri,
+        2,
+        types.Range(
+            start=types.Position(line=5, character=0), end=types.Position(line=5, character=0)
+        ),
+        typed,
+    )
+    res = await task
+    assert res["applied"] is False and "changed" in res["reason"], res
+    assert lsp.rec.edits == []  # the user's text is untouched: no edit was even sent
+
+
+# ---- cancellation and supersession -------------------------------------------------------
+
+
+def inline_params(uri: str, line: int, ch: int) -> types.InlineCompletionParams:
+    return types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=line, character=ch),
+        context=types.InlineCompletionContext(
+            trigger_kind=types.InlineCompletionTriggerKind.Automatic
+        ),
+    )
+
+
+@pytest.mark.slow
+async def test_cancel_request_stops_generation_promptly(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    body = "".join(f"    value_{i} = compute({i})\n" for i in range(60))
+    uri = open_doc(lsp, workspace, "def big():\n" + body)
+    fut = asyncio.ensure_future(
+        lsp.protocol.send_request_async(
+            types.WORKSPACE_EXECUTE_COMMAND,
+            types.ExecuteCommandParams(
+                command="echoline.rewrite",
+                arguments=[
+                    {"uri": uri, "version": 1, "range": rng(0, 0, 61, 0), "instruction": ""}
+                ],
+            ),
+            msg_id="rewrite-to-cancel",
+        )
+    )
+    n0 = len(lsp.rec.rewrite_progress)
+    end = time.monotonic() + 60
+    while len(lsp.rec.rewrite_progress) == n0 and time.monotonic() < end and not fut.done():
+        await asyncio.sleep(0.02)  # wait until it is really generating
+    assert not fut.done(), fut.result()
+    lsp.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="rewrite-to-cancel"))
+    t0 = time.monotonic()
+    with pytest.raises(JsonRpcException):
+        await fut
+    st = await status(lsp)  # runs on the engine thread: only after generation stopped
+    latency = time.monotonic() - t0
+    assert st["state"] == "ready"
+    assert latency < 1.5, f"engine was busy {latency:.2f}s after $/cancelRequest"
+
+
+@pytest.mark.slow
+async def test_newer_inline_request_supersedes_older(lsp: LanguageClient, workspace: Path) -> None:
+    uri = open_doc(lsp, workspace, "class Point:\n    def __init__(self, x, y):\n        \n")
+    first = asyncio.ensure_future(
+        lsp.text_document_inline_completion_async(inline_params(uri, 2, 8))
+    )
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(
+        lsp.text_document_inline_completion_async(inline_params(uri, 2, 8))
+    )
+    t0 = time.monotonic()
+    r1 = await first
+    assert len(r1.items) == 0
+    r2 = await second
+    assert len(r2.items) == 1 and r2.items[0].insert_text.strip()
+    assert time.monotonic() - t0 < 30
+
+
+# ---- workspace files as draft sources -----------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_file_created_after_start_supplies_drafts(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    helper = workspace / "helpers_new.py"
+    helper.write_text(FIB)
+    uri = helper.as_uri()
+    end = time.monotonic() + 15
+    while not (await status(lsp, uri)).get("indexed"):
+        assert time.monotonic() < end, "file created on disk was never indexed"
+        await asyncio.sleep(0.1)
+    # A document that starts the same function: the completion copies the rest of it,
+    # which only the new file holds.
+    doc = open_doc(lsp, workspace, "import sys\n\ndef fibonacci(n):\n", name="main_fib.py")
+    res = await rewrite(
+        lsp,
+        uri=doc,
+        version=1,
+        range=rng(2, 0, 3, 0),
+        instruction="Complete the fibonacci function.",
+        mode="preview",
+    )
+    per = res["stats"]["per_source"].get("file:" + uri, {})
+    assert per.get("accepted", 0) > 0, res["stats"]
+
+
+# ---- bad requests -------------------------------------------------------------------------
+
+
+async def test_bad_requests_get_clear_errors_and_server_keeps_serving(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    uri = open_doc(lsp, workspace, "x = 1\n")
+    cases = [
+        (
+            {"uri": "file:///nowhere/nothing.py", "version": 1, "range": rng(0, 0, 0, 1)},
+            "unknown document",
+        ),
+        ({"uri": uri, "version": 1, "range": rng(0, 0, 9, 0)}, "out of bounds"),
+        ({"uri": uri, "version": 1, "range": rng(0, 0, 0, 80)}, "past the end"),
+        ({"uri": uri, "version": "1", "range": rng(0, 0, 0, 1)}, "'version' must be an integer"),
+        ({"uri": uri, "version": 1, "range": "all"}, "'range' must be"),
+        (
+            {"uri": uri, "version": 1, "range": rng(0, 0, 0, 1), "instruction": 7},
+            "'instruction' must be",
+        ),
+        ({"uri": uri, "version": 1, "range": rng(0, 0, 0, 1), "mode": "yolo"}, "'mode' must be"),
+    ]
+    for arg, expected in cases:
+        with pytest.raises(JsonRpcException) as err:
+            await rewrite(lsp, **arg)
+        assert expected in str(err.value), (arg, str(err.value))
+    with pytest.raises(JsonRpcException) as err:
+        await lsp.workspace_execute_command_async(
+            types.ExecuteCommandParams(command="echoline.rewrite", arguments=[1, 2])
+        )
+    assert "ONE argument" in str(err.value)
+    with pytest.raises(JsonRpcException) as err:
+        await lsp.text_document_inline_completion_async(inline_params(uri, 7, 0))
+    assert "out of bounds" in str(err.value)
+    st = await status(lsp)
+    assert st["state"] == "ready"
+
+
+def test_code_action_carries_rewrite_command() -> None:
+    """Called in-process: pygls' client-side converter turns any CodeAction carrying a
+    command into a bare Command (lsprotocol union hook), so the wire shape is checked here."""
+    from types import SimpleNamespace
+
+    from lsprotocol.converters import get_converter
+    from pygls.workspace import TextDocument
+
+    from sidecar.server import on_code_action
+
+    uri = "file:///tmp/ca.py"
+    ls = SimpleNamespace(
+        workspace=SimpleNamespace(text_documents={uri: TextDocument(uri, FIB, version=3)})
+    )
+    params = types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        range=types.Range(
+            start=types.Position(line=0, character=0), end=types.Position(line=2, character=0)
+        ),
+        context=types.CodeActionContext(diagnostics=[]),
+    )
+    actions = get_converter().unstructure(on_code_action(ls, params))
+    assert len(actions) == 1
+    act = actions[0]
+    assert act["kind"] == "refactor.rewrite" and act["title"].startswith("Rewrite with echoline")
+    assert act["command"]["command"] == "echoline.rewrite"
+    arg = act["command"]["arguments"][0]
+    assert arg == {
+        "uri": uri,
+        "version": 3,
+        "range": rng(0, 0, 2, 0),
+        "instruction": "",
+        "mode": "apply",
+    }
+    empty = types.CodeActionParams(
+        text_document=params.text_document,
+        range=types.Range(
+            start=types.Position(line=1, character=0), end=types.Position(line=1, character=0)
+        ),
+        context=params.context,
+    )
+    assert on_code_action(ls, empty) == []
+
+
+async def test_bad_setting_is_reported_and_previous_kept(lsp: LanguageClient) -> None:
+    n = len(lsp.messages)
+    lsp.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(
+            settings={"echoline": {"maxTokens": "lots", "speculation": True}}
+        )
+    )
+    end = time.monotonic() + 5
+    while len(lsp.messages) == n and time.monotonic() < end:
+        await asyncio.sleep(0.02)
+    msg = lsp.messages[-1]
+    assert msg.type == types.MessageType.Error and "maxTokens" in msg.message
+    st = await status(lsp)
+    assert st["settings"]["maxTokens"] == 160
+
+
+# ---- a model that cannot load -------------------------------------------------------------
+
+
+async def test_bad_model_path_reports_error_and_keeps_serving(tmp_path: Path) -> None:
+    rec = Recorder()
+    client = await start_client(tmp_path, {"model": str(tmp_path / "missing.gguf")}, rec)
+    try:
+        st = await wait_state(rec, {"error", "ready"}, timeout=30)
+        assert st["state"] == "error" and "missing.gguf" in st["message"]
+        end = time.monotonic() + 5
+        while not client.messages and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        assert any(m.type == types.MessageType.Error for m in client.messages)
+        uri = open_doc(client, tmp_path, "y = 2\n")
+        with pytest.raises(JsonRpcException) as err:
+            await rewrite(client, uri=uri, version=1, range=rng(0, 0, 1, 0))
+        assert "no model available" in str(err.value)
+        assert (await status(client))["state"] == "error"  # still answering
+    finally:
+        await client.shutdown_session()
+        await client.stop()
