@@ -10,7 +10,12 @@ import pytest
 
 from engine.backends.numpy_backend import NumpyBackend
 from engine.config import config_from_gguf
-from engine.errors import EcholineError, ModelFileError, ModelNotFoundError, UnsupportedArchitectureError
+from engine.errors import (
+    EcholineError,
+    ModelFileError,
+    ModelNotFoundError,
+    UnsupportedArchitectureError,
+)
 from engine.gguf_file import GGUFFile
 from engine.model import load_model
 from engine.models_registry import resolve_model
