@@ -96,6 +96,8 @@ class MlxBackend(Backend):
 
     name = "mlx"
     batch_invariant = False
+    #: Rows every forward is padded to when not batch-invariant (engine/generate.py run_rows).
+    fixed_rows = 16
 
     def __init__(self, weights: str | None = None, check: bool = True) -> None:
         mode = weights or os.environ.get("ECHOLINE_MLX_WEIGHTS", "affine")
