@@ -16,7 +16,7 @@ from engine.calibration import measure_verify_cost
 from engine.drafting.controller import DraftController
 from engine.drafting.ngram_index import NgramIndex
 from engine.errors import EcholineError
-from engine.generate import StopRules, generate_tokens
+from engine.generate import Sampler, StopRules, generate_tokens
 from engine.model import load_model
 from engine.models_registry import resolve_model
 from engine.sessions import SessionStore
@@ -132,10 +132,14 @@ class Engine:
         session: str | None = None,
         on_token: Callable[[TokenEvent], None] | None = None,
         cancel: threading.Event | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
     ) -> GenerationResult:
         """Greedy reply to ``prompt_ids``; identical token ids with ``spec`` on or off.
 
         ``session`` names a buffer whose cache is reused (None: a one-off cache).
+        ``temperature`` > 0 samples instead, with plain decoding (speculation is
+        greedy-only; see ``engine.generate.Sampler``).
         """
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -146,7 +150,8 @@ class Engine:
         reserve = min(reserve, self.config.context_length)
         sess = self.sessions.prepare(session, prompt, reserve)
         stats = GenerationStats()
-        use_spec = spec
+        sampler = Sampler(temperature, seed) if temperature > 0 else None
+        use_spec = spec and sampler is None
         if use_spec:
             self.index.set_source("prompt", prompt)
             self.index.set_source("reply", [])
@@ -168,6 +173,7 @@ class Engine:
                 cancel=cancel,
                 prefill_chunk=self.prefill_chunk,
                 stats=stats,
+                sampler=sampler,
             )
         except BaseException:
             # The cache's state is unknown after a failure mid-forward: start that buffer afresh.

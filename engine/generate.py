@@ -73,6 +73,29 @@ class _Reply:
         return False
 
 
+class Sampler:
+    """Temperature sampling for plain decoding.
+
+    Speculation is greedy-only: at temperature > 0 the engine decodes plainly
+    (one token per step) rather than implement the rejection-sampling rule,
+    so a sampled reply follows exactly the model's distribution.
+    """
+
+    def __init__(self, temperature: float, seed: int | None = None) -> None:
+        import numpy as np
+
+        self.temperature = float(temperature)
+        self.rng = np.random.default_rng(seed)
+
+    def pick(self, logits) -> int:
+        import numpy as np
+
+        z = np.asarray(logits, dtype=np.float64) / self.temperature
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        return int(self.rng.choice(p.shape[0], p=p))
+
+
 def run_rows(model: Transformer, cache: KVCache, rows: Sequence[int], all_logits: bool = True):
     """One forward over ``rows``; on a backend that is not batch-invariant, padded to a fixed count.
 
@@ -130,6 +153,7 @@ def generate_tokens(
     cancel: threading.Event | None = None,
     prefill_chunk: int = 512,
     stats: GenerationStats | None = None,
+    sampler: Sampler | None = None,
 ) -> GenerationResult:
     """Generate greedily after ``prompt_ids``; the cache may already hold a prefix of them.
 
@@ -162,7 +186,7 @@ def generate_tokens(
     logits = prefill(model, cache, prompt_ids[reused:], prefill_chunk, cancel)
     if logits is None:
         return finish("cancelled")
-    pending = int(backend.argmax(logits)[-1])
+    pending = int(backend.argmax(logits)[-1]) if sampler is None else sampler.pick(backend.to_host(logits)[-1])
     stats.ttft_s = time.perf_counter() - t_start
     t_first = time.perf_counter()
     context = list(prompt_ids)
@@ -200,7 +224,10 @@ def generate_tokens(
         rows = [pending] + drafts
         t0 = time.perf_counter()
         logits = run_rows(model, cache, rows)
-        best = backend.argmax(logits)
+        if sampler is None:
+            best = backend.argmax(logits)
+        else:  # sampling runs plain decoding only (no drafts), one row per step
+            best = [sampler.pick(backend.to_host(logits)[-1])]
         dt = time.perf_counter() - t0
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == int(best[accepted]):

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=256)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--spec", choices=("ngram", "off"), default="ngram", help="n-gram speculation")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="> 0 samples (plain decoding; speculation is greedy-only)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed")
 
     m = sub.add_parser("models", help="pull or list the named models")
     msub = m.add_subparsers(dest="models_command", required=True)
@@ -86,6 +89,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             spec=args.spec == "ngram",
             on_token=show,
             cancel=cancel,
+            temperature=args.temperature,
+            seed=args.seed,
         )
     except KeyboardInterrupt:
         cancel.set()

@@ -170,3 +170,17 @@ def test_sliding_window_ring_is_exact_and_small(gemma_long_path):
     ref_far = generate_tokens(model, model.new_cache(2048), far, decode=StandInTokenizer().decode,
                               rules=StopRules(max_tokens=10), prefill_chunk=32)
     assert warm_far.token_ids == ref_far.token_ids
+
+
+def test_sampling_falls_back_to_plain_decoding(llama_path):
+    """temperature > 0: seeded, reproducible, no drafts; near-zero temperature is greedy."""
+    eng = make_engine(llama_path)
+    prompt = buffer(30, 21)
+    a = eng.generate(prompt, max_tokens=12, temperature=1.5, seed=4, spec=True)
+    b = eng.generate(prompt, max_tokens=12, temperature=1.5, seed=4, spec=False)
+    assert a.token_ids == b.token_ids and a.stats.drafted == 0
+    c = eng.generate(prompt, max_tokens=12, temperature=1.5, seed=5)
+    greedy = eng.generate(prompt, max_tokens=12)
+    cold = eng.generate(prompt, max_tokens=12, temperature=1e-6, seed=1)
+    assert cold.token_ids == greedy.token_ids
+    assert c.token_ids != greedy.token_ids or a.token_ids != greedy.token_ids
