@@ -16,13 +16,13 @@ from kernels.cpu._env import njit, prange
 _F = np.float32
 
 
-@njit(cache=True, nogil=True, parallel=True, boundscheck=False)
+@njit(cache=True, nogil=True, boundscheck=False)
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x (m, d) float32 → x / rms(x) * w; the sum of squares is accumulated in float64."""
     m, d = x.shape
     out = np.empty((m, d), dtype=np.float32)
     e = np.float32(eps)
-    for r in prange(m):
+    for r in range(m):  # serial: a parallel launch costs more than a few rows
         ss = 0.0
         for i in range(d):
             v = np.float64(x[r, i])
@@ -69,7 +69,72 @@ def rope_apply(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> n
 _LANES = 16
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def _attend(q, k, v, positions, window, sc, out, pair):
+    """One (row, head) pair: q·k in 16 fixed lanes (lane l takes elements l, l+16, …)
+    summed lane 0..15; float32 softmax with a max pass; probabilities applied to V
+    in key order. Nothing here depends on other rows."""
+    nh, hd = q.shape[1], q.shape[2]
+    group = nh // k.shape[1]
+    full = hd // _LANES * _LANES
+    i = pair // nh
+    h = pair - i * nh
+    kv = h // group
+    p = positions[i]
+    lo = 0
+    if window > 0 and p - window + 1 > 0:
+        lo = p - window + 1
+    nkeys = p + 1 - lo
+    scores = np.empty(nkeys, dtype=np.float32)
+    acc = np.empty(_LANES, dtype=np.float32)
+    for j in range(nkeys):
+        kj = lo + j
+        for lane in range(_LANES):
+            acc[lane] = 0.0
+        for d0 in range(0, full, _LANES):
+            for lane in range(_LANES):
+                acc[lane] += q[i, h, d0 + lane] * k[kj, kv, d0 + lane]
+        for d in range(full, hd):
+            acc[d - full] += q[i, h, d] * k[kj, kv, d]
+        dot = np.float32(0.0)
+        for lane in range(_LANES):
+            dot += acc[lane]
+        scores[j] = dot * sc
+    mx = scores[0]
+    for j in range(1, nkeys):
+        if scores[j] > mx:
+            mx = scores[j]
+    total = np.float32(0.0)
+    for j in range(nkeys):
+        e = np.exp(scores[j] - mx)
+        scores[j] = e
+        total += e
+    o = out[i, h * hd : (h + 1) * hd]
+    for d in range(hd):
+        o[d] = 0.0
+    for j in range(nkeys):
+        pj = scores[j] / total
+        kj = lo + j
+        for d in range(hd):
+            o[d] += pj * v[kj, kv, d]
+
+
 @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
+def _attention_parallel(q, k, v, positions, window, sc, out):
+    for pair in prange(q.shape[0] * q.shape[1]):
+        _attend(q, k, v, positions, window, sc, out, pair)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _attention_serial(q, k, v, positions, window, sc, out):
+    for pair in range(q.shape[0] * q.shape[1]):
+        _attend(q, k, v, positions, window, sc, out, pair)
+
+
+#: Below this many (pair x key) steps a parallel launch costs more than it saves.
+PARALLEL_ATTENTION_WORK = 4096
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,
@@ -80,57 +145,17 @@ def attention(
 ) -> np.ndarray:
     """Causal GQA attention of q (n, H, hd) over caches (ctx, KVH, hd); returns (n, H*hd).
 
-    Per (row, head): q·k in 16 fixed lanes (lane l takes elements l, l+16, …)
-    summed lane 0..15; softmax in float32 with a max pass; probabilities
-    applied to V in key order. None of it depends on other rows.
+    Serial and parallel paths run the same per-pair code, so the choice never
+    changes a bit.
     """
     n, nh, hd = q.shape
-    nkv = k.shape[1]
-    group = nh // nkv
     out = np.empty((n, nh * hd), dtype=np.float32)
     sc = np.float32(scale)
-    full = hd // _LANES * _LANES
-    for pair in prange(n * nh):
-        i = pair // nh
-        h = pair - i * nh
-        kv = h // group
-        p = positions[i]
-        lo = 0
-        if window > 0 and p - window + 1 > 0:
-            lo = p - window + 1
-        nkeys = p + 1 - lo
-        scores = np.empty(nkeys, dtype=np.float32)
-        acc = np.empty(_LANES, dtype=np.float32)
-        for j in range(nkeys):
-            kj = lo + j
-            for lane in range(_LANES):
-                acc[lane] = 0.0
-            for d0 in range(0, full, _LANES):
-                for lane in range(_LANES):
-                    acc[lane] += q[i, h, d0 + lane] * k[kj, kv, d0 + lane]
-            for d in range(full, hd):
-                acc[d - full] += q[i, h, d] * k[kj, kv, d]
-            dot = np.float32(0.0)
-            for lane in range(_LANES):
-                dot += acc[lane]
-            scores[j] = dot * sc
-        mx = scores[0]
-        for j in range(1, nkeys):
-            if scores[j] > mx:
-                mx = scores[j]
-        total = np.float32(0.0)
-        for j in range(nkeys):
-            e = np.exp(scores[j] - mx)
-            scores[j] = e
-            total += e
-        o = out[i, h * hd : (h + 1) * hd]
-        for d in range(hd):
-            o[d] = 0.0
-        for j in range(nkeys):
-            pj = scores[j] / total
-            kj = lo + j
-            for d in range(hd):
-                o[d] += pj * v[kj, kv, d]
+    work = n * nh * (int(positions.max()) + 1 if n else 0)
+    if work >= PARALLEL_ATTENTION_WORK:
+        _attention_parallel(q, k, v, positions, window, sc, out)
+    else:
+        _attention_serial(q, k, v, positions, window, sc, out)
     return out
 
 
