@@ -343,7 +343,7 @@ def test_tiny_model_logits_match_numpy(tiny_mlx_model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_name,case", [("SmolLM2-135M-Instruct.Q4_1.gguf", "py_class"),
-                                             ("gemma-3-270m-q4_k_m.gguf", "js_debounce")])
+                                             ("gemma-3-270m-q4_k_m.gguf", "py_fib")])
 def test_real_model_greedy_matches_llamacpp(request, model_name, case):
     """Greedy ids on MLX equal llama.cpp's for prompts where float32 engines agree with it."""
     from engine.model import load_model
