@@ -139,6 +139,31 @@ def inline_prompt(engine: Any, prefix: str, suffix: str) -> InlinePrompt:
     return InlinePrompt(ids=list(tok.encode(head, parse_special=False)), mode="prefix")
 
 
+def heal_prefix(prefix: str) -> tuple[str, str]:
+    """Split one trailing space off the prompt prefix: (prompt prefix, removed text).
+
+    Tokenizers glue a space to the following word (" return"), so a prompt that ends
+    in a space pushes the model to emit yet another space. Prompting without the last
+    space lets the model write " return" itself; ``unheal`` then drops that space.
+    (Removing all the indentation was tried: SmolLM2 then answers with a code fence.)
+    """
+    if prefix.endswith(" "):
+        return prefix[:-1], " "
+    return prefix, ""
+
+
+def unheal(completion: str, removed: str) -> str:
+    """The completion as it continues the original (unhealed) prefix."""
+    if not removed:
+        return completion
+    if completion.startswith(removed):
+        return completion[len(removed) :]
+    head = completion[: len(completion) - len(completion.lstrip(" \t"))]
+    if head and removed.startswith(head):  # the model wrote less whitespace than was typed
+        return completion[len(head) :]
+    return completion
+
+
 def indentation(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 

@@ -25,7 +25,14 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.workspace import TextDocument
 
 from sidecar import config as cfg
-from sidecar.prompts import block_end, finish_completion, indentation, inline_prompt
+from sidecar.prompts import (
+    block_end,
+    finish_completion,
+    heal_prefix,
+    indentation,
+    inline_prompt,
+    unheal,
+)
 from sidecar.rewrite import Progress, run_rewrite
 from sidecar.worker import EngineWorker, Job, JobCancelled
 from sidecar.workspace_index import WorkspaceIndex, normalize_uri
@@ -383,12 +390,17 @@ async def on_inline_completion(
     max_tokens = ls.settings.inline_max_tokens
     spec = ls.settings.speculation
 
+    healed, removed = heal_prefix(prefix)
+
+    def removed_ws(generated: str) -> str:
+        return unheal(generated, removed)
+
     def job(engine: Any, cancel: threading.Event) -> tuple[str, dict[str, Any], str] | None:
-        prompt = inline_prompt(engine, prefix, suffix)
+        prompt = inline_prompt(engine, healed, suffix)
         ended = threading.Event()
 
         def on_token(ev: Any) -> None:
-            if block_end(ev.text, indent) is not None:
+            if block_end(removed_ws(ev.text), indent) is not None:
                 ended.set()
                 cancel.set()
 
@@ -402,7 +414,9 @@ async def on_inline_completion(
         )
         if result.finish_reason == "cancelled" and not ended.is_set():
             return None
-        return finish_completion(result.text, indent), result.stats.as_dict(), prompt.mode
+        text = removed_ws(result.text)
+        return finish_completion(text, indent), result.stats.as_dict(), prompt.mode
+
 
     try:
         out = await ls.run_job(job, kind="inline", key=("inline", uri))

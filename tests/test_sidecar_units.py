@@ -15,8 +15,10 @@ from sidecar.prompts import (
     file_window,
     finish_completion,
     fit_selection,
+    heal_prefix,
     rewrite_prompt,
     strip_fence,
+    unheal,
 )
 from sidecar.rewrite_cli import parse_range
 from sidecar.worker import EngineWorker, JobCancelled
@@ -147,3 +149,13 @@ def test_worker_load_failure_is_reported() -> None:
         assert w.state == "error" and "nope.gguf" in (w.error or "")
     finally:
         w.stop()
+
+
+def test_heal_prefix_round_trip() -> None:
+    assert heal_prefix("def f():\n    ") == ("def f():\n   ", " ")
+    assert heal_prefix("x = ") == ("x =", " ")
+    assert heal_prefix("x =") == ("x =", "")
+    assert unheal(" return 1", " ") == "return 1"
+    assert unheal("return 1", " ") == "return 1"
+    assert unheal("\n    y = 1", " ") == "\n    y = 1"
+    assert unheal("abc", "") == "abc"
