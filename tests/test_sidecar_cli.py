@@ -1,0 +1,90 @@
+"""`echoline rewrite` (sidecar.rewrite_cli) with the real model, and `serve --tcp`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar.rewrite_cli import main
+
+SRC = "import math\n\n\ndef scale(x, t):\n    return x * t\n\n\nprint(scale(2, 3))\n"
+
+
+@pytest.mark.slow
+def test_rewrite_cli_json_diff_and_file_untouched(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "m.py"
+    f.write_text(SRC)
+    rc = main([str(f), "--range", "4:5", "--instruction", "Rename the parameter t to weight.", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == "def scale(x, weight):\n    return x * weight\n"
+    assert "-def scale(x, t):" in out["diff"] and "+def scale(x, weight):" in out["diff"]
+    assert out["stats"]["generated_tokens"] > 0
+    assert f.read_text() == SRC  # never writes the file
+
+    rc = main([str(f), "--range", "4:5", "--diff"])  # empty instruction: reproduce exactly
+    assert rc == 0
+    assert capsys.readouterr().out == ""  # no change, empty diff
+
+
+def test_rewrite_cli_bad_range(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "m.py"
+    f.write_text(SRC)
+    assert main([str(f), "--range", "7:99"]) == 2
+    assert "only 8 line(s)" in capsys.readouterr().err
+    assert main([str(tmp_path / "missing.py"), "--range", "1:1"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _frame(obj: dict) -> bytes:
+    body = json.dumps(obj).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def test_serve_tcp_answers_initialize(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--tcp", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "server never listened"
+                assert proc.poll() is None, proc.stderr.read().decode()
+                time.sleep(0.1)
+        with conn:
+            conn.sendall(_frame({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                 "params": {"processId": None, "rootUri": None, "capabilities": {}}}))
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, rest = data.partition(b"\r\n\r\n")
+            headers = dict(line.split(b":", 1) for line in head.split(b"\r\n"))
+            length = int(headers[b"Content-Length"])
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            reply = json.loads(rest[:length])
+        caps = reply["result"]["capabilities"]
+        assert reply["result"]["serverInfo"]["name"] == "echoline"
+        assert "echoline.rewrite" in caps["executeCommandProvider"]["commands"]
+        assert caps["inlineCompletionProvider"] is not None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
