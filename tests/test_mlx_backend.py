@@ -30,7 +30,7 @@ AFFINE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K]
 
 @pytest.fixture(scope="module")
 def mb() -> MlxBackend:
-    return MlxBackend()
+    return MlxBackend(weights="affine")
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +127,7 @@ def test_q6k_metal_layout_transliterated(rng):
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_matmul_matches_reference(mb, ref, rng, qtype, mode):
     be = mb if mode == "affine" else MlxBackend(weights="float", check=False)
+    assert be.weights == mode
     t = make_tensor(rng, 72, 512, qtype)
     w_ref = ref.prepare_matrix([t])
     w = be.prepare_matrix([t])
@@ -218,6 +219,13 @@ def test_attention(mb, ref, rng, window):
 
 
 # ---- batch invariance: measured, asserted only where claimed ----------------------------
+def test_auto_weight_mode():
+    be = MlxBackend(check=False)
+    assert be.weights == ("affine" if be.on_metal else "float")
+    with pytest.raises(ValueError, match="weight mode"):
+        MlxBackend(weights="int3", check=False)
+
+
 def test_invariance_claim_matches_measurement(mb):
     report = mb.check_batch_invariance()
     assert set(report) >= {"matmul_affine4", "matmul_float", "attention_w0", "rope", "rms_norm"}
@@ -286,14 +294,16 @@ class _Fixed:
         pass
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma3"])
-def tiny_mlx_model(request, tmp_path_factory, mb):
+@pytest.fixture(scope="module", params=[("llama", "affine"), ("gemma3", "affine"), ("llama", "auto"),
+                                        ("gemma3", "float")], ids=lambda p: "-".join(p))
+def tiny_mlx_model(request, tmp_path_factory):
     from engine.model import load_model
     from tests.synth import write_model
 
-    path = write_model(Path(tmp_path_factory.mktemp("mlx")) / f"{request.param}.gguf", request.param,
+    arch, mode = request.param
+    path = write_model(Path(tmp_path_factory.mktemp("mlx")) / f"{arch}.gguf", arch,
                        qtype=Q.Q4_1, vocab=50, sliding_window=6, seed=5)
-    model = load_model(path, mb)[1]
+    model = load_model(path, MlxBackend(weights=mode))[1]
     model.source_path = path
     return model
 
@@ -342,16 +352,17 @@ def test_tiny_model_logits_match_numpy(tiny_mlx_model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_name,case", [("SmolLM2-135M-Instruct.Q4_1.gguf", "py_class"),
-                                             ("gemma-3-270m-q4_k_m.gguf", "py_fib")])
-def test_real_model_greedy_matches_llamacpp(request, model_name, case):
+@pytest.mark.parametrize("model_name,case,mode", [("SmolLM2-135M-Instruct.Q4_1.gguf", "py_class", "affine"),
+                                                  ("SmolLM2-135M-Instruct.Q4_1.gguf", "py_class", "float"),
+                                                  ("gemma-3-270m-q4_k_m.gguf", "py_fib", "auto")])
+def test_real_model_greedy_matches_llamacpp(request, model_name, case, mode):
     """Greedy ids on MLX equal llama.cpp's for prompts where float32 engines agree with it."""
     from engine.model import load_model
     from tests.conftest import reference_data
 
     path = request.getfixturevalue("smollm2_path" if model_name.startswith("SmolLM2") else "gemma_path")
     ref = reference_data()["models"][model_name][case]
-    _, model = load_model(path, MlxBackend())
+    _, model = load_model(path, MlxBackend(weights=mode))
     got, _ = _generate(model, ref["prompt_ids"], 10)
     assert got == ref["greedy_ids"][:10]
 

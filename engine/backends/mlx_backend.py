@@ -34,7 +34,7 @@ from engine.gguf_file import QuantTensor
 from kernels.mlx import affine
 
 Q = gguf.GGMLQuantizationType
-WEIGHT_MODES = ("affine", "float")
+WEIGHT_MODES = ("auto", "affine", "float")
 
 
 @dataclass
@@ -100,11 +100,13 @@ class MlxBackend(Backend):
     fixed_rows = 16
 
     def __init__(self, weights: str | None = None, check: bool = True) -> None:
-        mode = weights or os.environ.get("ECHOLINE_MLX_WEIGHTS", "affine")
+        mode = weights or os.environ.get("ECHOLINE_MLX_WEIGHTS", "auto")
         if mode not in WEIGHT_MODES:
             raise ValueError(f"MLX weight mode {mode!r}: choose one of {', '.join(WEIGHT_MODES)}")
-        self.weights = mode
         self.on_metal = bool(mx.metal.is_available())
+        # auto: affine groups on Metal (decode reads weights: 4-8 bits beat 32); float32 on
+        # MLX's CPU build, where quantized_matmul measured half the speed (docs/backends.md).
+        self.weights = mode if mode != "auto" else ("affine" if self.on_metal else "float")
         self.device = str(mx.default_device())
         self.q6k_kernel = False
         if self.on_metal:
