@@ -303,3 +303,30 @@ def test_graph_replay_equals_eager(models, rng):
         out = b.to_host(b.run_graph(("decode", 1), step, [prompt[i : i + 1], np.array([i])]))
         assert np.array_equal(out[0], eager[i]), f"graph step at {i} differs from eager"
     b.drop_graphs()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_forward_graph_path_equals_eager_path(models, arch, rng):
+    """Transformer.forward's graph path (≤ graph_max_rows rows) == eager path, bit for bit,
+    across replays, cache growth (new graphs) and a truncated warm rerun."""
+    gpu, _ = models[arch]
+    b = gpu.backend
+    ids = rng.integers(0, 300, size=60)
+    graph_rows = b.graph_max_rows
+    b.graph_max_rows = 0
+    try:
+        eager = b.to_host(gpu.forward(ids, gpu.new_cache(64)))
+    finally:
+        b.graph_max_rows = graph_rows
+    cache = gpu.new_cache(16)  # grows twice below: graphs of the old buffers must be dropped
+    parts = []
+    for s, e in ((0, 5), (5, 6), (6, 7), (7, 24), (24, 25), (25, 42), (42, 43), (43, 60)):
+        parts.append(b.to_host(gpu.forward(ids[s:e], cache)))
+    assert np.array_equal(np.concatenate(parts), eager)
+    for start in (50, 45, 52):  # warm reruns replay the same graphs
+        cache.truncate(start)
+        rows = b.to_host(gpu.forward(ids[start : start + 3], cache))
+        assert np.array_equal(rows, eager[start : start + 3])
+    cache.truncate(55)
+    last = b.to_host(gpu.forward(ids[55:60], cache, all_logits=False))
+    assert np.array_equal(last[0], eager[59])

@@ -15,7 +15,8 @@ CuPy is imported here and nowhere else in the engine (optional extra ``echoline[
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,6 +113,12 @@ class CupyBackend(Backend):
 
     name = "cuda"
     batch_invariant = True
+    #: graphs bake buffer addresses: caches must be plain linear buffers (no window rings)
+    linear_cache_only = True
+    #: Transformer.forward replays a graph for up to this many rows (decode and verify)
+    graph_max_rows = 17
+    #: 4 columns per warp (multi-row products) once a launch has this many blocks per SM
+    wide_min_blocks_per_sm = 2
 
     def __init__(self) -> None:
         if cupy.cuda.runtime.getDeviceCount() < 1:
@@ -124,6 +131,10 @@ class CupyBackend(Backend):
         self._pos_host: np.ndarray | None = None
         self._pos_dev: Any = None
         self._graphs: dict[Any, CapturedGraph] = {}
+        # graphs that read one owner's buffers (a KV cache): freed with the owner
+        self._owned: weakref.WeakKeyDictionary[Any, tuple[Hashable, dict[Any, CapturedGraph]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._uploads: dict[tuple[str, int, int, int], tuple[np.ndarray, Any]] = {}
 
     # ---- kernels -------------------------------------------------------------------------
@@ -248,11 +259,11 @@ class CupyBackend(Backend):
         if n == 0:
             return out
         tile = _row_tile(n)
-        cols_per_warp = 1 if tile <= 2 else _COLS_PER_WARP
         for seg in w.segments:
+            cols_per_warp = self._cols_per_warp(tile, seg.rows)
             per_block = _MM_WARPS * cols_per_warp
             grid = ((seg.rows + per_block - 1) // per_block,)
-            self._k(f"mm_{seg.kernel}_r{tile}")(
+            self._k(f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}")(
                 grid,
                 (32 * _MM_WARPS,),
                 (
@@ -268,6 +279,17 @@ class CupyBackend(Backend):
                 ),
             )
         return out
+
+    def _cols_per_warp(self, tile: int, out_rows: int) -> int:
+        """Output columns per warp: several only when the launch still fills the chip.
+
+        Any choice gives bit-identical values (it moves work between warps, not the
+        order of a reduction), so this is purely a speed decision.
+        """
+        if tile <= 2:
+            return 1
+        blocks = out_rows // (_MM_WARPS * _COLS_PER_WARP)
+        return _COLS_PER_WARP if blocks >= self.wide_min_blocks_per_sm * self._sm_count else 1
 
     def rms_norm(self, x: Array, weight: Any, eps: float) -> Any:
         d = int(x.shape[-1])
@@ -446,7 +468,14 @@ class CupyBackend(Backend):
         cupy.cuda.Device().synchronize()
 
     # ---- CUDA graphs ---------------------------------------------------------------------
-    def run_graph(self, key: Any, fn: Callable[..., Any], inputs: Sequence[np.ndarray]) -> Any:
+    def run_graph(
+        self,
+        key: Any,
+        fn: Callable[..., Any],
+        inputs: Sequence[np.ndarray],
+        owner: Any = None,
+        generation: Hashable = None,
+    ) -> Any:
         """fn(*device_inputs) → device array, replayed as a CUDA graph cached under ``key``.
 
         ``inputs`` are small host arrays (token ids, positions) with fixed shapes per
@@ -459,30 +488,50 @@ class CupyBackend(Backend):
         ``fn`` must decide launch shapes from shapes only and must not read device
         values on the host (every op of this backend obeys that when it is given the
         device inputs), and write_cache must receive the positions array, not an int.
-        Growing or replacing a KV cache invalidates graphs: call ``drop_graphs``.
+        Growing or replacing a KV cache invalidates graphs: call ``drop_graphs``, or
+        pass ``owner`` (the cache: its graphs die with it) and ``generation`` (what
+        identifies its buffers, e.g. capacity): a new generation drops the old graphs.
         """
-        cached = self._graphs.get(key)
+        store = self._graphs
+        if owner is not None:
+            held = self._owned.get(owner)
+            if held is None or held[0] != generation:
+                if held is not None:
+                    self.synchronize()
+                held = (generation, {})
+                self._owned[owner] = held
+            store = held[1]
+        cached = store.get(key)
         if cached is not None:
-            for buf, host in zip(cached.inputs, inputs, strict=True):
-                buf.set(
-                    np.ascontiguousarray(host, dtype=buf.dtype).reshape(buf.shape),
-                    stream=cached.stream,
-                )
+            packed = self._pack(inputs)
+            if packed.shape != cached.inputs[0].shape:
+                raise EcholineError(f"graph {key!r} was captured for other input shapes")
+            cached.inputs[0].set(packed, stream=cached.stream)  # one copy for all inputs
             cached.graph.launch(stream=cached.stream)
             return cached.output
         pool = cupy.cuda.MemoryPool()
         stream = cupy.cuda.Stream(non_blocking=False)
         with stream:
             with cupy.cuda.using_allocator(pool.malloc):
-                statics = [cupy.asarray(np.ascontiguousarray(h, dtype=np.int32)) for h in inputs]
+                packed = cupy.asarray(self._pack(inputs))
+                statics, at = [], 0
+                for h in inputs:
+                    size = int(np.size(h))
+                    statics.append(packed[at : at + size])
+                    at += size
                 eager = fn(*statics)
             result = cupy.array(eager, copy=True)  # default pool: stays out of the graph's
             del eager
             stream.synchronize()
             with cupy.cuda.using_allocator(pool.malloc):
                 output = self._capture(stream, fn, statics)
-        self._graphs[key] = CapturedGraph(output[0], statics, output[1], pool, stream)
+        store[key] = CapturedGraph(output[0], [packed], output[1], pool, stream)
         return result
+
+    @staticmethod
+    def _pack(inputs: Sequence[np.ndarray]) -> np.ndarray:
+        """All graph inputs as one int32 host array (one host-to-device copy per replay)."""
+        return np.concatenate([np.asarray(h, dtype=np.int32).reshape(-1) for h in inputs])
 
     @staticmethod
     def _capture(stream: Any, fn: Callable[..., Any], statics: list[Any]) -> tuple[Any, Any]:
@@ -501,3 +550,4 @@ class CupyBackend(Backend):
         """Forget captured graphs (after a cache grows or weights change)."""
         self.synchronize()
         self._graphs.clear()
+        self._owned.clear()

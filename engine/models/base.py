@@ -99,6 +99,8 @@ class Transformer:
         b, c = self.backend, self.config
         ids = np.asarray(ids, dtype=np.int64)
         n = len(ids)
+        if 0 < n <= getattr(b, "graph_max_rows", 0) and not cache.ring:
+            return self._forward_graph(ids, cache, all_logits)
         start = cache.length
         cache.ensure(start + n)
         positions = np.arange(start, start + n, dtype=np.int64)
@@ -112,6 +114,33 @@ class Transformer:
             x = x[n - 1 :]
         x = b.rms_norm(x, self.output_norm, c.rms_eps)
         return b.matmul(x, self.output)
+
+    def _forward_graph(self, ids: np.ndarray, cache: KVCache, all_logits: bool) -> Any:
+        """``forward`` replayed as a captured graph (backends with ``run_graph``: CUDA).
+
+        One graph per row count and cache buffers; ids and positions are its only
+        inputs, so every step (decode, verify) replays it. The logits it returns are
+        a static buffer: read them before the next forward with the same row count.
+        """
+        b, c = self.backend, self.config
+        n, start = len(ids), cache.length
+        cache.ensure(start + n)
+
+        def step(ids_dev: Any, pos_dev: Any) -> Any:
+            x = b.embed(self.embedding, ids_dev)
+            if self.embed_scale:
+                x = b.scale(x, math.sqrt(c.d_model))
+            for li, lw in enumerate(self.layers):
+                x = self._block(x, li, lw, cache, pos_dev, pos_dev)
+            if not all_logits:
+                x = x[n - 1 :]
+            return b.matmul(b.rms_norm(x, self.output_norm, c.rms_eps), self.output)
+
+        positions = np.arange(start, start + n, dtype=np.int32)
+        generation = (cache.capacity, id(cache.k[0]))
+        logits = b.run_graph(("forward", n, all_logits), step, [ids, positions], owner=cache, generation=generation)
+        cache.advance(start, n)
+        return logits
 
     def _block(self, x: Any, li: int, lw: LayerWeights, cache: KVCache, start: int, positions: np.ndarray) -> Any:
         b, c = self.backend, self.config

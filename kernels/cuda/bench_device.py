@@ -158,23 +158,21 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         cache.truncate(context)
         b.argmax(model.forward(prompt[-1:], cache))
 
+    b.graph_max_rows = 0  # eager: one Python launch per op
     eager_step()
     t_eager = median_time(eager_step, reps)
+    b.graph_max_rows = type(b).graph_max_rows
     lines.append(f"  eager decode      {t_eager * 1e3:8.3f} ms  {1 / t_eager:8.1f} tok/s")
 
-    def step(ids_dev, pos_dev):
-        x = b.embed(model.embedding, ids_dev)
-        for li, lw in enumerate(model.layers):
-            x = model._block(x, li, lw, cache, pos_dev, pos_dev)
-        x = b.rms_norm(x, model.output_norm, model.config.rms_eps)
-        return b.argmax_device(b.matmul(x, model.output))
-
-    cache.truncate(context)
+    # the engine's own path: Transformer.forward (graph for <= graph_max_rows rows) + argmax
     timings = {}
     for k in ks:
         ids = prompt[-k:]
-        pos = np.arange(context, context + k)
-        run = lambda k=k, ids=ids, pos=pos: b.run_graph(("bench", k), step, [ids, pos]).get()  # noqa: E731
+
+        def run(ids=ids) -> np.ndarray:
+            cache.truncate(context)
+            return b.argmax(model.forward(ids, cache, all_logits=True))
+
         first = run()
         second = run()
         assert np.array_equal(first, second), "graph replay differs from its eager run"
@@ -238,6 +236,14 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
         }
         parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in ops.items()]
         lines.append(f"  ops n={n:<2d} (us): " + ", ".join(parts))
+        if n > 2:  # columns per warp: 1 everywhere vs 4 everywhere (default: by grid size)
+            keep = b.wide_min_blocks_per_sm
+            for label, policy in (("c1", 10**9), ("c4", 0)):
+                b.wide_min_blocks_per_sm = policy
+                mm = {k: v for k, v in ops.items() if k.startswith("mm")}
+                parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
+                lines.append(f"  ops n={n:<2d} {label} (us): " + ", ".join(parts))
+            b.wide_min_blocks_per_sm = keep
     return lines
 
 
@@ -255,7 +261,7 @@ def main() -> int:
     report = []
     for name in args.models.split(","):
         report += bench(name, args.context, args.reps, ks, out)
-        print("\n".join(report[-(len(ks) + 2) :]), flush=True)
+        print("\n".join(report[-(len(ks) + 6) :]), flush=True)
     print("\n== summary ==\n" + "\n".join(report))
     return 0
 
