@@ -149,8 +149,9 @@ class EcholineServer(LanguageServer):
     async def load_model(self) -> None:
         s = self.settings
         self._loaded_key = s.engine_key()
-        token = await self.progress_begin("echoline", f"Loading model {s.model}")
+        # Queue the load first: from here on, requests see "loading" and wait for it.
         job = self.worker.load(s.model, backend=s.backend, kv_budget_bytes=s.kv_budget_bytes)
+        token = await self.progress_begin("echoline", f"Loading model {s.model}")
         self.send_status(f"loading {s.model}")
         t0 = time.monotonic()
         try:
@@ -215,6 +216,7 @@ class EcholineServer(LanguageServer):
             self.index.max_total_bytes = new.max_index_bytes
             threading.Thread(target=self.index.scan, daemon=True).start()
         if self._loaded_key is not None and new.engine_key() != self._loaded_key:
+            self._loaded_key = new.engine_key()
             asyncio.ensure_future(self.load_model())
 
     # ---- workspace index ---------------------------------------------------------------
@@ -339,6 +341,15 @@ async def on_initialized(ls: EcholineServer, params: types.InitializedParams) ->
     ls.loop = asyncio.get_running_loop()
     ls.start_index()
     asyncio.ensure_future(ls.load_model())
+
+
+def on_shutdown(ls: EcholineServer, *args: Any) -> None:
+    """Stop generating and watching; the process exits on ``exit``."""
+    for job in list(ls.jobs_by_msg.values()):
+        job.request_cancel()
+    if ls.index is not None:
+        ls.index.stop()
+    ls.worker.stop()
 
 
 def on_did_open(ls: EcholineServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -555,6 +566,14 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     if req["mode"] == "preview":
         ls.progress_end(token, "preview ready")
         return {"applied": False, "reason": "preview", "edit": _converter.unstructure(edit), **base}
+    if outcome.finish_reason == "length":
+        ls.progress_end(token, "reply truncated; not applied")
+        return {
+            "applied": False,
+            "reason": f"the reply reached maxTokens ({settings.max_tokens}) before its end; "
+            "edit not applied (raise echoline.maxTokens or select less)",
+            **base,
+        }
     current = ls.workspace.text_documents.get(uri)
     if current is None or current.version != version:
         now = None if current is None else current.version
@@ -604,6 +623,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             )
         except Exception:
             out["sourceMemoryBytes"] = None
+    out["recentJobs"] = [job.summary() for job in list(ls.worker.finished)]
     return out
 
 
@@ -612,6 +632,7 @@ def create_server(loader: Any = None) -> EcholineServer:
     ls = EcholineServer(loader)
     ls.feature(types.INITIALIZE)(on_initialize)
     ls.feature(types.INITIALIZED)(on_initialized)
+    ls.feature(types.SHUTDOWN)(on_shutdown)
     ls.feature(types.TEXT_DOCUMENT_DID_OPEN)(on_did_open)
     ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)(on_did_change)
     ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)(on_did_close)

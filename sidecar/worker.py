@@ -47,10 +47,24 @@ class Job:
     superseded: bool = False
     started_at: float | None = None
     finished_at: float | None = None
+    cancel_at: float | None = None
 
     def request_cancel(self, superseded: bool = False) -> None:
         self.superseded = self.superseded or superseded
+        if self.cancel_at is None:
+            self.cancel_at = time.monotonic()
         self.cancel.set()
+
+    def summary(self) -> dict[str, Any]:
+        """Timing of a finished job; ``stopLatencyS``: cancel request -> job returned."""
+        stop = None
+        if self.cancel_at is not None and self.finished_at is not None and self.started_at is not None:
+            stop = round(max(0.0, self.finished_at - max(self.cancel_at, self.started_at)), 4)
+        run = None
+        if self.started_at is not None and self.finished_at is not None:
+            run = round(self.finished_at - self.started_at, 4)
+        return {"kind": self.kind, "cancelled": self.cancel_at is not None,
+                "superseded": self.superseded, "runS": run, "stopLatencyS": stop}
 
 
 class EngineWorker:
@@ -70,6 +84,7 @@ class EngineWorker:
         self.state = "idle"
         self.error: str | None = None
         self.model_label: str | None = None
+        self.finished: deque[Job] = deque(maxlen=8)  # recent generation jobs, for status
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="echoline-engine", daemon=True)
         self._thread.start()
@@ -214,6 +229,8 @@ class EngineWorker:
         finally:
             job.finished_at = time.monotonic()
             self._running = None
+            if job.kind in ("inline", "rewrite"):
+                self.finished.append(job)
             self._forget(job)
 
     def _forget(self, job: Job) -> None:
