@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from lsprotocol import types
@@ -248,6 +249,13 @@ class EcholineServer(LanguageServer):
             self.index.open_buffer(uri, doc.source)
 
 
+@dataclass
+class InlineOutcome:
+    text: str | None  # None: stopped by a cancel or a newer request
+    stats: dict[str, Any]
+    mode: str
+
+
 # ---- helpers on documents -----------------------------------------------------------------
 
 
@@ -406,7 +414,7 @@ async def on_inline_completion(
     def removed_ws(generated: str) -> str:
         return unheal(generated, removed)
 
-    def job(engine: Any, cancel: threading.Event) -> tuple[str, dict[str, Any], str] | None:
+    def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
         prompt = inline_prompt(engine, healed, suffix)
         ended = threading.Event()
 
@@ -423,20 +431,19 @@ async def on_inline_completion(
             on_token=on_token,
             cancel=cancel,
         )
+        stats = result.stats.as_dict()
         if result.finish_reason == "cancelled" and not ended.is_set():
-            return None
-        text = removed_ws(result.text)
-        return finish_completion(text, indent), result.stats.as_dict(), prompt.mode
-
+            return InlineOutcome(None, stats, prompt.mode)
+        return InlineOutcome(finish_completion(removed_ws(result.text), indent), stats, prompt.mode)
 
     try:
         out = await ls.run_job(job, kind="inline", key=("inline", uri))
     except JobCancelled:
         out = None
-    if out is None:  # superseded (or cancelled): an empty answer
+    if out is None or out.text is None:  # superseded (or cancelled): an empty answer
         return types.InlineCompletionList(items=[])
-    completion, stats, _mode = out
-    ls.note_stats(stats)
+    completion = out.text
+    ls.note_stats(out.stats)
     if not completion:
         return types.InlineCompletionList(items=[])
     # The item replaces from the cursor to the end of the line when the rest of the line is

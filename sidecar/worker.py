@@ -48,6 +48,7 @@ class Job:
     started_at: float | None = None
     finished_at: float | None = None
     cancel_at: float | None = None
+    step_s: float | None = None  # mean seconds per decode round, when the result says
 
     def request_cancel(self, superseded: bool = False) -> None:
         self.superseded = self.superseded or superseded
@@ -64,7 +65,8 @@ class Job:
         if self.started_at is not None and self.finished_at is not None:
             run = round(self.finished_at - self.started_at, 4)
         return {"kind": self.kind, "cancelled": self.cancel_at is not None,
-                "superseded": self.superseded, "runS": run, "stopLatencyS": stop}
+                "superseded": self.superseded, "runS": run, "stopLatencyS": stop,
+                "stepS": self.step_s}
 
 
 class EngineWorker:
@@ -225,6 +227,7 @@ class EngineWorker:
         except BaseException as exc:  # report everything to the awaiting handler
             job.future.set_exception(exc)
         else:
+            job.step_s = _mean_step(result)
             job.future.set_result(result)
         finally:
             job.finished_at = time.monotonic()
@@ -237,3 +240,12 @@ class EngineWorker:
         with self._cond:
             if job.key is not None and self._by_key.get(job.key) is job:
                 del self._by_key[job.key]
+
+
+def _mean_step(result: Any) -> float | None:
+    """Seconds per decode round from a result carrying ``stats`` (GenerationStats.as_dict())."""
+    stats = getattr(result, "stats", None)
+    if not isinstance(stats, dict) or not stats.get("rounds"):
+        return None
+    decode = float(stats.get("total_s", 0.0)) - float(stats.get("ttft_s", 0.0))
+    return round(max(decode, 0.0) / stats["rounds"], 4)
