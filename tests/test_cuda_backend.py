@@ -323,10 +323,9 @@ def test_forward_graph_path_equals_eager_path(models, arch, rng):
     for s, e in ((0, 5), (5, 6), (6, 7), (7, 24), (24, 25), (25, 42), (42, 43), (43, 60)):
         parts.append(b.to_host(gpu.forward(ids[s:e], cache)))
     assert np.array_equal(np.concatenate(parts), eager)
-    for start in (50, 45, 52):  # warm reruns replay the same graphs
+    for start in (50, 45, 40):  # warm reruns replay the same graphs
         cache.truncate(start)
         rows = b.to_host(gpu.forward(ids[start : start + 3], cache))
         assert np.array_equal(rows, eager[start : start + 3])
-    cache.truncate(55)
-    last = b.to_host(gpu.forward(ids[55:60], cache, all_logits=False))
-    assert np.array_equal(last[0], eager[59])
+    last = b.to_host(gpu.forward(ids[43:48], cache, all_logits=False))
+    assert np.array_equal(last[0], eager[47])

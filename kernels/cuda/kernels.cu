@@ -50,19 +50,33 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
                 int col = min(col0 + cc, out_rows - 1);  // duplicate the last column, never stored
                 dq8<QT>(W + (long long)col * row_bytes, c, w[cc]);
             }
+            // Input rows are loaded XB at a time before any arithmetic: one load in
+            // flight per row had each chunk wait 16 cache round trips at 16 rows.
+            constexpr int XB = R < (C == 1 ? 8 : 4) ? R : (C == 1 ? 8 : 4);
 #pragma unroll
-            for (int j = 0; j < R; ++j) {
-                if (r0 + j < n) {
-                    const float4* xp = reinterpret_cast<const float4*>(X + (long long)(r0 + j) * ldx) + 2 * c;
-                    float4 a = xp[0], b = xp[1];
+            for (int jb = 0; jb < R; jb += XB) {
+                float4 xa[XB], xb[XB];
 #pragma unroll
-                    for (int cc = 0; cc < C; ++cc) {
-                        float s = acc[j][cc];
-                        s = fmaf(w[cc][0], a.x, s); s = fmaf(w[cc][1], a.y, s);
-                        s = fmaf(w[cc][2], a.z, s); s = fmaf(w[cc][3], a.w, s);
-                        s = fmaf(w[cc][4], b.x, s); s = fmaf(w[cc][5], b.y, s);
-                        s = fmaf(w[cc][6], b.z, s); s = fmaf(w[cc][7], b.w, s);
-                        acc[j][cc] = s;
+                for (int u = 0; u < XB; ++u) {
+                    int row = min(r0 + jb + u, n - 1);  // past n: a valid row, never used
+                    const float4* xp = reinterpret_cast<const float4*>(X + (long long)row * ldx) + 2 * c;
+                    xa[u] = xp[0];
+                    xb[u] = xp[1];
+                }
+#pragma unroll
+                for (int u = 0; u < XB; ++u) {
+                    int j = jb + u;
+                    if (r0 + j < n) {
+                        float4 a = xa[u], b = xb[u];
+#pragma unroll
+                        for (int cc = 0; cc < C; ++cc) {
+                            float s = acc[j][cc];
+                            s = fmaf(w[cc][0], a.x, s); s = fmaf(w[cc][1], a.y, s);
+                            s = fmaf(w[cc][2], a.z, s); s = fmaf(w[cc][3], a.w, s);
+                            s = fmaf(w[cc][4], b.x, s); s = fmaf(w[cc][5], b.y, s);
+                            s = fmaf(w[cc][6], b.z, s); s = fmaf(w[cc][7], b.w, s);
+                            acc[j][cc] = s;
+                        }
                     }
                 }
             }
@@ -208,11 +222,17 @@ extern "C" __global__ void __launch_bounds__(256)
     int jn = min(S, pmax + 1 - j0);
     float* Ks = smem;
     float* Vs = smem + S * (hd + 1);
-    for (int t = threadIdx.x; t < jn * hd; t += blockDim.x) {
-        int jj = t / hd, d = t % hd;
+    // 16-byte loads, several in flight per thread (the K tile is padded: scalar stores)
+    int hd4 = hd >> 2;
+#pragma unroll 4
+    for (int t = threadIdx.x; t < jn * hd4; t += blockDim.x) {
+        int jj = t / hd4, d = (t - jj * hd4) << 2;
         long long src = ((long long)(j0 + jj) * KVH + g) * hd + d;
-        Ks[jj * (hd + 1) + d] = Kc[src];
-        Vs[jj * hd + d] = Vc[src];
+        float4 kv = *reinterpret_cast<const float4*>(Kc + src);
+        float4 vv = *reinterpret_cast<const float4*>(Vc + src);
+        float* kd = Ks + jj * (hd + 1) + d;
+        kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
+        *reinterpret_cast<float4*>(Vs + jj * hd + d) = vv;
     }
     __syncthreads();
     int group = H / KVH;
@@ -301,30 +321,30 @@ extern "C" __global__ void attn_combine(const float* Opart, const float* Mpart, 
     int lo = window > 0 ? max(0, p - window + 1) : 0;
     int s0 = lo / S, s1 = p / S;
     long long base = ((long long)i * H + h) * nsplit;
-    // Loads go out 8 splits at a time (independent), the sums stay in split order:
+    // Loads go out 16 splits at a time (independent), the sums stay in split order:
     // a serial load-then-add loop waited one L2 round trip per split (~20 us at 2k keys).
     float M = -INFINITY;
     int s = s0;
-    for (; s + 8 <= s1 + 1; s += 8) {
-        float mv[8];
+    for (; s + 16 <= s1 + 1; s += 16) {
+        float mv[16];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) mv[u] = Mpart[base + s + u];
+        for (int u = 0; u < 16; ++u) mv[u] = Mpart[base + s + u];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) M = fmaxf(M, mv[u]);
+        for (int u = 0; u < 16; ++u) M = fmaxf(M, mv[u]);
     }
     for (; s <= s1; ++s) M = fmaxf(M, Mpart[base + s]);
     float o = 0.0f, L = 0.0f;
     s = s0;
-    for (; s + 8 <= s1 + 1; s += 8) {
-        float mv[8], lv[8], ov[8];
+    for (; s + 16 <= s1 + 1; s += 16) {
+        float mv[16], lv[16], ov[16];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < 16; ++u) {
             mv[u] = Mpart[base + s + u];
             lv[u] = Lpart[base + s + u];
             ov[u] = Opart[(base + s + u) * hd + d];
         }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
+        for (int u = 0; u < 16; ++u) {
             float f = expf(__fsub_rn(mv[u], M));
             L = fmaf(lv[u], f, L);
             o = fmaf(ov[u], f, o);
