@@ -226,6 +226,13 @@ def test_backend_matches_numpy_backend() -> None:
     assert grown.shape == (10, 2, 8) and grown[1:3].sum() == 32 and grown[3:].sum() == 0
     assert np.array_equal(cb.scale(np.ones(3), 0.5), np.full(3, 0.5, np.float32))
     assert cb.batch_invariant and cb.name == "cpu"
+    # empty batches are legal and cost nothing
+    w = cb.prepare_matrix([t])
+    assert cb.matmul(np.zeros((0, 64), np.float32), w).shape == (0, 100)
+    q = np.zeros((0, 2, 8), np.float32)
+    assert cb.attention(q, cache, cache, np.zeros(0, np.int64), 0, 1.0).shape == (0, 16)
+    with pytest.raises(ValueError):
+        cb.attention(np.zeros((1, 2, 8), np.float32), cache, cache, np.array([4]), 0, 1.0)
 
 
 REAL = Path(os.path.expanduser("~/.cache/echoline/models/SmolLM2-135M-Instruct.Q4_1.gguf"))

@@ -150,8 +150,12 @@ def attention(
     """
     n, nh, hd = q.shape
     out = np.empty((n, nh * hd), dtype=np.float32)
+    if n == 0:
+        return out
+    if positions.shape[0] != n or int(positions.min()) < 0 or int(positions.max()) >= k.shape[0]:
+        raise ValueError("attention: positions must be one per row and inside the cache")
     sc = np.float32(scale)
-    work = n * nh * (int(positions.max()) + 1 if n else 0)
+    work = n * nh * (int(positions.max()) + 1)
     if work >= PARALLEL_ATTENTION_WORK:
         _attention_parallel(q, k, v, positions, window, sc, out)
     else:
