@@ -71,6 +71,9 @@ def varied_prompts(eng: Engine) -> list[tuple[list[int], tuple[str, ...]]]:
         "How do I reverse a string in Python?",
         "Explain recursion to a child.",
         "Say hello.",
+        "What does HTTP stand for?",
+        "Name a prime number larger than 10.",
+        "Translate 'good morning' into French.",
     ]
     prompts: list[tuple[list[int], tuple[str, ...]]] = []
     for s in snippets:
