@@ -267,6 +267,18 @@ def line_body(line: str) -> str:
     return line.rstrip("\r\n")
 
 
+def completion_end(pos: types.Position, rest_of_line: str, completion: str) -> types.Position:
+    """Where an inline item's range ends: the end of the cursor's line when the rest of
+    that line is blank or repeated at the end of the completion's first line (an
+    auto-closed ")" the model wrote too), so accepting it does not duplicate text;
+    otherwise the cursor itself (a pure insertion)."""
+    first = completion.split("\n", 1)[0]
+    tail = rest_of_line.strip()
+    if rest_of_line and (not tail or first.rstrip().endswith(tail)):
+        return types.Position(line=pos.line, character=pos.character + utf16_len(rest_of_line))
+    return pos
+
+
 def check_position(doc: TextDocument, pos: types.Position, what: str) -> int:
     """Offset (code points) of a client position; a clear error when it is out of bounds."""
     lines = doc.lines
@@ -446,12 +458,7 @@ async def on_inline_completion(
     ls.note_stats(out.stats)
     if not completion:
         return types.InlineCompletionList(items=[])
-    # The item replaces from the cursor to the end of the line when the rest of the line is
-    # blank or is repeated at the end of the completion's first line (e.g. auto-closed ")").
-    end = pos
-    first = completion.split("\n", 1)[0]
-    if rest_of_line and (not rest_of_line.strip() or first.rstrip().endswith(rest_of_line.strip())):
-        end = types.Position(line=pos.line, character=pos.character + utf16_len(rest_of_line))
+    end = completion_end(pos, rest_of_line, completion)
     item = types.InlineCompletionItem(insert_text=completion, range=types.Range(start=pos, end=end))
     return types.InlineCompletionList(items=[item])
 

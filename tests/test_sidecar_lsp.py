@@ -488,50 +488,6 @@ async def test_bad_requests_get_clear_errors_and_server_keeps_serving(
     assert st["state"] == "ready"
 
 
-def test_code_action_carries_rewrite_command() -> None:
-    """Called in-process: pygls' client-side converter turns any CodeAction carrying a
-    command into a bare Command (lsprotocol union hook), so the wire shape is checked here."""
-    from types import SimpleNamespace
-
-    from lsprotocol.converters import get_converter
-    from pygls.workspace import TextDocument
-
-    from sidecar.server import on_code_action
-
-    uri = "file:///tmp/ca.py"
-    ls = SimpleNamespace(
-        workspace=SimpleNamespace(text_documents={uri: TextDocument(uri, FIB, version=3)})
-    )
-    params = types.CodeActionParams(
-        text_document=types.TextDocumentIdentifier(uri=uri),
-        range=types.Range(
-            start=types.Position(line=0, character=0), end=types.Position(line=2, character=0)
-        ),
-        context=types.CodeActionContext(diagnostics=[]),
-    )
-    actions = get_converter().unstructure(on_code_action(ls, params))
-    assert len(actions) == 1
-    act = actions[0]
-    assert act["kind"] == "refactor.rewrite" and act["title"].startswith("Rewrite with echoline")
-    assert act["command"]["command"] == "echoline.rewrite"
-    arg = act["command"]["arguments"][0]
-    assert arg == {
-        "uri": uri,
-        "version": 3,
-        "range": rng(0, 0, 2, 0),
-        "instruction": "",
-        "mode": "apply",
-    }
-    empty = types.CodeActionParams(
-        text_document=params.text_document,
-        range=types.Range(
-            start=types.Position(line=1, character=0), end=types.Position(line=1, character=0)
-        ),
-        context=params.context,
-    )
-    assert on_code_action(ls, empty) == []
-
-
 async def test_bad_setting_is_reported_and_previous_kept(lsp: LanguageClient) -> None:
     n = len(lsp.messages)
     lsp.workspace_did_change_configuration(

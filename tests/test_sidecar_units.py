@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from lsprotocol import types
 
 from sidecar import config as cfg
 from sidecar.__main__ import parse_hostport
@@ -16,11 +17,13 @@ from sidecar.prompts import (
     finish_completion,
     fit_selection,
     heal_prefix,
+    inline_prompt,
     rewrite_prompt,
     strip_fence,
     unheal,
 )
 from sidecar.rewrite_cli import parse_range
+from sidecar.server import completion_end
 from sidecar.worker import EngineWorker, JobCancelled
 
 
@@ -159,3 +162,86 @@ def test_heal_prefix_round_trip() -> None:
     assert unheal("return 1", " ") == "return 1"
     assert unheal("\n    y = 1", " ") == "\n    y = 1"
     assert unheal("abc", "") == "abc"
+
+
+FIB = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+
+
+def rng(l1: int, c1: int, l2: int, c2: int) -> dict:
+    return {"start": {"line": l1, "character": c1}, "end": {"line": l2, "character": c2}}
+
+
+def test_code_action_carries_rewrite_command() -> None:
+    """Called in-process: pygls' client-side converter turns any CodeAction carrying a
+    command into a bare Command (lsprotocol union hook), so the wire shape is checked here."""
+    from types import SimpleNamespace
+
+    from lsprotocol.converters import get_converter
+    from pygls.workspace import TextDocument
+
+    from sidecar.server import on_code_action
+
+    uri = "file:///tmp/ca.py"
+    ls = SimpleNamespace(
+        workspace=SimpleNamespace(text_documents={uri: TextDocument(uri, FIB, version=3)})
+    )
+    params = types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        range=types.Range(
+            start=types.Position(line=0, character=0), end=types.Position(line=2, character=0)
+        ),
+        context=types.CodeActionContext(diagnostics=[]),
+    )
+    actions = get_converter().unstructure(on_code_action(ls, params))
+    assert len(actions) == 1
+    act = actions[0]
+    assert act["kind"] == "refactor.rewrite" and act["title"].startswith("Rewrite with echoline")
+    assert act["command"]["command"] == "echoline.rewrite"
+    arg = act["command"]["arguments"][0]
+    assert arg == {
+        "uri": uri,
+        "version": 3,
+        "range": rng(0, 0, 2, 0),
+        "instruction": "",
+        "mode": "apply",
+    }
+    empty = types.CodeActionParams(
+        text_document=params.text_document,
+        range=types.Range(
+            start=types.Position(line=1, character=0), end=types.Position(line=1, character=0)
+        ),
+        context=params.context,
+    )
+    assert on_code_action(ls, empty) == []
+
+
+
+class CharTokenizer:
+    """One token per character; FIM ids 1..3 when ``fim`` is set."""
+
+    def __init__(self, fim: bool) -> None:
+        from types import SimpleNamespace
+
+        self.fim = SimpleNamespace(prefix=1, suffix=2, middle=3) if fim else None
+
+    def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        return ([0] if add_bos is not False else []) + [ord(c) for c in text]
+
+
+def test_inline_prompt_fim_and_prefix() -> None:
+    from types import SimpleNamespace
+
+    fim = inline_prompt(SimpleNamespace(tokenizer=CharTokenizer(True)), "ab", "cd")
+    assert fim.mode == "fim" and fim.ids == [1, ord("a"), ord("b"), 2, ord("c"), ord("d"), 3]
+    plain = inline_prompt(SimpleNamespace(tokenizer=CharTokenizer(False)), "x" * 7000 + "\nab", "cd")
+    assert plain.mode == "prefix" and plain.ids[0] == 0 and plain.ids[-2:] == [ord("a"), ord("b")]
+    assert len(plain.ids) < 6100  # trimmed to the budget
+
+
+def test_completion_range_end() -> None:
+    pos = types.Position(line=3, character=10)
+    assert completion_end(pos, "", "x)") == pos
+    assert completion_end(pos, ")", "a, b)") == types.Position(line=3, character=11)
+    assert completion_end(pos, "   ", "x") == types.Position(line=3, character=13)
+    assert completion_end(pos, " + y", "x") == pos
+    assert completion_end(pos, "é)", "1é)") == types.Position(line=3, character=12)
