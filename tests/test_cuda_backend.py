@@ -329,3 +329,27 @@ def test_forward_graph_path_equals_eager_path(models, arch, rng):
         assert np.array_equal(rows, eager[start : start + 3])
     last = b.to_host(gpu.forward(ids[43:48], cache, all_logits=False))
     assert np.array_equal(last[0], eager[47])
+
+
+def test_graph_forwards_queued_without_reads_stay_ordered(models, rng):
+    """The doctor's pattern: fresh caches, a prefix decoded without reading any logits
+    (nothing synchronizes), then k rows. Graph replays must stay ordered with the
+    next graph's first run (they once ran on separate streams and raced)."""
+    gpu, _ = models["llama"]
+    b = gpu.backend
+    ids = rng.integers(0, 300, size=48)
+
+    def rows(k: int) -> np.ndarray:
+        cache = gpu.new_cache(len(ids) + 8)
+        for t in ids[:32]:
+            gpu.forward([t], cache, all_logits=False)
+        return b.to_host(gpu.forward(ids[32 : 32 + k], cache))[0]
+
+    graph_rows = b.graph_max_rows
+    b.graph_max_rows = 0
+    try:
+        want = rows(1)
+    finally:
+        b.graph_max_rows = graph_rows
+    for k in (1, 2, 8, 16, 1):
+        assert np.array_equal(rows(k), want), f"{k} rows after a queued prefix"

@@ -506,25 +506,27 @@ class CupyBackend(Backend):
             packed = self._pack(inputs)
             if packed.shape != cached.inputs[0].shape:
                 raise EcholineError(f"graph {key!r} was captured for other input shapes")
-            cached.inputs[0].set(packed, stream=cached.stream)  # one copy for all inputs
-            cached.graph.launch(stream=cached.stream)
+            # One stream for everything (the caller's): graphs replayed on private streams
+            # raced each other (one graph's cache writes vs the next one's reads).
+            current = cupy.cuda.get_current_stream()
+            cached.inputs[0].set(packed, stream=current)  # one copy for all inputs
+            cached.graph.launch(stream=current)
             return cached.output
         pool = cupy.cuda.MemoryPool()
-        stream = cupy.cuda.Stream(non_blocking=False)
-        with stream:
-            with cupy.cuda.using_allocator(pool.malloc):
-                packed = cupy.asarray(self._pack(inputs))
-                statics, at = [], 0
-                for h in inputs:
-                    size = int(np.size(h))
-                    statics.append(packed[at : at + size])
-                    at += size
-                eager = fn(*statics)
-            result = cupy.array(eager, copy=True)  # default pool: stays out of the graph's
-            del eager
-            stream.synchronize()
-            with cupy.cuda.using_allocator(pool.malloc):
-                output = self._capture(stream, fn, statics)
+        with cupy.cuda.using_allocator(pool.malloc):  # eager run on the caller's stream
+            packed = cupy.asarray(self._pack(inputs))
+            statics, at = [], 0
+            for h in inputs:
+                size = int(np.size(h))
+                statics.append(packed[at : at + size])
+                at += size
+            eager = fn(*statics)
+        result = cupy.array(eager, copy=True)  # default pool: stays out of the graph's
+        del eager
+        self.synchronize()
+        stream = cupy.cuda.Stream(non_blocking=True)  # capture only: nothing runs on it
+        with stream, cupy.cuda.using_allocator(pool.malloc):
+            output = self._capture(stream, fn, statics)
         store[key] = CapturedGraph(output[0], [packed], output[1], pool, stream)
         return result
 
