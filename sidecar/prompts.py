@@ -69,10 +69,16 @@ def rewrite_prompt(
         context += "\n"
     label = PurePosixPath(name).name if name else "the file"
     stable = f"Here is {label}:\n{FENCE}{lang}\n{context}{FENCE}\n\n"
-    # Measured on SmolLM2-135M: the instruction right before the fenced selection, with
-    # the answer primed by an opening fence, is what it follows (a "Selected code:" block
-    # followed by "Task: …" made it copy the selection unchanged).
-    volatile = f"{instr}\n{FENCE}{lang}\n{body}\n{FENCE}"
+    # Measured on SmolLM2-135M (the default), with the answer primed by an opening fence:
+    # - reproducing: the instruction BEFORE the fenced selection copies it exactly (with the
+    #   instruction after it, the model dropped a docstring);
+    # - changing: the fenced selection, THEN the instruction, is what it follows in a file
+    #   with several functions (with the instruction first it edited the wrong function).
+    # Both keep the file first, so the cached prefix is the same.
+    if instruction.strip():
+        volatile = f"Rewrite this code:\n{FENCE}{lang}\n{body}\n{FENCE}\n{instr}"
+    else:
+        volatile = f"{instr}\n{FENCE}{lang}\n{body}\n{FENCE}"
     messages = [{"role": "user", "content": stable + volatile}]
     prime = f"{FENCE}{lang}\n"
     plain = f"{stable}{volatile}\n\nRewritten code:\n{prime}"

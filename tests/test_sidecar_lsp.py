@@ -276,20 +276,17 @@ async def test_rewrite_preview_returns_versioned_edit(lsp: LanguageClient, works
 
 
 @pytest.mark.slow
-async def test_rewrite_with_instruction_renames_parameter(
-    lsp: LanguageClient, workspace: Path
-) -> None:
+async def test_rewrite_with_instruction_renames_parameter(lsp: LanguageClient, workspace: Path) -> None:
     sel = "def scale(x, t):\n    return x * t\n"
-    uri = open_doc(lsp, workspace, sel)
+    text = "import math\n\n" + FIB + "\n\n" + sel + "\n\nprint(fibonacci(10))\n"
+    uri = open_doc(lsp, workspace, text)
     res = await rewrite(
-        lsp,
-        uri=uri,
-        version=1,
-        range=rng(0, 0, 2, 0),
-        instruction="Rename the parameter t to weight.",
-        mode="preview",
+        lsp, uri=uri, version=1, range=rng(9, 0, 11, 0),
+        instruction="Rename the parameter t to weight.", mode="preview",
     )
     assert res["text"] == "def scale(x, weight):\n    return x * weight\n", res["text"]
+    edit = res["edit"]["documentChanges"][0]["edits"][0]
+    assert edit["range"] == rng(9, 0, 11, 0)
 
 
 async def test_stale_version_refused_and_text_kept(lsp: LanguageClient, workspace: Path) -> None:

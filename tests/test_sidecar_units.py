@@ -53,9 +53,11 @@ def test_rewrite_prompt_layout_file_first() -> None:
     assert content.index(text) < content.index(volatile)
     assert p.prime == "```python\n"
     # the stable part does not depend on the selection or the instruction
-    q = rewrite_prompt(text, 0, 9, "rename", name="file:///w/m.py")
+    q = rewrite_prompt(text, start, len(text), "rename t", name="file:///w/m.py")
     stable = content[: content.index(volatile)]
-    assert q.messages[0]["content"].startswith(stable)
+    qc = q.messages[0]["content"]
+    assert qc.startswith(stable)
+    assert qc.endswith("```python\ndef f(t):\n    return t\n```\nrename t")
 
 
 def test_strip_fence_and_fit() -> None:
