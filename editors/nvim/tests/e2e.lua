@@ -134,7 +134,11 @@ elseif scenario == 'preview' then
   vim.cmd('write')
 elseif scenario == 'ghost' then
   local row, col = lines_env('ECHOLINE_TEST_ROW'), lines_env('ECHOLINE_TEST_COL')
+  -- Insert mode puts the cursor after the last character; normal mode (this script)
+  -- needs 'virtualedit' for that.
+  vim.o.virtualedit = 'onemore'
   vim.api.nvim_win_set_cursor(0, { row, col })
+  record.cursor_before = vim.api.nvim_win_get_cursor(0)
   local got, answered = nil, false
   echoline.suggest(bufnr, {
     on_result = function(s)
@@ -152,7 +156,7 @@ elseif scenario == 'ghost' then
   end
   local d = marks[1][4]
   record.extmark = { row = marks[1][2], col = marks[1][3], virt_text = d.virt_text, virt_lines = d.virt_lines }
-  record.suggestion = { text = got.text, suffix = got.suffix }
+  record.suggestion = { text = got.text, suffix = got.suffix, range = got.range }
   if vim.bo[bufnr].modified then
     fail('showing ghost text modified the buffer')
   end
@@ -205,17 +209,20 @@ elseif scenario == 'cancel' then
   vim.wait(tonumber(env.ECHOLINE_TEST_SETTLE_MS or '3000'), function() return false end, 50)
   record.buffer = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
   record.modified = vim.bo[bufnr].modified
-  -- The server must still answer after the cancel.
-  local ok_after = false
+  -- The server must still answer after the cancel (not stuck behind the cancelled job).
+  local answered, after_err = false, nil
   local c = echoline.client(bufnr)
   require('echoline.compat').request(c, 'textDocument/inlineCompletion', {
     textDocument = { uri = uri },
-    position = { line = 0, character = 0 },
+    position = { line = 1, character = 4 },
     context = { triggerKind = 1 },
   }, function(err)
-    ok_after = err == nil
+    answered = true
+    after_err = err and tostring(err.message) or nil
   end, bufnr)
-  wait('a request after the cancel', function() return ok_after end)
+  wait('a request after the cancel', function() return answered end, 60000)
+  record.after_cancel_error = after_err
+  local ok_after = answered and after_err == nil
   record.server_alive = ok_after
   vim.cmd('write')
 else

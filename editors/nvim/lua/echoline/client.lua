@@ -60,7 +60,10 @@ local function on_apply_edit(err, params, ctx)
       end
     end
   end
-  return vim.lsp.handlers['workspace/applyEdit'](err, params, ctx)
+  -- Without the label: the default handler would print it on every rewrite.
+  local quiet = vim.deepcopy(params)
+  quiet.label = nil
+  return vim.lsp.handlers['workspace/applyEdit'](err, quiet, ctx)
 end
 
 local function root_dir(bufnr)
