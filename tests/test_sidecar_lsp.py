@@ -287,6 +287,10 @@ async def test_rewrite_with_instruction_renames_parameter(lsp: LanguageClient, w
     assert res["text"] == "def scale(x, weight):\n    return x * weight\n", res["text"]
     edit = res["edit"]["documentChanges"][0]["edits"][0]
     assert edit["range"] == rng(9, 0, 11, 0)
+    # a second request on the same file reuses the cached file part of the prompt
+    # (SmolLM2-135M does not copy this one exactly: it drops the docstring; not checked)
+    again = await rewrite(lsp, uri=uri, version=1, range=rng(2, 0, 7, 0), mode="preview")
+    assert again["stats"]["reused_tokens"] >= 100, again["stats"]
 
 
 async def test_stale_version_refused_and_text_kept(lsp: LanguageClient, workspace: Path) -> None:
