@@ -3,13 +3,13 @@
 import * as vscode from 'vscode';
 import {
   ClientCapabilities,
+  DidChangeConfigurationNotification,
   Executable,
   FeatureState,
   LanguageClient,
   LanguageClientOptions,
   ServerOptions,
   StaticFeature,
-  TransportKind,
 } from 'vscode-languageclient/node';
 import { inlineCompletionsEnabled, serverCommand, serverSettings } from './config';
 import { RewriteProgressParams, ServerEvents } from './events';
@@ -40,15 +40,15 @@ class NoServerProgress implements StaticFeature {
 function createClient(log: vscode.LogOutputChannel, events: ServerEvents, rewriter: () => Rewriter): LanguageClient {
   const { command, args } = serverCommand();
   const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath;
-  const exe: Executable = { command, args, transport: TransportKind.stdio, options: { cwd } };
+  // No `transport`: with TransportKind.stdio the client appends `--stdio`, which
+  // `echoline serve` rejects; without it, stdio is used all the same.
+  const exe: Executable = { command, args, options: { cwd } };
   const serverOptions: ServerOptions = { run: exe, debug: exe };
   log.info(`starting server: ${[command, ...args].join(' ')}`);
 
   const clientOptions: LanguageClientOptions = {
     documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
     initializationOptions: serverSettings(),
-    // Sends workspace/didChangeConfiguration {settings: {echoline: {...}}} on change.
-    synchronize: { configurationSection: 'echoline' },
     outputChannel: log,
     middleware: {
       provideInlineCompletionItems: (document, position, context, token, next) =>
@@ -117,6 +117,13 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.workspace.onDidChangeConfiguration((e) => {
       if (e.affectsConfiguration('echoline')) {
         log.info('settings changed');
+      }
+      // Only the keys the server knows (it reports unknown ones as errors).
+      const serverKeys = ['model', 'backend', 'speculation', 'maxTokens', 'kvBudgetMB'];
+      if (client?.isRunning() && serverKeys.some((k) => e.affectsConfiguration(`echoline.${k}`))) {
+        void client.sendNotification(DidChangeConfigurationNotification.type, {
+          settings: { echoline: serverSettings() },
+        });
       }
       if (e.affectsConfiguration('echoline.command') || e.affectsConfiguration('echoline.pythonPath')) {
         void vscode.window

@@ -120,6 +120,8 @@ async function main() {
     // --- inline suggestion: trigger, see the ghost text, commit ---------------
     if (env.E2E_GHOST_LINE) {
       await gotoLine(page, Number(env.E2E_GHOST_LINE), true);
+      // Delete the end of the line so that there is something obvious to complete.
+      for (let i = 0; i < Number(env.E2E_GHOST_BACKSPACE || 0); i++) await page.keyboard.press('Backspace');
       if (env.E2E_GHOST_TYPE) await page.keyboard.type(env.E2E_GHOST_TYPE);
       await palette(page, 'Trigger Inline Suggestion');
       const ghost = page.locator('.monaco-editor .ghost-text-decoration, .monaco-editor .ghost-text-decoration-preview, .monaco-editor .ghost-text');
@@ -197,17 +199,21 @@ async function main() {
       await page.keyboard.press('Enter');
       step('preview requested');
       const dialog = page.locator('.monaco-dialog-box', { hasText: 'Apply the echoline rewrite?' });
-      await dialog.waitFor({ state: 'visible', timeout: TIMEOUT });
-      await page.locator('.monaco-diff-editor').first().waitFor({ state: 'visible', timeout: 15000 });
-      await page.waitForTimeout(500);
-      out.previewDiff = await page.locator('.monaco-diff-editor .editor.modified .view-lines').first().innerText()
-        .then((t) => t.replace(/\u00a0/g, ' '))
-        .catch(() => '');
-      if (env.E2E_PREVIEW_SCREENSHOT) await page.screenshot({ path: env.E2E_PREVIEW_SCREENSHOT });
-      step('preview shown');
-      const before = extensionLog().split('rewrite accepted').length;
-      await dialog.locator('.monaco-button', { hasText: 'Accept' }).first().click();
-      await waitFor('the accepted rewrite', () => extensionLog().split('rewrite accepted').length > before, 15000);
+      const noChange = page.locator('.notification-toast', { hasText: 'proposed no change' });
+      await waitFor('the preview (or "no change")', async () =>
+        (await dialog.isVisible().catch(() => false)) || (await noChange.isVisible().catch(() => false)), TIMEOUT);
+      if (await dialog.isVisible()) {
+        await page.locator('.monaco-diff-editor').first().waitFor({ state: 'visible', timeout: 15000 });
+        await page.waitForTimeout(500);
+        if (env.E2E_PREVIEW_SCREENSHOT) await page.screenshot({ path: env.E2E_PREVIEW_SCREENSHOT });
+        step('preview shown');
+        const before = extensionLog().split('rewrite accepted').length;
+        await dialog.locator('.monaco-button', { hasText: 'Accept' }).first().click();
+        await waitFor('the accepted rewrite', () => extensionLog().split('rewrite accepted').length > before, 15000);
+        out.previewOutcome = 'accepted';
+      } else {
+        out.previewOutcome = 'no change';
+      }
       await page.waitForTimeout(300);
       await page.keyboard.press('Control+S');
       await waitFor('the saved file', async () => (await page.locator('.tab.dirty').count()) === 0, 15000);
