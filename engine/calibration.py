@@ -47,7 +47,8 @@ def row_times(model: Transformer, context: int, ks: Sequence[int], reps: int = 3
     for start in range(0, context, 256):
         model.forward(ids[start : min(context, start + 256)], cache, all_logits=False)
     samples: dict[int, list[float]] = {k: [] for k in ks}
-    time_forward(model, cache, ids[context : context + 1])  # warm-up
+    for k in ks:  # warm-up: first use of a row count may compile or capture a graph
+        time_forward(model, cache, ids[context : context + k])
     for rep in range(reps):
         for k in ks if rep % 2 == 0 else list(reversed(ks)):
             samples[k].append(time_forward(model, cache, ids[context : context + k]))

@@ -428,6 +428,8 @@ async def on_inline_completion(
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
         prompt = inline_prompt(engine, healed, suffix)
+        if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
+            return InlineOutcome(None, {}, prompt.mode)
         ended = threading.Event()
 
         def on_token(ev: Any) -> None:

@@ -194,6 +194,14 @@ async def test_index_skips_secrets_and_reports_memory(lsp: LanguageClient, works
 
 
 @pytest.mark.slow
+async def test_inline_completion_at_document_start_is_empty(lsp: LanguageClient, workspace: Path) -> None:
+    """Nothing before the cursor (SmolLM2 adds no BOS): an empty list, not an error."""
+    uri = open_doc(lsp, workspace, "x = 1\n")
+    res = await lsp.text_document_inline_completion_async(inline_params(uri, 0, 0))
+    assert res is not None and len(res.items) == 0
+
+
+@pytest.mark.slow
 async def test_inline_completion_at_cursor(lsp: LanguageClient, workspace: Path) -> None:
     text = "def add(a, b):\n    \n"
     uri = open_doc(lsp, workspace, text)
