@@ -14,7 +14,7 @@ def lerp(a, b, t):
 
 def blend(c1, c2, t):
     """Blend two RGB colours given as (r, g, b) tuples."""
-    return tuple(lerp(x, y, t) for x, y in zip(c1, c2))
+    return tuple(lerp(x, y, t) for x, y in zip(c1, c2, strict=True))
 
 
 def grey(colour):

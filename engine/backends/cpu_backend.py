@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.base import Array, Backend
+from engine.backends.host_cache import HostCacheMixin
 from engine.gguf_file import QuantTensor
 from kernels.cpu import ops
 from kernels.cpu.embed import embed_rows
@@ -20,7 +21,7 @@ def _f32(x: Array) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-class CpuBackend(Backend):
+class CpuBackend(HostCacheMixin, Backend):
     """numba kernels; weights as int8 + per-block float32 scale/offset."""
 
     name = "cpu"
@@ -72,16 +73,3 @@ class CpuBackend(Backend):
     def scale(self, x, factor: float) -> np.ndarray:
         return np.asarray(x, dtype=np.float32) * np.float32(factor)
 
-    def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
-        return np.zeros((capacity, n_kv_heads, head_dim), dtype=np.float32)
-
-    def write_cache(self, cache: np.ndarray, start: int, rows) -> None:
-        cache[start : start + rows.shape[0]] = rows
-
-    def grow_cache(self, cache: np.ndarray, capacity: int) -> np.ndarray:
-        new = np.zeros((capacity,) + cache.shape[1:], dtype=cache.dtype)
-        new[: cache.shape[0]] = cache
-        return new
-
-    def to_host(self, x) -> np.ndarray:
-        return np.asarray(x)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.base import Array, Backend
+from engine.backends.host_cache import HostCacheMixin
 from engine.gguf_file import QuantTensor
 
 
@@ -36,7 +37,7 @@ def rope_tables(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.n
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-class NumpyBackend(Backend):
+class NumpyBackend(HostCacheMixin, Backend):
     """float32 numpy, one GEMV per row; ``dtype=np.float64`` gives the high-precision reference."""
 
     name = "numpy"
@@ -44,6 +45,7 @@ class NumpyBackend(Backend):
 
     def __init__(self, dtype: type = np.float32) -> None:
         self.dtype = np.dtype(dtype)
+        self.cache_dtype = self.dtype
 
     def prepare_matrix(self, tensors: list[QuantTensor]) -> np.ndarray:
         mats = [t.dequantize().reshape(t.rows, t.cols).astype(self.dtype) for t in tensors]
@@ -120,17 +122,3 @@ class NumpyBackend(Backend):
 
     def scale(self, x, factor: float) -> np.ndarray:
         return np.asarray(x, dtype=self.dtype) * self.dtype.type(factor)
-
-    def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
-        return np.zeros((capacity, n_kv_heads, head_dim), dtype=self.dtype)
-
-    def write_cache(self, cache: np.ndarray, start: int, rows) -> None:
-        cache[start : start + rows.shape[0]] = rows
-
-    def grow_cache(self, cache: np.ndarray, capacity: int) -> np.ndarray:
-        new = np.zeros((capacity,) + cache.shape[1:], dtype=cache.dtype)
-        new[: cache.shape[0]] = cache
-        return new
-
-    def to_host(self, x) -> np.ndarray:
-        return np.asarray(x)
