@@ -66,73 +66,416 @@ def rope_apply(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> n
     return out
 
 
-_LANES = 16
+# ---- attention ---------------------------------------------------------------------------------
+# Three stages, each parallel over work items whose results never mix rows:
+#   1. scores: one task per (KV head, block of KEY_BLOCK keys). The block of K is transposed
+#      once into a (hd, KEY_BLOCK) tile and shared by every query head of the group and every
+#      row that sees any of its keys. Each score is ONE sequential chain over d
+#      (s = 0; s += q[d] * k[d] for d = 0..hd-1; then s * scale): vectorized across keys,
+#      never across d, so its bits are the same in any tile, at any row count.
+#   2. softmax: per (row, head), max pass, a vectorizable exp (below), then the float32 sum
+#      in key order.
+#   3. P·V: one task per (KV head, slice of VALUE_LANES output dims); for each key in order,
+#      V[j] is loaded once and added, weighted, into every query of the group that sees it.
+#      Each output element is one chain over its row's keys in key order, divided by the sum.
+# Blocks and slices are fixed by absolute key index and head dimension, never by n.
+
+KEY_BLOCK = 64
+VALUE_LANES = 64
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)  # 9 significant bits: k * _LN2_HI is exact for |k| < 2^15
+_LN2_LO = np.float32(-2.12194440e-4)
+_EXP_MIN = np.float32(-87.0)  # below this exp(x) < 1.7e-38: returned as 0
+_U = np.uint64
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _attend(q, k, v, positions, window, sc, out, pair):
-    """One (row, head) pair: q·k in 16 fixed lanes (lane l takes elements l, l+16, …)
-    summed lane 0..15; float32 softmax with a max pass; probabilities applied to V
-    in key order. Nothing here depends on other rows."""
-    nh, hd = q.shape[1], q.shape[2]
-    group = nh // k.shape[1]
-    full = hd // _LANES * _LANES
+def exp_nonpositive(x: np.ndarray, bits: np.ndarray, lo: int, hi: int) -> None:
+    """x[lo:hi] = exp(x[lo:hi]) in place for x <= 0, in plain float32 arithmetic.
+
+    Why: libm's expf is a scalar call LLVM cannot vectorize; this is Cody-Waite range
+    reduction, a degree-6 polynomial (cephes expf) and an exponent built in ``bits`` (an
+    int32 view of a scratch array, shared with nothing else), all IEEE operations without
+    contraction, so vector and scalar lanes give the same bits. Relative error ≲ 2e-7;
+    x < -87 (and -inf) gives 0. Indices are unsigned so the loops vectorize.
+    """
+    one = np.float32(1.0)
+    half = np.float32(0.5)
+    for j in range(_U(lo), _U(hi)):
+        v0 = x[j]
+        v = max(v0, _EXP_MIN)
+        ki = np.int32(v * _LOG2E - half)  # truncation of a value <= 0.5: round to nearest
+        kf = np.float32(ki)
+        r = v - kf * _LN2_HI
+        r = r - kf * _LN2_LO
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + half
+        x[j] = p * (r * r) + r + one
+        bits[j] = ((ki + np.int32(127)) << np.int32(23)) * np.int32(v0 >= _EXP_MIN)
+    scale = bits.view(np.float32)
+    for j in range(_U(lo), _U(hi)):
+        x[j] = x[j] * scale[j]
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _row_range(p: int, window: int) -> int:
+    """First key a query at position p sees (sliding window or 0)."""
+    if window > 0 and p - window + 1 > 0:
+        return p - window + 1
+    return 0
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _score_block(q, k, positions, window, sc, scores, task):
+    """Scores of every (row, head of the group) against keys [j0, j0 + KEY_BLOCK) of one KV head.
+
+    Why scalars: 32 named accumulators (one per key) stay in SIMD registers (SLP) while
+    d advances; each is its own chain over d, so no order depends on the tile.
+    """
+    n, nh, hd = q.shape
+    nkv = k.shape[1]
+    group = nh // nkv
+    kv = task % nkv
+    j0 = (task // nkv) * KEY_BLOCK
+    jend = min(j0 + KEY_BLOCK, k.shape[0])
+    kt = np.empty((hd, KEY_BLOCK), dtype=np.float32)
+    for d in range(_U(hd)):
+        for jj in range(_U(jend - j0)):
+            kt[d, jj] = k[_U(j0) + jj, kv, d]
+        for jj in range(_U(jend - j0), _U(KEY_BLOCK)):
+            kt[d, jj] = 0.0
+    for i in range(n):
+        p = positions[i]
+        if p < j0 or _row_range(p, window) >= j0 + KEY_BLOCK:
+            continue
+        for h in range(kv * group, (kv + 1) * group):
+            row = scores[i, h]
+            for c0 in range(0, KEY_BLOCK, 32):
+                a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = a16 = a17 = a18 = a19 = a20 = a21 = a22 = a23 = a24 = a25 = a26 = a27 = a28 = a29 = a30 = a31 = np.float32(0.0)
+                for d in range(hd):
+                    qd = q[i, h, d]
+                    a0 += qd * kt[d, c0 + 0]
+                    a1 += qd * kt[d, c0 + 1]
+                    a2 += qd * kt[d, c0 + 2]
+                    a3 += qd * kt[d, c0 + 3]
+                    a4 += qd * kt[d, c0 + 4]
+                    a5 += qd * kt[d, c0 + 5]
+                    a6 += qd * kt[d, c0 + 6]
+                    a7 += qd * kt[d, c0 + 7]
+                    a8 += qd * kt[d, c0 + 8]
+                    a9 += qd * kt[d, c0 + 9]
+                    a10 += qd * kt[d, c0 + 10]
+                    a11 += qd * kt[d, c0 + 11]
+                    a12 += qd * kt[d, c0 + 12]
+                    a13 += qd * kt[d, c0 + 13]
+                    a14 += qd * kt[d, c0 + 14]
+                    a15 += qd * kt[d, c0 + 15]
+                    a16 += qd * kt[d, c0 + 16]
+                    a17 += qd * kt[d, c0 + 17]
+                    a18 += qd * kt[d, c0 + 18]
+                    a19 += qd * kt[d, c0 + 19]
+                    a20 += qd * kt[d, c0 + 20]
+                    a21 += qd * kt[d, c0 + 21]
+                    a22 += qd * kt[d, c0 + 22]
+                    a23 += qd * kt[d, c0 + 23]
+                    a24 += qd * kt[d, c0 + 24]
+                    a25 += qd * kt[d, c0 + 25]
+                    a26 += qd * kt[d, c0 + 26]
+                    a27 += qd * kt[d, c0 + 27]
+                    a28 += qd * kt[d, c0 + 28]
+                    a29 += qd * kt[d, c0 + 29]
+                    a30 += qd * kt[d, c0 + 30]
+                    a31 += qd * kt[d, c0 + 31]
+                row[j0 + c0 + 0] = a0 * sc
+                row[j0 + c0 + 1] = a1 * sc
+                row[j0 + c0 + 2] = a2 * sc
+                row[j0 + c0 + 3] = a3 * sc
+                row[j0 + c0 + 4] = a4 * sc
+                row[j0 + c0 + 5] = a5 * sc
+                row[j0 + c0 + 6] = a6 * sc
+                row[j0 + c0 + 7] = a7 * sc
+                row[j0 + c0 + 8] = a8 * sc
+                row[j0 + c0 + 9] = a9 * sc
+                row[j0 + c0 + 10] = a10 * sc
+                row[j0 + c0 + 11] = a11 * sc
+                row[j0 + c0 + 12] = a12 * sc
+                row[j0 + c0 + 13] = a13 * sc
+                row[j0 + c0 + 14] = a14 * sc
+                row[j0 + c0 + 15] = a15 * sc
+                row[j0 + c0 + 16] = a16 * sc
+                row[j0 + c0 + 17] = a17 * sc
+                row[j0 + c0 + 18] = a18 * sc
+                row[j0 + c0 + 19] = a19 * sc
+                row[j0 + c0 + 20] = a20 * sc
+                row[j0 + c0 + 21] = a21 * sc
+                row[j0 + c0 + 22] = a22 * sc
+                row[j0 + c0 + 23] = a23 * sc
+                row[j0 + c0 + 24] = a24 * sc
+                row[j0 + c0 + 25] = a25 * sc
+                row[j0 + c0 + 26] = a26 * sc
+                row[j0 + c0 + 27] = a27 * sc
+                row[j0 + c0 + 28] = a28 * sc
+                row[j0 + c0 + 29] = a29 * sc
+                row[j0 + c0 + 30] = a30 * sc
+                row[j0 + c0 + 31] = a31 * sc
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _softmax_row(positions, window, scores, bits, totals, pair):
+    """exp(s - max) in place over the row's keys; totals[pair] = their sum.
+
+    The sum runs in 16 lanes (lane e takes keys lo+e, lo+e+16, …, in order), then the lanes
+    0..15 in order, then the tail keys in order: fixed by the row's own key range only.
+    """
+    nh = scores.shape[1]
+    i = pair // nh
+    h = pair - i * nh
+    p = positions[i]
+    lo = _row_range(p, window)
+    row = scores[i, h]
+    mx = row[lo]
+    for j in range(_U(lo + 1), _U(p + 1)):
+        mx = max(mx, row[j])
+    for j in range(_U(lo), _U(p + 1)):
+        row[j] = row[j] - mx
+    exp_nonpositive(row, bits[i, h], lo, p + 1)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = s9 = s10 = s11 = s12 = s13 = s14 = s15 = np.float32(0.0)
+    full = lo + (p + 1 - lo) // 16 * 16
+    for j in range(lo, full, 16):
+        s0 += row[j + 0]
+        s1 += row[j + 1]
+        s2 += row[j + 2]
+        s3 += row[j + 3]
+        s4 += row[j + 4]
+        s5 += row[j + 5]
+        s6 += row[j + 6]
+        s7 += row[j + 7]
+        s8 += row[j + 8]
+        s9 += row[j + 9]
+        s10 += row[j + 10]
+        s11 += row[j + 11]
+        s12 += row[j + 12]
+        s13 += row[j + 13]
+        s14 += row[j + 14]
+        s15 += row[j + 15]
+    total = s0
+    total += s1
+    total += s2
+    total += s3
+    total += s4
+    total += s5
+    total += s6
+    total += s7
+    total += s8
+    total += s9
+    total += s10
+    total += s11
+    total += s12
+    total += s13
+    total += s14
+    total += s15
+    for j in range(full, p + 1):
+        total += row[j]
+    totals[pair] = total
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _weigh_values(v, positions, window, scores, totals, out, task):
+    """out[i, h, d0:d0+VALUE_LANES] = (Σ_j p_j V[j, d0:…] in key order) / sum, one (row, head, slice).
+
+    Why scalars: 64 named accumulators (four independent chains) stay in SIMD registers (SLP), where an
+    array would be stored and reloaded on every key. The narrow-slice path does the same
+    per-element operations, so both give the same bits.
+    """
+    nh, hd = scores.shape[1], v.shape[2]
+    group = nh // v.shape[1]
+    nslice = (hd + VALUE_LANES - 1) // VALUE_LANES
+    pair = task // nslice
+    d0 = (task - pair * nslice) * VALUE_LANES
     i = pair // nh
     h = pair - i * nh
     kv = h // group
     p = positions[i]
-    lo = 0
-    if window > 0 and p - window + 1 > 0:
-        lo = p - window + 1
-    nkeys = p + 1 - lo
-    scores = np.empty(nkeys, dtype=np.float32)
-    acc = np.empty(_LANES, dtype=np.float32)
-    for j in range(nkeys):
-        kj = lo + j
-        for lane in range(_LANES):
-            acc[lane] = 0.0
-        for d0 in range(0, full, _LANES):
-            for lane in range(_LANES):
-                acc[lane] += q[i, h, d0 + lane] * k[kj, kv, d0 + lane]
-        for d in range(full, hd):
-            acc[d - full] += q[i, h, d] * k[kj, kv, d]
-        dot = np.float32(0.0)
-        for lane in range(_LANES):
-            dot += acc[lane]
-        scores[j] = dot * sc
-    mx = scores[0]
-    for j in range(1, nkeys):
-        if scores[j] > mx:
-            mx = scores[j]
-    total = np.float32(0.0)
-    for j in range(nkeys):
-        e = np.exp(scores[j] - mx)
-        scores[j] = e
-        total += e
-    o = out[i, h * hd : (h + 1) * hd]
-    for d in range(hd):
-        o[d] = 0.0
-    for j in range(nkeys):
-        pj = scores[j] / total
-        kj = lo + j
-        for d in range(hd):
-            o[d] += pj * v[kj, kv, d]
+    lo = _row_range(p, window)
+    row = scores[i, h]
+    t = totals[pair]
+    o = out[i, h * hd + d0 : h * hd + min(hd, d0 + VALUE_LANES)]
+    if o.shape[0] == VALUE_LANES:
+        o0 = o1 = o2 = o3 = o4 = o5 = o6 = o7 = o8 = o9 = o10 = o11 = o12 = o13 = o14 = o15 = o16 = o17 = o18 = o19 = o20 = o21 = o22 = o23 = o24 = o25 = o26 = o27 = o28 = o29 = o30 = o31 = o32 = o33 = o34 = o35 = o36 = o37 = o38 = o39 = o40 = o41 = o42 = o43 = o44 = o45 = o46 = o47 = o48 = o49 = o50 = o51 = o52 = o53 = o54 = o55 = o56 = o57 = o58 = o59 = o60 = o61 = o62 = o63 = np.float32(0.0)
+        for j in range(_U(lo), _U(p + 1)):
+            w = row[j]
+            vr = v[j, kv, d0 : d0 + VALUE_LANES]
+            o0 += w * vr[0]
+            o1 += w * vr[1]
+            o2 += w * vr[2]
+            o3 += w * vr[3]
+            o4 += w * vr[4]
+            o5 += w * vr[5]
+            o6 += w * vr[6]
+            o7 += w * vr[7]
+            o8 += w * vr[8]
+            o9 += w * vr[9]
+            o10 += w * vr[10]
+            o11 += w * vr[11]
+            o12 += w * vr[12]
+            o13 += w * vr[13]
+            o14 += w * vr[14]
+            o15 += w * vr[15]
+            o16 += w * vr[16]
+            o17 += w * vr[17]
+            o18 += w * vr[18]
+            o19 += w * vr[19]
+            o20 += w * vr[20]
+            o21 += w * vr[21]
+            o22 += w * vr[22]
+            o23 += w * vr[23]
+            o24 += w * vr[24]
+            o25 += w * vr[25]
+            o26 += w * vr[26]
+            o27 += w * vr[27]
+            o28 += w * vr[28]
+            o29 += w * vr[29]
+            o30 += w * vr[30]
+            o31 += w * vr[31]
+            o32 += w * vr[32]
+            o33 += w * vr[33]
+            o34 += w * vr[34]
+            o35 += w * vr[35]
+            o36 += w * vr[36]
+            o37 += w * vr[37]
+            o38 += w * vr[38]
+            o39 += w * vr[39]
+            o40 += w * vr[40]
+            o41 += w * vr[41]
+            o42 += w * vr[42]
+            o43 += w * vr[43]
+            o44 += w * vr[44]
+            o45 += w * vr[45]
+            o46 += w * vr[46]
+            o47 += w * vr[47]
+            o48 += w * vr[48]
+            o49 += w * vr[49]
+            o50 += w * vr[50]
+            o51 += w * vr[51]
+            o52 += w * vr[52]
+            o53 += w * vr[53]
+            o54 += w * vr[54]
+            o55 += w * vr[55]
+            o56 += w * vr[56]
+            o57 += w * vr[57]
+            o58 += w * vr[58]
+            o59 += w * vr[59]
+            o60 += w * vr[60]
+            o61 += w * vr[61]
+            o62 += w * vr[62]
+            o63 += w * vr[63]
+        o[0] = o0
+        o[1] = o1
+        o[2] = o2
+        o[3] = o3
+        o[4] = o4
+        o[5] = o5
+        o[6] = o6
+        o[7] = o7
+        o[8] = o8
+        o[9] = o9
+        o[10] = o10
+        o[11] = o11
+        o[12] = o12
+        o[13] = o13
+        o[14] = o14
+        o[15] = o15
+        o[16] = o16
+        o[17] = o17
+        o[18] = o18
+        o[19] = o19
+        o[20] = o20
+        o[21] = o21
+        o[22] = o22
+        o[23] = o23
+        o[24] = o24
+        o[25] = o25
+        o[26] = o26
+        o[27] = o27
+        o[28] = o28
+        o[29] = o29
+        o[30] = o30
+        o[31] = o31
+        o[32] = o32
+        o[33] = o33
+        o[34] = o34
+        o[35] = o35
+        o[36] = o36
+        o[37] = o37
+        o[38] = o38
+        o[39] = o39
+        o[40] = o40
+        o[41] = o41
+        o[42] = o42
+        o[43] = o43
+        o[44] = o44
+        o[45] = o45
+        o[46] = o46
+        o[47] = o47
+        o[48] = o48
+        o[49] = o49
+        o[50] = o50
+        o[51] = o51
+        o[52] = o52
+        o[53] = o53
+        o[54] = o54
+        o[55] = o55
+        o[56] = o56
+        o[57] = o57
+        o[58] = o58
+        o[59] = o59
+        o[60] = o60
+        o[61] = o61
+        o[62] = o62
+        o[63] = o63
+    else:
+        for e in range(o.shape[0]):
+            o[e] = 0.0
+        for j in range(lo, p + 1):
+            w = row[j]
+            for e in range(o.shape[0]):
+                o[e] += w * v[j, kv, d0 + e]
+    for e in range(o.shape[0]):
+        o[e] = o[e] / t
 
 
 @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
-def _attention_parallel(q, k, v, positions, window, sc, out):
-    for pair in prange(q.shape[0] * q.shape[1]):
-        _attend(q, k, v, positions, window, sc, out, pair)
+def _attention_parallel(q, k, v, positions, window, sc, scores, bits, totals, out):
+    n, nh, hd = q.shape
+    nkv = k.shape[1]
+    nblocks = scores.shape[2] // KEY_BLOCK
+    for task in prange(nkv * nblocks):
+        _score_block(q, k, positions, window, sc, scores, task)
+    for pair in prange(n * nh):
+        _softmax_row(positions, window, scores, bits, totals, pair)
+    for task in prange(n * nh * ((hd + VALUE_LANES - 1) // VALUE_LANES)):
+        _weigh_values(v, positions, window, scores, totals, out, task)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _attention_serial(q, k, v, positions, window, sc, out):
-    for pair in range(q.shape[0] * q.shape[1]):
-        _attend(q, k, v, positions, window, sc, out, pair)
+def _attention_serial(q, k, v, positions, window, sc, scores, bits, totals, out):
+    n, nh, hd = q.shape
+    nkv = k.shape[1]
+    nblocks = scores.shape[2] // KEY_BLOCK
+    for task in range(nkv * nblocks):
+        _score_block(q, k, positions, window, sc, scores, task)
+    for pair in range(n * nh):
+        _softmax_row(positions, window, scores, bits, totals, pair)
+    for task in range(n * nh * ((hd + VALUE_LANES - 1) // VALUE_LANES)):
+        _weigh_values(v, positions, window, scores, totals, out, task)
 
 
-#: Below this many (pair x key) steps a parallel launch costs more than it saves.
-PARALLEL_ATTENTION_WORK = 4096
+#: Below this many (row x head x key) steps a parallel launch costs more than it saves.
+PARALLEL_ATTENTION_WORK = 8192
 
 
 def attention(
@@ -145,7 +488,7 @@ def attention(
 ) -> np.ndarray:
     """Causal GQA attention of q (n, H, hd) over caches (ctx, KVH, hd); returns (n, H*hd).
 
-    Serial and parallel paths run the same per-pair code, so the choice never
+    Serial and parallel paths run the same per-task code, so the choice never
     changes a bit.
     """
     n, nh, hd = q.shape
@@ -154,12 +497,18 @@ def attention(
         return out
     if positions.shape[0] != n or int(positions.min()) < 0 or int(positions.max()) >= k.shape[0]:
         raise ValueError("attention: positions must be one per row and inside the cache")
+    if nh % k.shape[1] != 0 or k.shape[2] != hd or v.shape != k.shape:
+        raise ValueError("attention: head counts or head dims do not match")
+    nkeys = int(positions.max()) + 1
+    width = (nkeys + KEY_BLOCK - 1) // KEY_BLOCK * KEY_BLOCK
+    scores = np.empty((n, nh, width), dtype=np.float32)
+    bits = np.empty((n, nh, width), dtype=np.int32)
+    totals = np.empty(n * nh, dtype=np.float32)
     sc = np.float32(scale)
-    work = n * nh * (int(positions.max()) + 1)
-    if work >= PARALLEL_ATTENTION_WORK:
-        _attention_parallel(q, k, v, positions, window, sc, out)
+    if n * nh * nkeys >= PARALLEL_ATTENTION_WORK:
+        _attention_parallel(q, k, v, positions, window, sc, scores, bits, totals, out)
     else:
-        _attention_serial(q, k, v, positions, window, sc, out)
+        _attention_serial(q, k, v, positions, window, sc, scores, bits, totals, out)
     return out
 
 
