@@ -165,6 +165,65 @@ def test_attention_rows_invariant_and_close(n, heads, hd, window, seed) -> None:
 
 
 @SETTINGS
+@given(
+    n=st.integers(1, 17),
+    heads=st.sampled_from([(9, 3), (4, 1), (2, 2)]),
+    hd=st.sampled_from([64, 256, 40]),
+    window=st.sampled_from([0, 50, 512]),
+    ctx=st.integers(65, 700),
+    seed=st.integers(0, 99),
+)
+def test_attention_long_context_blocks_rows_invariant(n, heads, hd, window, ctx, seed) -> None:
+    """Many key blocks, partial last block, windows crossing blocks: every row of an n-row
+    call equals that row alone and among a different sub-batch, and is close to numpy."""
+    rng = np.random.default_rng(seed)
+    nh, nkv = heads
+    k = rng.standard_normal((ctx, nkv, hd)).astype(np.float32)
+    v = rng.standard_normal((ctx, nkv, hd)).astype(np.float32)
+    q = (rng.standard_normal((n, nh, hd)) * 2).astype(np.float32)
+    pos = np.sort(rng.integers(0, ctx, size=n))
+    pos[-1] = ctx - 1
+    scale = float(hd) ** -0.5
+    out = ops.attention(q, k, v, pos, window, scale)
+    ref = NumpyBackend().attention(q, k, v, pos, window, scale)
+    assert np.isfinite(out).all() and np.allclose(out, ref, rtol=1e-4, atol=2e-5)
+    for i in range(n):
+        alone = ops.attention(q[i : i + 1], k, v, pos[i : i + 1], window, scale)[0]
+        assert np.array_equal(alone, out[i])
+    sub = np.arange(n)[::2]
+    assert np.array_equal(ops.attention(q[sub], k, v, pos[sub], window, scale), out[sub])
+
+
+def test_attention_serial_and_parallel_paths_equal(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    k = rng.standard_normal((300, 3, 64)).astype(np.float32)
+    v = rng.standard_normal((300, 3, 64)).astype(np.float32)
+    q = rng.standard_normal((5, 9, 64)).astype(np.float32)
+    pos = np.array([3, 100, 250, 298, 299])
+    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1)
+    par = ops.attention(q, k, v, pos, 0, 0.125)
+    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1 << 60)
+    assert np.array_equal(ops.attention(q, k, v, pos, 0, 0.125), par)
+
+
+def test_exp_nonpositive_accurate_and_lane_independent() -> None:
+    rng = np.random.default_rng(3)
+    x = -np.abs(rng.standard_normal(1000) * 30).astype(np.float32)
+    x[:6] = [0.0, -0.0, -1e-30, -86.9, -87.5, -np.inf]
+    y = x.copy()
+    bits = np.empty(1000, np.int32)
+    ops.exp_nonpositive(y, bits, 0, 1000)
+    ref = np.exp(x.astype(np.float64))
+    big = ref > 1e-30
+    assert np.max(np.abs(y[big] - ref[big]) / ref[big]) < 5e-7
+    assert y[0] == 1.0 and y[4] == 0.0 and y[5] == 0.0
+    for lo in (0, 1, 7, 13):  # a value's result never depends on where its loop starts
+        z = x.copy()
+        ops.exp_nonpositive(z, bits, lo, 1000)
+        assert np.array_equal(z[lo:], y[lo:])
+
+
+@SETTINGS
 @given(n=st.integers(1, 12), d=st.integers(1, 300), seed=st.integers(0, 99))
 def test_elementwise_ops_rows_invariant(n: int, d: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
