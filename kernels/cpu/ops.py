@@ -130,7 +130,7 @@ def _row_range(p: int, window: int) -> int:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _score_block(q, k, positions, window, sc, scores, task):
+def _score_block(q, k, positions, window, sc, scores, first_block, task):
     """Scores of every (row, head of the group) against keys [j0, j0 + KEY_BLOCK) of one KV head.
 
     Why scalars: 32 named accumulators (one per key) stay in SIMD registers (SLP) while
@@ -140,8 +140,14 @@ def _score_block(q, k, positions, window, sc, scores, task):
     nkv = k.shape[1]
     group = nh // nkv
     kv = task % nkv
-    j0 = (task // nkv) * KEY_BLOCK
+    j0 = (first_block + task // nkv) * KEY_BLOCK
     jend = min(j0 + KEY_BLOCK, k.shape[0])
+    needed = False
+    for i in range(n):
+        if positions[i] >= j0 and _row_range(positions[i], window) < j0 + KEY_BLOCK:
+            needed = True
+    if not needed:
+        return
     kt = np.empty((hd, KEY_BLOCK), dtype=np.float32)
     for d in range(_U(hd)):
         for jj in range(_U(jend - j0)):
@@ -449,12 +455,12 @@ def _weigh_values(v, positions, window, scores, totals, out, task):
 
 
 @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
-def _attention_parallel(q, k, v, positions, window, sc, scores, bits, totals, out):
+def _attention_parallel(q, k, v, positions, window, sc, first_block, scores, bits, totals, out):
     n, nh, hd = q.shape
     nkv = k.shape[1]
     nblocks = scores.shape[2] // KEY_BLOCK
-    for task in prange(nkv * nblocks):
-        _score_block(q, k, positions, window, sc, scores, task)
+    for task in prange(nkv * (nblocks - first_block)):
+        _score_block(q, k, positions, window, sc, scores, first_block, task)
     for pair in prange(n * nh):
         _softmax_row(positions, window, scores, bits, totals, pair)
     for task in prange(n * nh * ((hd + VALUE_LANES - 1) // VALUE_LANES)):
@@ -462,12 +468,12 @@ def _attention_parallel(q, k, v, positions, window, sc, scores, bits, totals, ou
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _attention_serial(q, k, v, positions, window, sc, scores, bits, totals, out):
+def _attention_serial(q, k, v, positions, window, sc, first_block, scores, bits, totals, out):
     n, nh, hd = q.shape
     nkv = k.shape[1]
     nblocks = scores.shape[2] // KEY_BLOCK
-    for task in range(nkv * nblocks):
-        _score_block(q, k, positions, window, sc, scores, task)
+    for task in range(nkv * (nblocks - first_block)):
+        _score_block(q, k, positions, window, sc, scores, first_block, task)
     for pair in range(n * nh):
         _softmax_row(positions, window, scores, bits, totals, pair)
     for task in range(n * nh * ((hd + VALUE_LANES - 1) // VALUE_LANES)):
@@ -505,10 +511,14 @@ def attention(
     bits = np.empty((n, nh, width), dtype=np.int32)
     totals = np.empty(n * nh, dtype=np.float32)
     sc = np.float32(scale)
-    if n * nh * nkeys >= PARALLEL_ATTENTION_WORK:
-        _attention_parallel(q, k, v, positions, window, sc, scores, bits, totals, out)
+    first = 0  # blocks before every row's window are never read
+    if window > 0:
+        first = max(0, int(positions.min()) - window + 1) // KEY_BLOCK
+    args = (q, k, v, positions, window, sc, first, scores, bits, totals, out)
+    if n * nh * min(nkeys, window if window > 0 else nkeys) >= PARALLEL_ATTENTION_WORK:
+        _attention_parallel(*args)
     else:
-        _attention_serial(q, k, v, positions, window, sc, scores, bits, totals, out)
+        _attention_serial(*args)
     return out
 
 
