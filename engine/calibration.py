@@ -75,7 +75,7 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None) -> V
     limit = model.config.context_length - max(CAL_ROWS) - 16
     contexts = tuple(min(c, max(0, limit)) for c in CAL_CONTEXTS)
     if table is None or sorted(table) != sorted(set(contexts)):
-        table = {c: row_times(model, c, CAL_ROWS, reps=2) for c in sorted(set(contexts))}
+        table = {c: row_times(model, c, CAL_ROWS, reps=3) for c in sorted(set(contexts))}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(table))
