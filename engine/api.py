@@ -174,6 +174,7 @@ class Engine:
                 prefill_chunk=self.prefill_chunk,
                 stats=stats,
                 sampler=sampler,
+                stream=getattr(self.tokenizer, "stream", None),
             )
         except BaseException:
             # The cache's state is unknown after a failure mid-forward: start that buffer afresh.
