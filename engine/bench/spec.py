@@ -117,6 +117,9 @@ def run(args) -> dict:
         "tokens_per_round": round(generated / rounds_total, 3) if rounds_total else 0.0,
         "verify_cost": verify_cost,
         "limit_ratio": round(limit, 2),
+        "per_reply_tokens_per_round": [
+            round(st.generated_tokens / st.rounds, 2) for st in stats[: len(replies["spec"])] if st.rounds
+        ],
         "rounds": rounds,
     }
     print_table(
