@@ -71,11 +71,13 @@ def run(args) -> dict:
             base = engine.generate(original, max_tokens=REPLY_TOKENS, session=key)
             cold_original.append(base.stats.ttft_s)
             warm = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=key)
+            # Cold means no cache at all: drop the session so no prefix can be borrowed from it.
+            engine.sessions.drop(key)
             cold = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=None)
+            assert cold.stats.reused_tokens == 0
             identical &= warm.token_ids == cold.token_ids
             warms.append(warm.stats.ttft_s)
             colds.append(cold.stats.ttft_s)
-            engine.sessions.drop(key)
         cold_ttft[name] = statistics.median(colds)
         warm_ttft[name] = statistics.median(warms)
     result_cases = {
