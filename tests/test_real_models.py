@@ -21,18 +21,29 @@ from tests.conftest import cpu_backend_name, reference_data
 pytestmark = pytest.mark.slow
 
 FILES = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
-_ENGINES: dict[str, Engine] = {}
+_ENGINES: dict[tuple[str, str], Engine] = {}
 
 
-def engine_for(name: str) -> Engine:
-    if name not in _ENGINES:
-        _ENGINES[name] = Engine.load(name, backend=cpu_backend_name())
-    return _ENGINES[name]
+def engine_for(name: str, backend: str | None = None) -> Engine:
+    key = (name, backend or cpu_backend_name())
+    if key not in _ENGINES:
+        _ENGINES[key] = Engine.load(name, backend=key[1])
+    return _ENGINES[key]
 
 
+def _mlx_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mlx") is not None
+
+
+BACKENDS = ["cpu", pytest.param("mlx", marks=pytest.mark.skipif(not _mlx_available(), reason="mlx not installed"))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(FILES))
-def test_agreement_with_llamacpp(name):
-    eng = engine_for(name)
+def test_agreement_with_llamacpp(name, backend):
+    eng = engine_for(name, backend)
     ref = reference_data()["models"][FILES[name]]
     agree = total = 0
     prefixes = {}
@@ -51,11 +62,12 @@ def test_agreement_with_llamacpp(name):
             same += 1
         prefixes[key] = same
     rate = agree / total
-    report = {"model": name, "teacher_forced_agreement": round(rate, 4), "identical_greedy_prefix": prefixes}
+    report = {"model": name, "backend": eng.backend_name, "teacher_forced_agreement": round(rate, 4),
+              "identical_greedy_prefix": prefixes}
     sys.stderr.write(json.dumps(report) + "\n")
     out = Path(__file__).parent / "reports"
     out.mkdir(exist_ok=True)
-    (out / f"llamacpp-agreement-{name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"llamacpp-agreement-{name}-{eng.backend_name}.json").write_text(json.dumps(report, indent=1))
     assert rate >= 0.95, report
 
 
