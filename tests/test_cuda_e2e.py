@@ -30,7 +30,7 @@ if not MODEL.is_file():
     pytest.skip(f"model file {MODEL} not present", allow_module_level=True)
 
 from engine.api import Engine  # noqa: E402
-from tests.test_real_models import varied_prompts  # noqa: E402
+from tests.test_real_models import check_spec_equals_plain  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -72,16 +72,7 @@ def test_gpu_logits_match_numpy_reference(eng):
 
 
 def test_speculative_equals_plain_on_gpu(eng):
-    prompts = varied_prompts(eng)
-    assert len(prompts) >= 20
-    accepted = 0
-    for i, (ids, stop) in enumerate(prompts):
-        max_tokens = 24 + (i % 3) * 7  # budgets that end mid-round
-        plain = eng.generate(ids, max_tokens=max_tokens, stop=stop, spec=False)
-        spec = eng.generate(ids, max_tokens=max_tokens, stop=stop, spec=True)
-        assert spec.token_ids == plain.token_ids, (i, plain.text, spec.text)
-        assert spec.finish_reason == plain.finish_reason
-        accepted += spec.stats.accepted
+    accepted = check_spec_equals_plain(eng)
     assert accepted > 0  # speculation actually ran
 
 

@@ -105,13 +105,8 @@ def varied_prompts(eng: Engine) -> list[tuple[list[int], tuple[str, ...]]]:
     return prompts
 
 
-@pytest.mark.parametrize("name", list(FILES))
-def test_speculative_equals_plain_on_real_prompts(name):
-    eng = engine_for(name)
-    # Exactness, not policy, is under test: a near-flat cost curve makes the controller
-    # verify every draft it gets, so every acceptance path runs whatever this machine's
-    # measured costs are. (The measured controller is exercised by the other tests.)
-    eng._controller = DraftController(VerifyCost.from_ratios([1.0 + 0.01 * r for r in range(18)]), max_draft=16)
+def check_spec_equals_plain(eng: Engine) -> int:
+    """Speculative == plain (token ids, finish reason) on every varied prompt; drafts accepted."""
     prompts = varied_prompts(eng)
     assert len(prompts) >= 20
     accepted = 0
@@ -122,6 +117,17 @@ def test_speculative_equals_plain_on_real_prompts(name):
         assert spec.token_ids == plain.token_ids, (i, plain.text, spec.text)
         assert spec.finish_reason == plain.finish_reason
         accepted += spec.stats.accepted
+    return accepted
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_speculative_equals_plain_on_real_prompts(name):
+    eng = engine_for(name)
+    # Exactness, not policy, is under test: a near-flat cost curve makes the controller
+    # verify every draft it gets, so every acceptance path runs whatever this machine's
+    # measured costs are. (The measured controller is exercised by the other tests.)
+    eng._controller = DraftController(VerifyCost.from_ratios([1.0 + 0.01 * r for r in range(18)]), max_draft=16)
+    accepted = check_spec_equals_plain(eng)
     eng._controller = None  # back to the measured controller for the other tests
     assert accepted > 0  # speculation actually ran on these prompts
 
