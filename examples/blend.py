@@ -1,6 +1,10 @@
 """A small module to try echoline on: colour blending helpers."""
 
 
+def scale(x, t):
+    return x * t
+
+
 def clamp(value, low=0.0, high=1.0):
     """Keep value inside [low, high]."""
     return max(low, min(high, value))
@@ -15,9 +19,3 @@ def lerp(a, b, t):
 def blend(c1, c2, t):
     """Blend two RGB colours given as (r, g, b) tuples."""
     return tuple(lerp(x, y, t) for x, y in zip(c1, c2, strict=True))
-
-
-def grey(colour):
-    """Average of the channels."""
-    r, g, b = colour
-    return (r + g + b) / 3
