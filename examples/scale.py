@@ -1,0 +1,8 @@
+import math
+
+
+def scale(x, t):
+    return x * t
+
+
+print(scale(2, 3))
