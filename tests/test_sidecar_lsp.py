@@ -323,8 +323,14 @@ async def test_stale_version_refused_and_text_kept(lsp: LanguageClient, workspac
 async def test_edit_during_generation_is_not_applied(lsp: LanguageClient, workspace: Path) -> None:
     uri = open_doc(lsp, workspace, FIB)
     lsp.rec.edits.clear()
+    lsp.rec.rewrite_progress.clear()
     task = asyncio.ensure_future(rewrite(lsp, uri=uri, version=1, range=rng(0, 0, 5, 0)))
-    await asyncio.sleep(0.3)
+    # Type as soon as the first tokens stream back (a fixed sleep raced a fast reply).
+    for _ in range(3000):
+        if any(p["uri"] == uri for p in lsp.rec.rewrite_progress) or task.done():
+            break
+        await asyncio.sleep(0.01)
+    assert not task.done(), "the rewrite finished before any progress was seen"
     typed = "# typed while the model was writing\n"
     change_doc(
         lsp,
