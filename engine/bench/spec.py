@@ -24,50 +24,22 @@ def _prompts(engine, kind: str, paths) -> list[list[int]]:
     return [engine.encode(traffic.raw_prompt(m)) for m in sets]
 
 
-def _single_turn(engine, prompts, max_tokens: int, rounds: int):
-    """Returns per-mode lists of (tokens, seconds) per round, and the replies."""
+def _interleave(units, rounds: int):
+    """Run every unit in both modes, rotating which mode goes first each round.
+
+    A unit is a callable ``unit(mode) -> [GenerationResult, ...]`` (one request, or
+    the turns of one conversation). Returns per-mode (tokens, decode seconds) per
+    round, the first round's replies per mode, and every speculative run's stats.
+    """
     per_round = {"plain": [], "spec": []}
     replies = {"plain": [], "spec": []}
     stats = []
     for r in range(rounds):
         order = ("plain", "spec") if r % 2 == 0 else ("spec", "plain")
         totals = {m: [0, 0.0] for m in order}
-        for p in prompts:
+        for unit in units:
             for mode in order:
-                res = engine.generate(p, max_tokens=max_tokens, spec=mode == "spec")
-                n = max(0, res.stats.generated_tokens - 1)
-                totals[mode][0] += n
-                totals[mode][1] += res.stats.decode_s
-                if r == 0:
-                    replies[mode].append(res.token_ids)
-                if mode == "spec":
-                    stats.append(res.stats)
-        for mode in order:
-            per_round[mode].append(totals[mode])
-    return per_round, replies, stats
-
-
-def _chat(engine, max_tokens: int, rounds: int):
-    per_round = {"plain": [], "spec": []}
-    replies = {"plain": [], "spec": []}
-    stats = []
-    for r in range(rounds):
-        order = ("plain", "spec") if r % 2 == 0 else ("spec", "plain")
-        totals = {m: [0, 0.0] for m in order}
-        for ci, turns in enumerate(traffic.CHAT_TURNS):
-            for mode in order:
-                messages: list[dict[str, str]] = []
-                history: list[int] = []
-                for question in turns:
-                    messages.append({"role": "user", "content": question})
-                    if engine.has_chat_template:
-                        prompt = engine.encode_chat(messages)
-                    else:
-                        prompt = history + engine.encode(("\n\n" if history else "") + "Q: " + question + "\nA:")
-                    res = engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec",
-                                          session=f"bench-chat-{mode}-{ci}")
-                    messages.append({"role": "assistant", "content": res.text})
-                    history = prompt + res.token_ids
+                for res in unit(mode):
                     totals[mode][0] += max(0, res.stats.generated_tokens - 1)
                     totals[mode][1] += res.stats.decode_s
                     if r == 0:
@@ -77,6 +49,37 @@ def _chat(engine, max_tokens: int, rounds: int):
         for mode in order:
             per_round[mode].append(totals[mode])
     return per_round, replies, stats
+
+
+def _single_turn(engine, prompts, max_tokens: int, rounds: int):
+    def unit(prompt):
+        return lambda mode: [engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec")]
+
+    return _interleave([unit(p) for p in prompts], rounds)
+
+
+def _chat(engine, max_tokens: int, rounds: int):
+    def conversation(ci: int, turns):
+        def run_turns(mode: str):
+            messages: list[dict[str, str]] = []
+            history: list[int] = []
+            results = []
+            for question in turns:
+                messages.append({"role": "user", "content": question})
+                if engine.has_chat_template:
+                    prompt = engine.encode_chat(messages)
+                else:
+                    prompt = history + engine.encode(("\n\n" if history else "") + "Q: " + question + "\nA:")
+                res = engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec",
+                                      session=f"bench-chat-{mode}-{ci}")
+                messages.append({"role": "assistant", "content": res.text})
+                history = prompt + res.token_ids
+                results.append(res)
+            return results
+
+        return run_turns
+
+    return _interleave([conversation(ci, t) for ci, t in enumerate(traffic.CHAT_TURNS)], rounds)
 
 
 def run(args) -> dict:
