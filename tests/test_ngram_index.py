@@ -47,6 +47,9 @@ def test_matches_brute_force(data, max_n: int, built) -> None:
         else:
             idx.set_source(sid, toks)
             srcs[sid] = list(toks)
+        # Look up between updates too: a lookup caches the search order, and a later
+        # replacement must not leave the old source object in it.
+        _check(idx, srcs, data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=40)))
     for _ in range(8):
         ctx = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=40))
         _check(idx, srcs, ctx)
@@ -142,6 +145,24 @@ def test_incremental_extend_equals_set_source() -> None:
     for t in toks * 5:
         c.extend_source("reply", [t])
     assert len(c._sources["reply"].runs) <= 6
+
+
+def test_replaced_pinned_sources_are_searched_after_a_lookup() -> None:
+    """Each request replaces "prompt" and "reply"; drafts must come from the new ones.
+
+    Regression: the cached search order kept the first request's source objects, so every
+    later request drafted from the first request's prompt and reply.
+    """
+    idx = NgramIndex()
+    idx.set_source("prompt", [1, 2, 3, 4])
+    idx.set_source("reply", [])
+    assert idx.draft([1, 2], 2).tokens == [3, 4]
+    idx.set_source("prompt", [1, 2, 7, 8])
+    idx.set_source("reply", [])
+    assert idx.draft([1, 2], 2).tokens == [7, 8]
+    idx.extend_source("reply", [5, 6, 9, 5, 6])
+    d = idx.draft([9, 5, 6], 2)
+    assert (d.source, d.tokens) == ("reply", [9, 5])
 
 
 def test_remove_and_replace() -> None:

@@ -374,6 +374,9 @@ class NgramIndex:
             self._total -= old.nbytes
         self._sources[src.sid] = src
         self._total += src.nbytes
+        # The cached order holds source objects: a replaced one (even a pinned "prompt" or
+        # "reply") must not be searched any more, so the order is rebuilt.
+        self._order = None
         self._touch(src)
         self._enforce_cap(src)
 
