@@ -16,7 +16,7 @@ from engine.backends import BACKEND_NAMES
 from engine.errors import EcholineError
 from engine.models_registry import DEFAULT_MODEL
 
-BENCH_KINDS = ("decode", "spec", "cache")
+BENCH_KINDS = ("decode", "spec", "cache", "lsp")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -51,9 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("kind", choices=BENCH_KINDS)
     _add_model_args(b)
     b.add_argument("--traffic", choices=("copy", "edit", "chat"), default="copy", help="bench spec only")
-    b.add_argument("--source", action="append", default=[], help="bench spec: source file(s) to copy/edit")
+    b.add_argument("--source", action="append", default=[],
+                   help="bench spec: source file(s) to copy/edit; bench lsp: the file to rewrite (the first)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     b.add_argument("--max-tokens", type=int, default=256)
+    b.add_argument("--instruction", default="", help="bench lsp: the rewrite instruction ('' = reproduce)")
 
     d = sub.add_parser("doctor", help="check batch invariance of this backend on this machine")
     _add_model_args(d)
@@ -147,6 +149,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from engine.bench.decode import run
     elif args.kind == "spec":
         from engine.bench.spec import run
+    elif args.kind == "lsp":
+        from sidecar.bench_lsp import run
     else:
         from engine.bench.cache import run
     result = run(args)
