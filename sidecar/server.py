@@ -510,10 +510,11 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     text = doc.source
     version = req["version"]
     instruction = req["instruction"]
-    token = await ls.progress_begin(
-        "echoline rewrite", instruction or "reproduce selection", cancellable=True
-    )
     last = [0.0]
+    # The job is queued BEFORE the work-done progress is created: creating it is a
+    # round trip to the client, which must not delay the first token. Reports that
+    # come before the token exists wait in ``pending`` (the latest one wins).
+    prog: dict[str, Any] = {"token": None, "pending": None}
 
     def report(p: Progress) -> None:  # worker thread
         now = time.monotonic()
@@ -521,6 +522,14 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             return
         last[0] = now
         ls.from_thread(send_progress, p)
+
+    def send_report(token: str, p: Progress) -> None:
+        ls.work_done_progress.report(
+            token,
+            types.WorkDoneProgressReport(
+                message=f"{p.tokens} tokens, {p.tok_s:.1f} tok/s, acceptance {p.acceptance:.0%}\n{p.text}",
+            ),
+        )
 
     def send_progress(p: Progress) -> None:  # event loop
         payload = {
@@ -531,13 +540,10 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             "acceptance": round(p.acceptance, 4),
         }
         ls.protocol.notify(NOTIFY_REWRITE_PROGRESS, payload)
-        if token is not None:
-            ls.work_done_progress.report(
-                token,
-                types.WorkDoneProgressReport(
-                    message=f"{p.tokens} tokens, {p.tok_s:.1f} tok/s, acceptance {p.acceptance:.0%}\n{p.text}",
-                ),
-            )
+        if prog["token"] is not None:
+            send_report(prog["token"], p)
+        else:
+            prog["pending"] = p
 
     settings = ls.settings
 
@@ -549,17 +555,29 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         )
 
     msg_id = ls.protocol.msg_id
-    if token is not None:  # the client's cancel button on the progress bar
+    running = asyncio.ensure_future(ls.run_job(job, kind="rewrite"))
+    try:
+        token = await ls.progress_begin(
+            "echoline rewrite", instruction or "reproduce selection", cancellable=True
+        )
+    except asyncio.CancelledError:
+        running.cancel()
+        raise
+    if token is not None:
+        prog["token"] = token
+        if prog["pending"] is not None:
+            send_report(token, prog["pending"])
         fut = ls.work_done_progress.tokens.get(token)
-        if fut is not None:
+        if fut is not None:  # the client's cancel button on the progress bar
             fut.add_done_callback(lambda f: ls.cancel_request(msg_id) if f.cancelled() else None)
 
     try:
-        outcome = await ls.run_job(job, kind="rewrite")
+        outcome = await running
     except JobCancelled:
         ls.progress_end(token, "cancelled")
         return {"applied": False, "reason": "cancelled", "text": "", "stats": {}}
     except asyncio.CancelledError:
+        running.cancel()
         ls.progress_end(token, "cancelled")
         raise
     except Exception as exc:
