@@ -29,3 +29,27 @@ def test_measured_curve_is_cached_and_plausible(tmp_path, monkeypatch):
     assert list((tmp_path / "cache" / "echoline" / "calibration").glob("*.json"))
     again = measure_verify_cost(model, path)  # read back from the cache file
     assert again.ratios(17, 100) == ratios
+
+
+def test_extrapolated_grid_stays_monotone_in_rows(tmp_path, monkeypatch):
+    """A one-row slope steeper than the two-row one must not make T(2) < T(1) far out."""
+    import json
+
+    from engine import calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "m.gguf", "llama", context=16384)
+    _, model = load_model(path, NumpyBackend())
+    lo, hi = calibration.CAL_CONTEXTS
+    table = {
+        lo: {r: 0.006 + 0.0008 * (r - 1) for r in calibration.CAL_ROWS},
+        hi: {r: 0.009 + 0.0008 * (r - 1) for r in calibration.CAL_ROWS},
+    }
+    table[hi][2] = table[lo][2] + 0.0010  # two rows grow far slower with context than one
+    cache_file = calibration._cache_file(path, model.backend.name)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    cache_file.write_text(json.dumps(table))
+    cost = measure_verify_cost(model, path)
+    for ctx in (0, 1024, 2048, 8192):
+        ratios = cost.ratios(17, ctx)
+        assert all(ratios[k] >= ratios[k - 1] for k in range(2, 18)), (ctx, ratios)
