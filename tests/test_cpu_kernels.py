@@ -3,6 +3,7 @@ accuracy against float64, and bit-identical rows whatever the batch."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -136,6 +137,35 @@ def test_fused_mixed_types_equal_separate() -> None:
     assert np.array_equal(fused, alone)
     with pytest.raises(ValueError):
         prepare([make_tensor(Q.Q8_0, 4, 64, 0), make_tensor(Q.Q8_0, 4, 96, 0)], TILES_A)
+
+
+def test_weight_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached (memory-mapped) matrix gives the same bits as a fresh one; a changed
+    origin misses; a damaged entry is ignored and rewritten."""
+    from kernels.cpu import weight_cache
+    from kernels.cpu.matmul import prepare_cached
+
+    monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ECHOLINE_WEIGHT_CACHE", "1")
+    parts = [make_tensor(Q.Q5_0, 70, 512, 1), make_tensor(Q.Q4_K, 40, 512, 3)]
+    parts = [dataclasses.replace(p, origin=f"file-1@{i}") for i, p in enumerate(parts)]
+    x = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
+    fresh = matmul(x, prepare(parts, TILES_A))
+    first = prepare_cached(parts, TILES_A)  # miss: computes and writes
+    entries = sorted(p.name for p in (tmp_path / "relayout").iterdir())
+    assert len(entries) == 2 and entries[0].endswith(".bin") and entries[1].endswith(".json")
+    second = prepare_cached(parts, TILES_A)  # hit: mapped from disk
+    assert isinstance(second.parts[0].q.base, np.memmap)
+    assert np.array_equal(matmul(x, first), fresh) and np.array_equal(matmul(x, second), fresh)
+    assert second.valid_cols is not None and np.array_equal(second.valid_cols, first.valid_cols)
+    moved = [dataclasses.replace(p, origin=f"file-2@{i}") for i, p in enumerate(parts)]
+    assert weight_cache.matrix_key(moved, 64, TILES_A) != weight_cache.matrix_key(parts, 64, TILES_A)
+    (tmp_path / "relayout" / entries[0]).write_bytes(b"short")  # damaged: size mismatch
+    third = prepare_cached(parts, TILES_A)
+    assert not isinstance(third.parts[0].q.base, np.memmap)
+    assert np.array_equal(matmul(x, third), fresh)
+    no_origin = [dataclasses.replace(p, origin=None) for p in parts]
+    assert weight_cache.matrix_key(no_origin, 64, TILES_A) is None
 
 
 # ---- row ops -----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from engine.backends.host_cache import HostCacheMixin
 from engine.gguf_file import QuantTensor
 from kernels.cpu import ops
 from kernels.cpu.embed import embed_rows
-from kernels.cpu.matmul import PreparedMatrix, matmul, prepare
+from kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
 
 
 def _f32(x: Array) -> np.ndarray:
@@ -28,7 +28,8 @@ class CpuBackend(HostCacheMixin, Backend):
     batch_invariant = True
 
     def prepare_matrix(self, tensors: list[QuantTensor]) -> PreparedMatrix:
-        return prepare(list(tensors))
+        # Re-laid-out weights are cached on disk keyed by the file's identity (weight_cache).
+        return prepare_cached(list(tensors))
 
     def prepare_vector(self, values: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kernels.cpu import weight_cache
 from kernels.cpu._env import njit  # sets numba's flags before numba is imported
 from kernels.cpu.codegen import KernelSpec, load_kernel
 from kernels.cpu.relayout import KINDS, Kind, unpack
@@ -151,6 +152,76 @@ def prepare(tensors: Sequence, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILE
     for part in parts:
         part.kernel = kernel_for(part.kind, pm.tiles)
     return pm
+
+
+def prepare_cached(tensors: Sequence, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES) -> PreparedMatrix:
+    """``prepare``, reusing (memory-mapping) the on-disk result of an earlier start.
+
+    The arrays are the same bytes ``prepare`` computes (the cache stores its output), so
+    nothing downstream can tell the two apart. Tensors without a file origin, or
+    ``ECHOLINE_WEIGHT_CACHE=0``, go straight to ``prepare``.
+    """
+    key = weight_cache.matrix_key(tensors, GROUP, tiles) if weight_cache.enabled() else None
+    if key is None:
+        return prepare(tensors, tiles)
+    meta = weight_cache.load(key)
+    if meta is not None:
+        try:
+            return _from_cache(meta, tiles)
+        except (KeyError, ValueError, TypeError):
+            pass  # damaged entry: prepare again and overwrite it
+    pm = prepare(tensors, tiles)
+    arrays: list[np.ndarray] = []
+    parts = []
+    for p in pm.parts:
+        parts.append(
+            {
+                "kind": weight_cache.kind_to_json(p.kind),
+                "col0": p.col0,
+                "ngroups": p.ngroups,
+                "nblocks": p.nblocks,
+                "shapes": [list(p.q.shape), list(p.s.shape), list(p.m.shape)],
+            }
+        )
+        arrays += [p.q, p.s, p.m]
+    if pm.valid_cols is not None:
+        arrays.append(pm.valid_cols.astype(np.int64))
+    meta = {
+        "in_features": pm.in_features,
+        "out_features": pm.out_features,
+        "padded_out": pm.padded_out,
+        "parts": parts,
+        "has_valid": pm.valid_cols is not None,
+        "sizes": pm.sizes,
+    }
+    weight_cache.store(key, meta, arrays)
+    return pm
+
+
+def _from_cache(meta: dict, tiles: tuple[tuple[int, int], ...]) -> PreparedMatrix:
+    arrays = meta["arrays"]
+    parts = []
+    for i, d in enumerate(meta["parts"]):
+        kind = weight_cache.kind_from_json(d["kind"])
+        q, s, m = arrays[3 * i : 3 * i + 3]
+        for a, shape in zip((q, s, m), d["shapes"], strict=True):
+            if list(a.shape) != shape:
+                raise ValueError("cached part has the wrong size")
+        if q.dtype != (np.int8 if kind.wdtype == "int8" else np.float32):
+            raise ValueError("cached part has the wrong dtype")
+        part = Part(kind, q, s, m, int(d["col0"]), int(d["ngroups"]), int(d["nblocks"]))
+        part.kernel = kernel_for(kind, tuple(tiles))
+        parts.append(part)
+    valid = arrays[3 * len(parts)] if meta["has_valid"] else None
+    return PreparedMatrix(
+        in_features=int(meta["in_features"]),
+        out_features=int(meta["out_features"]),
+        padded_out=int(meta["padded_out"]),
+        parts=parts,
+        valid_cols=valid,
+        tiles=tuple(tiles),
+        sizes=[int(x) for x in meta["sizes"]],
+    )
 
 
 def kernel_for(kind: Kind, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES) -> Callable:

@@ -1,0 +1,109 @@
+"""On-disk cache of re-laid-out weights, memory-mapped at the next start.
+
+Why: re-laying out Gemma 3's matrices (mostly its 262144 x 640 tied head) took
+0.4-1 s of every start. The result depends only on the GGUF bytes and on this
+module's layout, so it is written once next to the numba cache and mapped
+copy-on-write afterwards (pages are shared with the page cache; nothing is
+copied, and numba sees ordinary writable arrays, so no new kernel signature).
+
+Key: every tensor's ``origin`` (file size, mtime, header hash, byte offset),
+name, type and shape, plus ``LAYOUT_VERSION`` and the group width. Files are
+written to a temporary name and renamed, so a concurrent reader never sees a
+partial entry; a damaged entry is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from kernels.cpu.relayout import Kind
+
+#: Bump when ``prepare``'s arrays change meaning (layout, padding, scale formulas).
+LAYOUT_VERSION = 1
+_ALIGN = 64
+
+
+def cache_dir() -> Path:
+    """~/.cache/echoline/relayout (``ECHOLINE_CACHE_DIR`` moves it, like the numba cache)."""
+    base = Path(os.environ.get("ECHOLINE_CACHE_DIR", Path.home() / ".cache" / "echoline"))
+    return base / "relayout"
+
+
+def enabled() -> bool:
+    """``ECHOLINE_WEIGHT_CACHE=0`` turns the cache off (first-run measurements, tests)."""
+    return os.environ.get("ECHOLINE_WEIGHT_CACHE", "1") != "0"
+
+
+def matrix_key(tensors: Sequence, group: int, tiles: tuple) -> str | None:
+    """Cache key of a fused matrix, or None when a tensor has no file origin."""
+    parts = [f"v{LAYOUT_VERSION}", f"g{group}", repr(tuple(tiles))]
+    for t in tensors:
+        origin = getattr(t, "origin", None)
+        if origin is None:
+            return None
+        parts.append(f"{origin}|{t.name}|{int(t.qtype)}|{tuple(t.shape)}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _paths(key: str) -> tuple[Path, Path]:
+    d = cache_dir()
+    return d / f"{key}.json", d / f"{key}.bin"
+
+
+def load(key: str) -> dict | None:
+    """The stored description with its arrays mapped in, or None (missing or damaged)."""
+    meta_path, bin_path = _paths(key)
+    try:
+        meta = json.loads(meta_path.read_text())
+        size = bin_path.stat().st_size
+        if size != meta["nbytes"]:
+            return None
+        mm = np.memmap(bin_path, dtype=np.uint8, mode="c") if size else np.zeros(0, np.uint8)
+    except (OSError, ValueError, KeyError):
+        return None
+    arrays = []
+    for dtype, count, offset in meta["arrays"]:
+        dt = np.dtype(dtype)
+        arrays.append(np.ndarray((count,), dtype=dt, buffer=mm, offset=offset))
+    meta["arrays"] = arrays
+    return meta
+
+
+def store(key: str, meta: dict, arrays: list[np.ndarray]) -> None:
+    """Write ``arrays`` (flat) and ``meta`` (JSON-able) atomically; failures are ignored."""
+    meta_path, bin_path = _paths(key)
+    layout = []
+    offset = 0
+    for a in arrays:
+        offset = -(-offset // _ALIGN) * _ALIGN
+        layout.append([a.dtype.str, int(a.size), offset])
+        offset += a.nbytes
+    meta = dict(meta, arrays=layout, nbytes=offset)
+    try:
+        bin_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = bin_path.with_name(f"{bin_path.name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as fh:
+            for a, (_dt, _n, off) in zip(arrays, layout, strict=True):
+                fh.seek(off)
+                fh.write(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+            fh.truncate(offset)
+        os.replace(tmp, bin_path)
+        tmp_meta = meta_path.with_name(f"{meta_path.name}.tmp{os.getpid()}")
+        tmp_meta.write_text(json.dumps(meta))
+        os.replace(tmp_meta, meta_path)  # written last: its presence marks a complete entry
+    except OSError:
+        pass
+
+
+def kind_to_json(kind: Kind) -> dict:
+    return {"block": kind.block, "scaled": kind.scaled, "offset": kind.offset, "wdtype": kind.wdtype}
+
+
+def kind_from_json(d: dict) -> Kind:
+    return Kind(int(d["block"]), bool(d["scaled"]), bool(d["offset"]), str(d["wdtype"]))
