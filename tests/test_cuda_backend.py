@@ -144,6 +144,99 @@ def test_matmul_batch_invariant(cb, rng, qtype):
         assert np.array_equal(np.concatenate(pieces), full)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
+def test_fused_products_match_reference_and_compositions(cb, ref, rng, qtype):
+    """norm_matmul (+bias), norm_matmul_glu and matmul_add against numpy, and each fused
+    form bit-identical to the CUDA composition it replaces (the unfused fallback)."""
+    d, n_ff = 512, 96
+    gate_up = [make_tensor(rng, n_ff, d, qtype, "gate"), make_tensor(rng, n_ff, d, qtype, "up")]
+    w = cb.prepare_matrix(gate_up)
+    w_ref = ref.prepare_matrix(gate_up)
+    g = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    bias = rng.standard_normal(2 * n_ff).astype(np.float32)
+    gd, bd = cb.prepare_vector(g), cb.prepare_vector(bias)
+    for n in (1, 2, 5, 17):
+        x = (3 * rng.standard_normal((n, d))).astype(np.float32)
+        xd = cupy.asarray(x)
+        h = ref.rms_norm(x, g, 1e-6)
+        poison()
+        got = cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w))
+        assert rel_err(got, ref.matmul(h, w_ref)) < 1e-5
+        with_bias = cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w, bd))
+        assert np.array_equal(with_bias, cb.to_host(cb.add(cupy.asarray(got), bd)))
+        for gelu in (False, True):
+            poison()
+            fused = cb.to_host(cb.norm_matmul_glu(xd, gd, 1e-6, w, n_ff, gelu))
+            gate, up = cb.split(cb.norm_matmul(xd, gd, 1e-6, w), [n_ff, n_ff])
+            unfused = cb.to_host(cb.gelu_tanh_mul(gate, up) if gelu else cb.silu_mul(gate, up))
+            assert np.array_equal(fused, unfused), f"gated epilogue differs at {n} rows"
+            rg, ru = np.split(ref.matmul(h, w_ref), 2, axis=1)
+            want = ref.gelu_tanh_mul(rg, ru) if gelu else ref.silu_mul(rg, ru)
+            assert rel_err(fused, want) < 1e-5
+        res = rng.standard_normal((n, 2 * n_ff)).astype(np.float32)
+        poison()
+        got = cb.to_host(cb.matmul_add(xd, w, cupy.asarray(res)))
+        want = cb.to_host(cb.add(cupy.asarray(res), cb.matmul(xd, w)))
+        assert np.array_equal(got, want)
+
+
+def test_fused_products_batch_invariant(cb, rng):
+    """Norm, gate and residual epilogues keep every row's bits for any row count."""
+    d, n_ff = 768, 200
+    w = cb.prepare_matrix([make_tensor(rng, n_ff, d, Q.Q4_K, "g"), make_tensor(rng, n_ff, d, Q.Q4_K, "u")])
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    x = cupy.asarray(rng.standard_normal((40, d)).astype(np.float32))
+    res = cupy.asarray(rng.standard_normal((40, 2 * n_ff)).astype(np.float32))
+    ops = {
+        "norm": lambda m: cb.norm_matmul(x[:m], gd, 1e-5, w),
+        "glu": lambda m: cb.norm_matmul_glu(x[:m], gd, 1e-5, w, n_ff, False),
+        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
+    }
+    for name, op in ops.items():
+        full = cb.to_host(op(40))
+        for m in (1, 2, 3, 4, 8, 9, 16, 17, 33):
+            assert np.array_equal(cb.to_host(op(m)), full[:m]), f"{name}: {m} rows differ"
+
+
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
+def test_long_rows_split_k_matches_reference_and_is_batch_invariant(cb, ref, rng, qtype):
+    """Rows of >= ksplit_min_k inputs take the block-shared (fixed split-K) kernels."""
+    d = cb.ksplit_min_k + 512
+    t = make_tensor(rng, 40, d, qtype)
+    w, w_ref = cb.prepare_matrix([t]), ref.prepare_matrix([t])
+    gate_up = cb.prepare_matrix([t, make_tensor(rng, 40, d, qtype, "up")])
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    x = rng.standard_normal((33, d)).astype(np.float32)
+    xd = cupy.asarray(x)
+    poison()
+    full = cb.to_host(cb.matmul(xd, w))
+    assert rel_err(full, ref.matmul(x, w_ref)) < REL_TOL
+    glu = cb.to_host(cb.norm_matmul_glu(xd, gd, 1e-6, gate_up, 40, False))
+    assert np.isfinite(glu).all()
+    for m in (1, 2, 3, 5, 8, 16, 17):
+        assert np.array_equal(cb.to_host(cb.matmul(xd[:m], w)), full[:m]), f"{m} rows differ"
+        assert np.array_equal(cb.to_host(cb.norm_matmul_glu(xd[:m], gd, 1e-6, gate_up, 40, False)), glu[:m])
+
+
+def test_rope_store_equals_rope_and_write_cache(cb, rng):
+    n, heads, kvh, hd = 5, 6, 2, 64
+    qkv = cupy.asarray(rng.standard_normal((n, (heads + 2 * kvh) * hd)).astype(np.float32))
+    q, k, v = cb.split(qkv, [heads * hd, kvh * hd, kvh * hd])
+    q, k, v = (cb.reshape(a, (n, -1, hd)) for a in (q, k, v))
+    pos = np.arange(20, 20 + n)
+    for neox in (False, True):
+        kc, vc = cb.empty_cache(64, kvh, hd), cb.empty_cache(64, kvh, hd)
+        kr, vr = cb.empty_cache(64, kvh, hd), cb.empty_cache(64, kvh, hd)
+        poison()
+        got = cb.to_host(cb.rope_store(q, k, v, pos, 20, 1e4, neox, kc, vc))
+        want = cb.to_host(cb.rope(q, pos, 1e4, neox))
+        cb.write_cache(kr, 20, cb.rope(k, pos, 1e4, neox))
+        cb.write_cache(vr, 20, v)
+        assert np.array_equal(got, want)
+        assert np.array_equal(cb.to_host(kc), cb.to_host(kr))
+        assert np.array_equal(cb.to_host(vc), cb.to_host(vr))
+
+
 def _fill_cache(cb, ref, rng, cap, kvh, hd, length):
     k = rng.standard_normal((length, kvh, hd)).astype(np.float32)
     v = rng.standard_normal((length, kvh, hd)).astype(np.float32)
@@ -296,7 +389,7 @@ def test_graph_replay_equals_eager(models, rng):
         x = b.embed(gpu.embedding, ids_dev)
         for li, lw in enumerate(gpu.layers):
             x = gpu._block(x, li, lw, cache, pos_dev, pos_dev)
-        return b.matmul(b.rms_norm(x, gpu.output_norm, gpu.config.rms_eps), gpu.output)
+        return b.norm_matmul(x, gpu.output_norm, gpu.config.rms_eps, gpu.output)
 
     cache.truncate(10)
     for i in range(10, 20):  # first call captures, later ones replay

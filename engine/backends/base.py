@@ -101,6 +101,46 @@ class Backend(ABC):
     def scale(self, x: Array, factor: float) -> Array:
         """x * factor, rounded to float32 as the reference does."""
 
+    # ---- fusable compositions -------------------------------------------------------------
+    # Model code calls these; the defaults compose the ops above in the model's own order
+    # (so CPU results are unchanged), a backend bound by launches (CUDA) does each in one.
+    def norm_matmul(self, x: Array, weight: Array, eps: float, w: Weight, bias: Array = None) -> Array:
+        """matmul(rms_norm(x, weight, eps), w), plus ``bias`` (broadcast over rows) if given."""
+        y = self.matmul(self.rms_norm(x, weight, eps), w)
+        return y if bias is None else self.add(y, bias)
+
+    def norm_matmul_glu(self, x: Array, weight: Array, eps: float, w: Weight, n_ff: int, gelu: bool) -> Array:
+        """act(gate) * up where gate|up = matmul(rms_norm(x, weight, eps), w)."""
+        gate, up = self.split(self.matmul(self.rms_norm(x, weight, eps), w), [n_ff, n_ff])
+        return self.gelu_tanh_mul(gate, up) if gelu else self.silu_mul(gate, up)
+
+    def matmul_add(self, x: Array, w: Weight, residual: Array) -> Array:
+        """residual + matmul(x, w) (the residual connection after a product)."""
+        return self.add(residual, self.matmul(x, w))
+
+    def rope_store(
+        self,
+        q: Array,
+        k: Array,
+        v: Array,
+        positions: Any,
+        start: Any,
+        base: float,
+        neox: bool,
+        k_cache: Array,
+        v_cache: Array,
+    ) -> Array:
+        """Rotated q; rotated k and v written to linear caches at ``start`` (= positions[0]).
+
+        ``start`` is what ``write_cache`` takes (an int, or a positions array on backends
+        that accept one); positions[i] == start + i.
+        """
+        q = self.rope(q, positions, base, neox)
+        k = self.rope(k, positions, base, neox)
+        self.write_cache(k_cache, start, k)
+        self.write_cache(v_cache, start, v)
+        return q
+
     # ---- cache storage -------------------------------------------------------------------
     @abstractmethod
     def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> Array:

@@ -45,7 +45,9 @@ _KERNEL_NAMES: dict[Q, str] = {
 }
 _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
 _ROW_TILES = (1, 2, 4, 8, 16)  # rows per pass the matmul kernels are built for
-_COLS_PER_WARP = 4  # output columns per warp for row tiles >= 4 (kernels.cu MM_KERNEL)
+_COLS_PER_WARP = 4  # output columns per warp for wide launches (kernels.cu MM_KERNEL)
+_ACT = {"silu": 1, "gelu": 2}  # kernels.cu act_glu
+_ATTN_ITEMS = 8  # (row, head) items per attention block: kernels.cu ATTN_ITEMS
 
 
 @dataclass
@@ -95,19 +97,6 @@ def _i32(v: int) -> np.int32:
     return np.int32(v)
 
 
-_silu_mul = cupy.ElementwiseKernel(
-    "float32 g, float32 u", "float32 y", "y = (g / (1.0f + expf(-g))) * u", "echoline_silu_mul"
-)
-_gelu_tanh_mul = cupy.ElementwiseKernel(
-    "float32 g, float32 u",
-    "float32 y",
-    "float c = 0.7978845608028654f;"
-    "float inner = c * (g + 0.044715f * g * g * g);"
-    "y = (0.5f * g * (1.0f + tanhf(inner))) * u",
-    "echoline_gelu_tanh_mul",
-)
-
-
 class CupyBackend(Backend):
     """GGUF-block matrix products and fused ops on one CUDA device."""
 
@@ -119,12 +108,20 @@ class CupyBackend(Backend):
     graph_max_rows = 17
     #: 4 columns per warp (multi-row products) once a launch has this many blocks per SM
     wide_min_blocks_per_sm = 2
+    #: fold the RMSNorm into products up to this many output columns; wider ones (the
+    #: output head) take a separate norm launch (a fixed choice per weight: batch-invariant)
+    norm_fuse_max_cols = 32768
+    #: rows at least this long are shared by a block's 4 warps (fixed split-K, summed in
+    #: warp order): a 1536 x 8960 down projection otherwise has one long chain per warp
+    ksplit_min_k = 4096
+    #: keys per attention split: fixed for the backend's life (batch invariance)
+    attn_split = 32
 
     def __init__(self) -> None:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
-        self._fn: dict[str, Any] = {}
+        self._fn: dict[tuple[str, str | None], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
         # last host positions uploaded: a forward hands one array to every layer
@@ -138,11 +135,13 @@ class CupyBackend(Backend):
         self._uploads: dict[tuple[str, int, int, int], tuple[np.ndarray, Any]] = {}
 
     # ---- kernels -------------------------------------------------------------------------
-    def _k(self, name: str) -> Any:
-        fn = self._fn.get(name)
+    def _k(self, name: str, qtype: str | None = None) -> Any:
+        """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use)."""
+        fn = self._fn.get((name, qtype))
         if fn is None:
-            fn = self._mod.get_function(name)
-            self._fn[name] = fn
+            mod = self._mod if qtype is None else load_module(qtype)
+            fn = mod.get_function(name)
+            self._fn[(name, qtype)] = fn
         return fn
 
     # ---- device inputs -------------------------------------------------------------------
@@ -247,48 +246,109 @@ class CupyBackend(Backend):
         out = cupy.empty((n, k), dtype=cupy.float32)
         if n:
             grid = ((k // 8 + 127) // 128, n)
-            self._k("embed_" + seg.kernel)(
+            self._k("embed_" + seg.kernel, seg.kernel)(
                 grid, (128,), (seg.data, np.int64(seg.row_bytes), _i32(k), dev_ids, out)
             )
         return out
 
     def matmul(self, x: Array, w: CudaWeight) -> Any:
+        return self._product(x, w)
+
+    def norm_matmul(self, x: Array, weight: Any, eps: float, w: CudaWeight, bias: Any = None) -> Any:
+        """matmul(rms_norm(x) * weight) (+ bias) in one launch per segment (kernels.cu mm_body)."""
+        if w.out_features > self.norm_fuse_max_cols:
+            return self._product(self.rms_norm(x, weight, eps), w, residual=bias)
+        return self._product(x, w, norm=weight, eps=eps, residual=bias)
+
+    def norm_matmul_glu(
+        self, x: Array, weight: Any, eps: float, w: CudaWeight, n_ff: int, gelu: bool
+    ) -> Any:
+        """act(gate) * up of the normed x, gate|up = w; fused when gate and up share a
+        quant type (one segment), else the product and then one activation kernel."""
+        act = _ACT["gelu" if gelu else "silu"]
+        if len(w.segments) == 1 and w.out_features == 2 * n_ff:
+            return self._product(x, w, norm=weight, eps=eps, act=act)
+        gate, up = self.split(self._product(x, w, norm=weight, eps=eps), [n_ff, n_ff])
+        return self._glu(gate, up, act)
+
+    def matmul_add(self, x: Array, w: CudaWeight, residual: Any) -> Any:
+        """residual + x @ W.T, the add done by the product's epilogue."""
+        return self._product(x, w, residual=residual)
+
+    def _product(
+        self,
+        x: Array,
+        w: CudaWeight,
+        norm: Any = None,
+        eps: float = 0.0,
+        residual: Any = None,
+        act: int = 0,
+    ) -> Any:
+        """One launch per segment; every option keeps each row's reduction order fixed."""
         x2, ldx = self._rows(x, w.in_features)
         n = int(x2.shape[0])
-        out = cupy.empty((n, w.out_features), dtype=cupy.float32)
+        width = w.out_features // 2 if act else w.out_features
+        out = cupy.empty((n, width), dtype=cupy.float32)
         if n == 0:
             return out
+        res, ldr = None, 0
+        if residual is not None:
+            if residual.ndim == 1:  # a bias row, broadcast over rows
+                res = residual if residual.dtype == cupy.float32 else residual.astype(cupy.float32)
+            else:
+                res, ldr = self._rows(residual, w.out_features)
         tile = _row_tile(n)
+        ksplit = w.in_features >= self.ksplit_min_k  # by shape only: batch-invariant
         for seg in w.segments:
-            cols_per_warp = self._cols_per_warp(tile, seg.rows)
-            per_block = _MM_WARPS * cols_per_warp
-            grid = ((seg.rows + per_block - 1) // per_block,)
-            self._k(f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}")(
+            out_cols = seg.rows // 2 if act else seg.rows
+            if ksplit:
+                cols_per_warp = 2 if act else 1
+                per_block = 1
+            else:
+                cols_per_warp = self._cols_per_warp(tile, out_cols, gated=bool(act))
+                per_block = _MM_WARPS * (cols_per_warp // 2 if act else cols_per_warp)
+            grid = ((out_cols + per_block - 1) // per_block,)
+            seg_res = None
+            if res is not None:
+                seg_res = res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
+            self._k(f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}", seg.kernel)(
                 grid,
                 (32 * _MM_WARPS,),
                 (
                     seg.data,
                     np.int64(seg.row_bytes),
-                    _i32(seg.rows),
+                    _i32(out_cols),
                     _i32(w.in_features),
                     x2,
                     _i32(ldx),
                     _i32(n),
                     out[:, seg.col_offset :],
-                    _i32(w.out_features),
+                    _i32(width),
+                    norm,
+                    np.float32(eps),
+                    seg_res,
+                    _i32(ldr),
+                    _i32(act),
+                    _i32(out_cols),
+                    _i32(int(ksplit)),
                 ),
             )
         return out
 
-    def _cols_per_warp(self, tile: int, out_rows: int) -> int:
-        """Output columns per warp: several only when the launch still fills the chip.
+    def _cols_per_warp(self, tile: int, out_cols: int, gated: bool = False) -> int:
+        """Weight columns per warp: several only when the launch still fills the chip.
 
         Any choice gives bit-identical values (it moves work between warps, not the
-        order of a reduction), so this is purely a speed decision.
+        order of a reduction), so this is purely a speed decision. Gated products take
+        gate/up pairs: 2 or 4 columns.
         """
+        if gated:
+            blocks = out_cols // (_MM_WARPS * 2)
+            wide = tile > 2 and blocks >= self.wide_min_blocks_per_sm * self._sm_count
+            return 4 if wide else 2
         if tile <= 2:
             return 1
-        blocks = out_rows // (_MM_WARPS * _COLS_PER_WARP)
+        blocks = out_cols // (_MM_WARPS * _COLS_PER_WARP)
         return _COLS_PER_WARP if blocks >= self.wide_min_blocks_per_sm * self._sm_count else 1
 
     def rms_norm(self, x: Array, weight: Any, eps: float) -> Any:
@@ -327,14 +387,40 @@ class CupyBackend(Backend):
             )
         return out
 
-    @staticmethod
-    def split_size(head_dim: int) -> int:
+    def rope_store(self, q, k, v, positions, start, base: float, neox: bool, k_cache, v_cache) -> Any:
+        """rope(q), and rope(k) / v written to the caches at ``positions``: one launch.
+
+        Rows go to cache[positions[i]] (``start`` is positions[0] by the op's contract
+        and not needed): the write position stays out of the launch arguments, so a
+        captured graph stays valid for every step.
+        """
+        n, heads, hd = (int(s) for s in q.shape)
+        kvh = int(k.shape[1])
+        q2, ldq = self._rows(q.reshape(n, heads * hd), heads * hd)
+        k2, ldk = self._rows(k.reshape(n, kvh * hd), kvh * hd)
+        v2, ldv = self._rows(v.reshape(n, kvh * hd), kvh * hd)
+        pos = self.device_ints(positions)
+        out = cupy.empty((n, heads, hd), dtype=cupy.float32)
+        total = n * (heads + kvh) * (hd // 2) + n * kvh * hd
+        if total:
+            blocks = min((total + 255) // 256, 4 * self._sm_count)
+            self._k("rope_store")(
+                (blocks,),
+                (256,),
+                (
+                    q2, _i32(ldq), k2, _i32(ldk), v2, _i32(ldv), pos, _i32(n), _i32(heads),
+                    _i32(kvh), _i32(hd), np.float64(base), _i32(int(neox)), out, k_cache, v_cache,
+                ),
+            )
+        return out
+
+    def split_size(self, head_dim: int) -> int:
         """Keys per attention split: fixed, never chosen per call (batch invariance).
 
         32 keys (one per lane) gives many short blocks: at 2k context the GPU has
         ~100+ blocks in flight instead of a few long ones (measured 28 µs with 128).
         """
-        return 32
+        return self.attn_split
 
     def attention(self, q, k_cache, v_cache, positions, window, scale) -> Any:
         n, heads, hd = (int(s) for s in q.shape)
@@ -353,12 +439,15 @@ class CupyBackend(Backend):
         opart = cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32)
         mpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
         lpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
-        smem = split * (2 * hd + 1) * 4
-        part = self._k("attn_partial")
+        group = heads // kvh
+        items = n * group
+        chunks = (items + _ATTN_ITEMS - 1) // _ATTN_ITEMS
+        smem = (split * (2 * hd + 1) + min(items, _ATTN_ITEMS) * hd) * 4
+        part = self._k(f"attn_partial_d{hd // 32}")
         if part.max_dynamic_shared_size_bytes < smem:
             part.max_dynamic_shared_size_bytes = smem
         part(
-            (nsplit, kvh),
+            (nsplit, kvh, chunks),
             (256,),
             (
                 q2,
@@ -369,7 +458,6 @@ class CupyBackend(Backend):
                 _i32(n),
                 _i32(heads),
                 _i32(kvh),
-                _i32(hd),
                 _i32(split),
                 _i32(max(0, int(window))),
                 np.float32(scale),
@@ -382,7 +470,7 @@ class CupyBackend(Backend):
         )
         self._k("attn_combine")(
             (heads, n),
-            (hd,),
+            (256,),
             (
                 opart,
                 mpart,
@@ -399,10 +487,26 @@ class CupyBackend(Backend):
         return out
 
     def silu_mul(self, gate, up) -> Any:
-        return _silu_mul(gate, up)
+        return self._glu(gate, up, _ACT["silu"])
 
     def gelu_tanh_mul(self, gate, up) -> Any:
-        return _gelu_tanh_mul(gate, up)
+        return self._glu(gate, up, _ACT["gelu"])
+
+    def _glu(self, gate: Any, up: Any, act: int) -> Any:
+        """act(gate) * up with the fused epilogue's arithmetic (kernels.cu act_glu)."""
+        shape = tuple(gate.shape)
+        width = int(shape[-1])
+        g2, ldg = self._rows(gate, width)
+        u2, ldu = self._rows(up, width)
+        n = int(g2.shape[0])
+        out = cupy.empty((n, width), dtype=cupy.float32)
+        total = n * width
+        if total:
+            blocks = min((total + 255) // 256, 4 * self._sm_count)
+            self._k("glu_act")(
+                (blocks,), (256,), (g2, _i32(ldg), u2, _i32(ldu), _i32(n), _i32(width), _i32(act), out)
+            )
+        return out.reshape(shape)
 
     def add(self, a, b) -> Any:
         return cupy.add(a, b, dtype=cupy.float32)

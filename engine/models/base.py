@@ -112,8 +112,7 @@ class Transformer:
         cache.advance(start, n)
         if not all_logits:
             x = x[n - 1 :]
-        x = b.rms_norm(x, self.output_norm, c.rms_eps)
-        return b.matmul(x, self.output)
+        return b.norm_matmul(x, self.output_norm, c.rms_eps, self.output)
 
     def _forward_graph(self, ids: np.ndarray, cache: KVCache, all_logits: bool) -> Any:
         """``forward`` replayed as a captured graph (backends with ``run_graph``: CUDA).
@@ -134,7 +133,7 @@ class Transformer:
                 x = self._block(x, li, lw, cache, pos_dev, pos_dev)
             if not all_logits:
                 x = x[n - 1 :]
-            return b.matmul(b.rms_norm(x, self.output_norm, c.rms_eps), self.output)
+            return b.norm_matmul(x, self.output_norm, c.rms_eps, self.output)
 
         positions = np.arange(start, start + n, dtype=np.int32)
         generation = (cache.capacity, id(cache.k[0]))
@@ -145,10 +144,7 @@ class Transformer:
     def _block(self, x: Any, li: int, lw: LayerWeights, cache: KVCache, start: int, positions: np.ndarray) -> Any:
         b, c = self.backend, self.config
         n = positions.shape[0]
-        h = b.rms_norm(x, lw.attn_norm, c.rms_eps)
-        qkv = b.matmul(h, lw.wqkv)
-        if lw.qkv_bias is not None:
-            qkv = b.add(qkv, lw.qkv_bias)
+        qkv = b.norm_matmul(x, lw.attn_norm, c.rms_eps, lw.wqkv, lw.qkv_bias)
         q, k, v = b.split(qkv, [self.q_size, self.kv_size, self.kv_size])
         q = b.reshape(q, (n, c.n_heads, c.head_dim))
         k = b.reshape(k, (n, c.n_kv_heads, c.head_dim))
@@ -157,20 +153,20 @@ class Transformer:
             q = b.rms_norm(q, lw.q_norm, c.rms_eps)
             k = b.rms_norm(k, lw.k_norm, c.rms_eps)
         base = c.layer_rope_base(li)
-        q = b.rope(q, positions, base, self.neox_rope)
-        k = b.rope(k, positions, base, self.neox_rope)
-        cache.write(li, start, k, v)
+        if cache.ring:  # window rings store each row twice (KVCache.write)
+            q = b.rope(q, positions, base, self.neox_rope)
+            k = b.rope(k, positions, base, self.neox_rope)
+            cache.write(li, start, k, v)
+        else:
+            q = b.rope_store(q, k, v, positions, start, base, self.neox_rope, cache.k[li], cache.v[li])
         k_all, v_all, offset = cache.view(li, start, n)
         rel = positions - offset if offset else positions
         attn = b.attention(q, k_all, v_all, rel, c.layer_window(li), self.attn_scale)
-        o = b.matmul(attn, lw.wo)
         if lw.post_attn_norm is not None:
-            o = b.rms_norm(o, lw.post_attn_norm, c.rms_eps)
-        x = b.add(x, o)
-        h = b.rms_norm(x, lw.ffn_norm, c.rms_eps)
-        gate, up = b.split(b.matmul(h, lw.w_gate_up), [c.n_ff, c.n_ff])
-        f = b.gelu_tanh_mul(gate, up) if self.gelu else b.silu_mul(gate, up)
-        d = b.matmul(f, lw.w_down)
+            x = b.add(x, b.rms_norm(b.matmul(attn, lw.wo), lw.post_attn_norm, c.rms_eps))
+        else:
+            x = b.matmul_add(attn, lw.wo, x)
+        f = b.norm_matmul_glu(x, lw.ffn_norm, c.rms_eps, lw.w_gate_up, c.n_ff, self.gelu)
         if lw.post_ffn_norm is not None:
-            d = b.rms_norm(d, lw.post_ffn_norm, c.rms_eps)
-        return b.add(x, d)
+            return b.add(x, b.rms_norm(b.matmul(f, lw.w_down), lw.post_ffn_norm, c.rms_eps))
+        return b.matmul_add(f, lw.w_down, x)

@@ -1,13 +1,16 @@
-"""CUDA C sources for the CuPy backend, compiled once per process with NVRTC.
+"""CUDA C sources for the CuPy backend, compiled with NVRTC on first use.
 
 Only ``load_module`` imports CuPy, so importing this package costs nothing on a
-machine without a GPU. CuPy caches the compiled binary on disk, keyed by source
-and options, so later processes skip compilation.
+machine without a GPU. The quant-independent kernels (norms, RoPE, attention,
+argmax) form the common module; each quant type's products and embedding lookup
+form their own module, compiled only when a model uses that type (a model has
+two or three types: compiling all eleven would cost every fresh process a minute).
+CuPy caches each compiled binary on disk, keyed by source and options.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +20,39 @@ HERE = Path(__file__).resolve().parent
 #: so no instantiation can contract differently and break batch invariance.
 OPTIONS = ("--std=c++17", "--fmad=false")
 
+#: kernel-name stem -> the QT_* constant of quant.cuh
+QUANT_TYPES = {
+    "f32": "QT_F32",
+    "f16": "QT_F16",
+    "bf16": "QT_BF16",
+    "q4_0": "QT_Q4_0",
+    "q4_1": "QT_Q4_1",
+    "q5_0": "QT_Q5_0",
+    "q5_1": "QT_Q5_1",
+    "q8_0": "QT_Q8_0",
+    "q4_k": "QT_Q4_K",
+    "q5_k": "QT_Q5_K",
+    "q6_k": "QT_Q6_K",
+}
 
-def kernel_source() -> str:
-    """kernels.cu with quant.cuh inlined (NVRTC then needs no include path)."""
+
+def kernel_source(qtype: str | None = None) -> str:
+    """kernels.cu with quant.cuh inlined; ``qtype`` None → the common kernels, else that
+    type's product and embedding kernels (NVRTC then needs no include path)."""
     src = (HERE / "kernels.cu").read_text()
     header = (HERE / "quant.cuh").read_text()
-    return src.replace('#include "quant.cuh"', header)
+    src = src.replace('#include "quant.cuh"', header)
+    if qtype is None:
+        return "#define ECHOLINE_COMMON 1\n" + src
+    qt = QUANT_TYPES[qtype]
+    return src + f"\nMM_ALL_R({qtype}, {qt})\nEMBED_KERNEL({qtype}, {qt})\n"
 
 
-@lru_cache(maxsize=1)
-def load_module() -> Any:
-    """The compiled ``cupy.RawModule`` (compiled on first use, then cached)."""
+@cache
+def load_module(qtype: str | None = None) -> Any:
+    """The compiled ``cupy.RawModule`` for ``qtype`` (None: common kernels), cached."""
     import cupy
 
-    module = cupy.RawModule(code=kernel_source(), options=OPTIONS)
+    module = cupy.RawModule(code=kernel_source(qtype), options=OPTIONS)
     module.compile()
     return module

@@ -213,6 +213,7 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
     c = model.config
     lw = model.layers[0]
     lines = []
+    logits = cupy.asarray(np.random.default_rng(3).standard_normal((16, c.vocab_size)).astype(np.float32))
     for n in (1, 16):
         x = cupy.asarray(
             np.random.default_rng(2).standard_normal((n, c.d_model)).astype(np.float32)
@@ -222,25 +223,31 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
         kv = cupy.ones((n, c.n_kv_heads, c.head_dim), dtype=cupy.float32)
         ff = cupy.ones((n, c.n_ff), dtype=cupy.float32)
         ops = {
-            "rms_norm": lambda x=x: b.rms_norm(x, lw.attn_norm, 1e-6),
-            "mm qkv": lambda x=x: b.matmul(x, lw.wqkv),
-            "mm o": lambda q=q: b.matmul(q.reshape(q.shape[0], -1), lw.wo),
-            "mm gate_up": lambda x=x: b.matmul(x, lw.w_gate_up),
-            "mm down": lambda ff=ff: b.matmul(ff, lw.w_down),
-            "mm output": lambda x=x: b.matmul(x, model.output),
-            "rope q": lambda q=q, pos=pos: b.rope(q, pos, 1e4, True),
-            "write_cache": lambda kv=kv, pos=pos: b.write_cache(cache.k[0], pos, kv),
+            "norm+qkv": lambda x=x: b.norm_matmul(x, lw.attn_norm, 1e-6, lw.wqkv, lw.qkv_bias),
+            "rope_store": lambda q=q, kv=kv, pos=pos: b.rope_store(
+                q, kv, kv, pos, pos, 1e4, True, cache.k[0], cache.v[0]
+            ),
             "attention": lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1),
-            "silu_mul": lambda ff=ff: b.silu_mul(ff, ff),
-            "add": lambda x=x: b.add(x, x),
+            "o+add": lambda q=q, x=x: b.matmul_add(q.reshape(q.shape[0], -1), lw.wo, x),
+            "norm+gate_up+glu": lambda x=x: b.norm_matmul_glu(x, lw.ffn_norm, 1e-6, lw.w_gate_up, c.n_ff, False),
+            "down+add": lambda ff=ff, x=x: b.matmul_add(ff, lw.w_down, x),
+            "norm+output": lambda x=x: b.norm_matmul(x, model.output_norm, 1e-6, model.output),
+            "rms,output": lambda x=x: b.matmul(b.rms_norm(x, model.output_norm, 1e-6), model.output),
+            "argmax": lambda n=n: b.argmax_device(logits[:n]),
         }
         parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in ops.items()]
         lines.append(f"  ops n={n:<2d} (us): " + ", ".join(parts))
+        keep_split = b.attn_split
+        for split in (32, 64, 128):  # keys per attention split (fixed per backend)
+            b.attn_split = split
+            t = graph_op_time(b, ops["attention"])
+            lines.append(f"  attention n={n:<2d} split {split}: {t * 1e6:.1f} us")
+        b.attn_split = keep_split
         if n > 2:  # columns per warp: 1 everywhere vs 4 everywhere (default: by grid size)
             keep = b.wide_min_blocks_per_sm
             for label, policy in (("c1", 10**9), ("c4", 0)):
                 b.wide_min_blocks_per_sm = policy
-                mm = {k: v for k, v in ops.items() if k.startswith("mm")}
+                mm = {k: v for k, v in ops.items() if "+" in k}
                 parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
                 lines.append(f"  ops n={n:<2d} {label} (us): " + ", ".join(parts))
             b.wide_min_blocks_per_sm = keep

@@ -10,8 +10,8 @@ mkdir -p /tmp/models
 for p in .mdl/part0*; do [ -f "$p" ] && cp "$p" /tmp/models/; done
 ls -l /tmp/models
 if [ "$1" = kernels ]; then
-  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_backend.py 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -20
-  timeout 200 python3 -m kernels.cuda.bench_device --reps 30 > "$OUT/bench.log" 2>&1
+  timeout 330 python3 -m pytest -q -x -p no:cacheprovider --durations=8 tests/test_cuda_backend.py 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error|s call" | head -30
+  timeout 240 python3 -m kernels.cuda.bench_device --reps 30 > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"
 fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
@@ -21,5 +21,5 @@ if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   timeout 120 $cli doctor --backend cuda --model $M --json > "$OUT/doctor.json" 2> "$OUT/doctor.err"; echo "doctor rc=$?"; tail -c 1500 "$OUT/doctor.json"
   timeout 150 $cli bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"; echo "decode rc=$?"; cat "$OUT/decode.err" | tail -12; tail -c 800 "$OUT/decode.json"
   timeout 200 $cli bench spec --backend cuda --model $M --traffic copy --json > "$OUT/spec.json" 2> "$OUT/spec.err"; echo "spec rc=$?"; tail -15 "$OUT/spec.err"; tail -c 1500 "$OUT/spec.json"
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py 2>&1 | tee "$OUT/e2e.log" | grep -E "passed|failed|^E |Error" | head -20
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py 2>&1 | tee "$OUT/e2e.log" | grep -E "passed|failed|^E |Error|s call" | head -30
 fi

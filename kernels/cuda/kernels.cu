@@ -23,33 +23,98 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Y[r, col] = sum_k X[r, k] * W[col, k] for r < n, col < out_rows.
-// A warp owns C whole output columns; lane l owns chunks l, l+32, ... of each row.
+// Activations of the gated FFN, one definition shared by the fused product epilogue
+// and the standalone kernel, so both round alike.
+__device__ __forceinline__ float act_glu(int act, float g, float u) {
+    float a;
+    if (act == 1) {
+        a = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+    } else {
+        float g3 = __fmul_rn(__fmul_rn(g, g), g);
+        float inner = __fmul_rn(0.7978845608028654f, __fadd_rn(g, __fmul_rn(0.044715f, g3)));
+        a = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner)));
+    }
+    return __fmul_rn(a, u);
+}
+
+// Y[r, col] = epilogue(sum_k X[r, k] * W[col, k]) for r < n, col < out_rows.
+// A warp owns C whole weight columns; lane l owns chunks l, l+32, ... of each row.
 // Rows are taken R at a time, so a weight chunk is dequantized once per R rows and an
 // input chunk is loaded once per C columns. Whatever R and C, the (row, column)
 // value is the same sequence of fmaf over the same chunks, then the same butterfly:
 // bit-identical for every row count.
+//
+// Fused variants (all optional, each decided per call, never per row count):
+//  - G (RMSNorm weight): the product is of rms_norm(X) * G. The weight chunk is scaled
+//    by G once per column, and each row's sum of squares is accumulated from the x
+//    chunks the warp loads anyway (same lanes, same order for every R, C and n), so
+//    y = inv_rms(row) * sum_k (W*G)[k] x[k]: no norm launch, no extra pass over x.
+//  - act (1 silu, 2 gelu-tanh): gated FFN. C is even; column cc of a warp is weight
+//    column (cc & 1) * half + col0 + cc / 2, and y = act(gate) * up, written at col0 + cc/2.
+//  - Res: residual / bias, y = Res[r * ldr + col] + y (ldr 0 broadcasts a bias row).
 template <int QT, int R, int C>
 __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_bytes, int out_rows,
                                         int K, const float* __restrict__ X, int ldx, int n,
-                                        float* __restrict__ Y, int ldy) {
-    int col0 = (blockIdx.x * MM_WARPS + (threadIdx.x >> 5)) * C;
+                                        float* __restrict__ Y, int ldy, const float* __restrict__ G,
+                                        float eps, const float* __restrict__ Res, int ldr, int act,
+                                        int half, int ksplit) {
+    constexpr int P = C > 1 ? C / 2 : 1;  // output columns per warp in the gated mode
+    __shared__ float red[MM_WARPS][16][5];  // ksplit: per-warp totals (R <= 16, C <= 4, + ss)
+    int warp = threadIdx.x >> 5;
+    int wg = ksplit ? blockIdx.x : blockIdx.x * MM_WARPS + warp;
+    int col0 = act ? wg * P : wg * C;
     int lane = threadIdx.x & 31;
+    // ksplit: the block's 4 warps share its columns, warp w taking chunks w*32 + lane
+    // (mod 128); their totals are added in warp order. Chosen per weight (long rows),
+    // never per row count, so it is as batch-invariant as the plain mode.
+    int klane = ksplit ? threadIdx.x : lane;
+    int kstride = ksplit ? 32 * MM_WARPS : 32;
     if (col0 >= out_rows) return;
+    int wcol[C];
+#pragma unroll
+    for (int cc = 0; cc < C; ++cc) {
+        // past the end: duplicate the last column, never stored
+        wcol[cc] = act ? (cc & 1) * half + min(col0 + (cc >> 1), out_rows - 1)
+                       : min(col0 + cc, out_rows - 1);
+    }
+    bool norm = G != nullptr;
     int nchunks = K >> 3;
     for (int r0 = 0; r0 < n; r0 += R) {
         float acc[R][C];
+        float ss[R];
 #pragma unroll
-        for (int j = 0; j < R; ++j)
+        for (int j = 0; j < R; ++j) {
+            ss[j] = 0.0f;
 #pragma unroll
             for (int cc = 0; cc < C; ++cc) acc[j][cc] = 0.0f;
-        for (int c = lane; c < nchunks; c += 32) {
-            float w[C][8];
+        }
+        // U chunks per lane per pass: all U chunks' weights are loaded before any of
+        // them is used (more bytes in flight at one row), then used in chunk order, so
+        // each (row, column) still sees c, c + 32, c + 64, ... in sequence.
+        constexpr int U = 1;  // 2-4 measured no faster (H200, round 3)
+        for (int cb = klane; cb < nchunks; cb += kstride * U) {
+            float wu[U][C][8];
 #pragma unroll
-            for (int cc = 0; cc < C; ++cc) {
-                int col = min(col0 + cc, out_rows - 1);  // duplicate the last column, never stored
-                dq8<QT>(W + (long long)col * row_bytes, c, w[cc]);
+            for (int u = 0; u < U; ++u) {
+                int c = cb + kstride * u;
+                if (c >= nchunks) break;
+#pragma unroll
+                for (int cc = 0; cc < C; ++cc) dq8<QT>(W + (long long)wcol[cc] * row_bytes, c, wu[u][cc]);
+                if (norm) {
+                    const float4* gp = reinterpret_cast<const float4*>(G) + 2 * c;
+                    float4 ga = gp[0], gb = gp[1];
+                    float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+#pragma unroll
+                    for (int cc = 0; cc < C; ++cc)
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) wu[u][cc][e] = __fmul_rn(wu[u][cc][e], gv[e]);
+                }
             }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+            int c = cb + kstride * u;
+            if (c >= nchunks) break;
+            float (&w)[C][8] = wu[u];
             // Input rows are loaded XB at a time before any arithmetic: one load in
             // flight per row had each chunk wait 16 cache round trips at 16 rows.
             constexpr int XB = R < (C == 1 ? 8 : 4) ? R : (C == 1 ? 8 : 4);
@@ -57,17 +122,17 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
             for (int jb = 0; jb < R; jb += XB) {
                 float4 xa[XB], xb[XB];
 #pragma unroll
-                for (int u = 0; u < XB; ++u) {
-                    int row = min(r0 + jb + u, n - 1);  // past n: a valid row, never used
+                for (int t = 0; t < XB; ++t) {
+                    int row = min(r0 + jb + t, n - 1);  // past n: a valid row, never used
                     const float4* xp = reinterpret_cast<const float4*>(X + (long long)row * ldx) + 2 * c;
-                    xa[u] = xp[0];
-                    xb[u] = xp[1];
+                    xa[t] = xp[0];
+                    xb[t] = xp[1];
                 }
 #pragma unroll
-                for (int u = 0; u < XB; ++u) {
-                    int j = jb + u;
+                for (int t = 0; t < XB; ++t) {
+                    int j = jb + t;
                     if (r0 + j < n) {
-                        float4 a = xa[u], b = xb[u];
+                        float4 a = xa[t], b = xb[t];
 #pragma unroll
                         for (int cc = 0; cc < C; ++cc) {
                             float s = acc[j][cc];
@@ -77,47 +142,106 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
                             s = fmaf(w[cc][6], b.z, s); s = fmaf(w[cc][7], b.w, s);
                             acc[j][cc] = s;
                         }
+                        if (norm) {
+                            float q = ss[j];
+                            q = fmaf(a.x, a.x, q); q = fmaf(a.y, a.y, q);
+                            q = fmaf(a.z, a.z, q); q = fmaf(a.w, a.w, q);
+                            q = fmaf(b.x, b.x, q); q = fmaf(b.y, b.y, q);
+                            q = fmaf(b.z, b.z, q); q = fmaf(b.w, b.w, q);
+                            ss[j] = q;
+                        }
                     }
                 }
             }
         }
+        }
 #pragma unroll
-        for (int j = 0; j < R; ++j)
+        for (int j = 0; j < R; ++j) {
+#pragma unroll
+            for (int cc = 0; cc < C; ++cc) acc[j][cc] = warp_sum(acc[j][cc]);
+            if (norm) ss[j] = warp_sum(ss[j]);
+        }
+        if (ksplit) {
+            if (lane == 0) {
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+#pragma unroll
+                    for (int cc = 0; cc < C; ++cc) red[warp][j][cc] = acc[j][cc];
+                    red[warp][j][C] = ss[j];
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+#pragma unroll
+                for (int cc = 0; cc <= C; ++cc) {
+                    float t = red[0][j][cc];
+#pragma unroll
+                    for (int w2 = 1; w2 < MM_WARPS; ++w2) t = __fadd_rn(t, red[w2][j][cc]);
+                    if (cc < C) acc[j][cc] = t; else ss[j] = t;
+                }
+            }
+            __syncthreads();  // red is rewritten by the next row tile
+        }
+        bool writer = lane == 0 && (!ksplit || warp == 0);
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            float inv = 1.0f;
+            if (norm) {
+                float ms = __fdiv_rn(ss[j], (float)K);
+                inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+            }
+            float v[C];
 #pragma unroll
             for (int cc = 0; cc < C; ++cc) {
-                float v = warp_sum(acc[j][cc]);
-                if (lane == 0 && r0 + j < n && col0 + cc < out_rows)
-                    Y[(long long)(r0 + j) * ldy + col0 + cc] = v;
+                v[cc] = acc[j][cc];
+                if (norm) v[cc] = __fmul_rn(v[cc], inv);
             }
+            int r = r0 + j;
+            if (!writer || r >= n) continue;
+            if (act) {
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                    int col = col0 + p;
+                    if (col >= out_rows) break;
+                    float y = act_glu(act, v[2 * p], v[2 * p + 1]);
+                    if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
+                    Y[(long long)r * ldy + col] = y;
+                }
+            } else {
+#pragma unroll
+                for (int cc = 0; cc < C; ++cc) {
+                    int col = col0 + cc;
+                    if (col >= out_rows) break;
+                    float y = v[cc];
+                    if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
+                    Y[(long long)r * ldy + col] = y;
+                }
+            }
+        }
     }
 }
 
-#define MM_KERNEL(NAME, QT, R, C)                                                            \
-    extern "C" __global__ void __launch_bounds__(MM_WARPS * 32)                             \
-        mm_##NAME##_r##R##_c##C(const u8* W, long long row_bytes, int out_rows, int K,        \
-                                const float* X, int ldx, int n, float* Y, int ldy) {         \
-        mm_body<QT, R, C>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy);                     \
+#define MM_KERNEL(NAME, QT, R, C)                                                              \
+    extern "C" __global__ void __launch_bounds__(MM_WARPS * 32)                               \
+        mm_##NAME##_r##R##_c##C(const u8* W, long long row_bytes, int out_rows, int K,          \
+                                const float* X, int ldx, int n, float* Y, int ldy,             \
+                                const float* G, float eps, const float* Res, int ldr, int act, \
+                                int half, int ksplit) {                                        \
+        mm_body<QT, R, C>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps, Res, ldr, act, \
+                          half, ksplit);                                                       \
     }
 
 // C (columns per warp) only changes which warp computes a value, never its reduction
 // order, so the backend picks C per launch: 1 keeps small matrices spread over the
-// whole chip, 4 shares each input load across 4 columns for large ones.
-#define MM_ALL_R(NAME, QT)                                                             \
-    MM_KERNEL(NAME, QT, 1, 1) MM_KERNEL(NAME, QT, 2, 1) MM_KERNEL(NAME, QT, 4, 1)          \
-    MM_KERNEL(NAME, QT, 4, 4) MM_KERNEL(NAME, QT, 8, 1) MM_KERNEL(NAME, QT, 8, 4)          \
-    MM_KERNEL(NAME, QT, 16, 1) MM_KERNEL(NAME, QT, 16, 4)
-
-MM_ALL_R(f32, QT_F32)
-MM_ALL_R(f16, QT_F16)
-MM_ALL_R(bf16, QT_BF16)
-MM_ALL_R(q4_0, QT_Q4_0)
-MM_ALL_R(q4_1, QT_Q4_1)
-MM_ALL_R(q5_0, QT_Q5_0)
-MM_ALL_R(q5_1, QT_Q5_1)
-MM_ALL_R(q8_0, QT_Q8_0)
-MM_ALL_R(q4_k, QT_Q4_K)
-MM_ALL_R(q5_k, QT_Q5_K)
-MM_ALL_R(q6_k, QT_Q6_K)
+// whole chip, 4 shares each input load across 4 columns for large ones; the gated
+// mode takes gate/up pairs (C = 2 or 4).
+#define MM_ALL_R(NAME, QT)                                                                    \
+    MM_KERNEL(NAME, QT, 1, 1) MM_KERNEL(NAME, QT, 1, 2) MM_KERNEL(NAME, QT, 1, 4)               \
+    MM_KERNEL(NAME, QT, 2, 1) MM_KERNEL(NAME, QT, 2, 2) MM_KERNEL(NAME, QT, 2, 4)               \
+    MM_KERNEL(NAME, QT, 4, 1) MM_KERNEL(NAME, QT, 4, 2) MM_KERNEL(NAME, QT, 4, 4)               \
+    MM_KERNEL(NAME, QT, 8, 1) MM_KERNEL(NAME, QT, 8, 2) MM_KERNEL(NAME, QT, 8, 4)               \
+    MM_KERNEL(NAME, QT, 16, 1) MM_KERNEL(NAME, QT, 16, 2) MM_KERNEL(NAME, QT, 16, 4)
 
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>
@@ -139,17 +263,9 @@ __device__ __forceinline__ void embed_body(const u8* table, long long row_bytes,
         embed_body<QT>(table, row_bytes, K, ids, out);                                          \
     }
 
-EMBED_KERNEL(f32, QT_F32)
-EMBED_KERNEL(f16, QT_F16)
-EMBED_KERNEL(bf16, QT_BF16)
-EMBED_KERNEL(q4_0, QT_Q4_0)
-EMBED_KERNEL(q4_1, QT_Q4_1)
-EMBED_KERNEL(q5_0, QT_Q5_0)
-EMBED_KERNEL(q5_1, QT_Q5_1)
-EMBED_KERNEL(q8_0, QT_Q8_0)
-EMBED_KERNEL(q4_k, QT_Q4_K)
-EMBED_KERNEL(q5_k, QT_Q5_K)
-EMBED_KERNEL(q6_k, QT_Q6_K)
+
+#ifdef ECHOLINE_COMMON
+// Kernels that do not depend on a quant type: built once, in the common module.
 
 // RMSNorm of each row (row stride ldx), times weight; one block of 256 threads per row.
 extern "C" __global__ void rms_norm(const float* X, int ldx, const float* weight, int d, float eps,
@@ -170,7 +286,21 @@ extern "C" __global__ void rms_norm(const float* X, int ldx, const float* weight
     for (int k = threadIdx.x; k < d; k += 256) y[k] = __fmul_rn(__fmul_rn(x[k], inv), weight[k]);
 }
 
-// RoPE on x (n, H, hd) with row stride ldx; out contiguous. Angles in double, like ggml.
+// One RoPE pair (k, k + hd/2 for neox, else 2k, 2k+1) of one head vector; angles in
+// double, like ggml. Shared by rope and rope_store so both rotate alike, bit for bit.
+__device__ __forceinline__ void rope_pair(const float* x, float* y, int k, int hd, int p,
+                                          double base, int neox) {
+    int half = hd >> 1;
+    double ang = (double)p * pow(base, -2.0 * (double)k / (double)hd);
+    float c = (float)cos(ang), s = (float)sin(ang);
+    int ia = neox ? k : 2 * k;
+    int ib = neox ? k + half : 2 * k + 1;
+    float a = x[ia], b = x[ib];
+    y[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    y[ib] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
+// RoPE on x (n, H, hd) with row stride ldx; out contiguous.
 extern "C" __global__ void rope(const float* X, int ldx, const int* pos, int n, int H, int hd,
                                 double base, int neox, float* out) {
     int half = hd >> 1;
@@ -181,15 +311,55 @@ extern "C" __global__ void rope(const float* X, int ldx, const int* pos, int n, 
         long long rh = t / half;
         int h = (int)(rh % H);
         int i = (int)(rh / H);
-        double ang = (double)pos[i] * pow(base, -2.0 * (double)k / (double)hd);
-        float c = (float)cos(ang), s = (float)sin(ang);
-        const float* x = X + (long long)i * ldx + (long long)h * hd;
-        float* y = out + ((long long)i * H + h) * hd;
-        int ia = neox ? k : 2 * k;
-        int ib = neox ? k + half : 2 * k + 1;
-        float a = x[ia], b = x[ib];
-        y[ia] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-        y[ib] = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+        rope_pair(X + (long long)i * ldx + (long long)h * hd, out + ((long long)i * H + h) * hd, k, hd,
+                  pos[i], base, neox);
+    }
+}
+
+// The attention prologue of one layer in one launch: q rotated into qout (n, H, hd);
+// k rotated straight into kc[pos[i]] and v copied into vc[pos[i]] (linear caches).
+// Same arithmetic as rope + write_cache, so both paths agree bit for bit.
+extern "C" __global__ void rope_store(const float* Qx, int ldq, const float* Kx, int ldk,
+                                      const float* Vx, int ldv, const int* pos, int n, int H,
+                                      int KVH, int hd, double base, int neox, float* qout,
+                                      float* kc, float* vc) {
+    int half = hd >> 1;
+    long long nq = (long long)n * H * half, nk = (long long)n * KVH * half;
+    long long vw = (long long)KVH * hd;
+    long long total = nq + nk + n * vw;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        if (t < nq) {
+            int k = (int)(t % half);
+            long long rh = t / half;
+            int h = (int)(rh % H), i = (int)(rh / H);
+            rope_pair(Qx + (long long)i * ldq + (long long)h * hd, qout + ((long long)i * H + h) * hd,
+                      k, hd, pos[i], base, neox);
+        } else if (t < nq + nk) {
+            long long u = t - nq;
+            int k = (int)(u % half);
+            long long rh = u / half;
+            int h = (int)(rh % KVH), i = (int)(rh / KVH);
+            rope_pair(Kx + (long long)i * ldk + (long long)h * hd,
+                      kc + ((long long)pos[i] * KVH + h) * hd, k, hd, pos[i], base, neox);
+        } else {
+            long long u = t - nq - nk;
+            int i = (int)(u / vw);
+            long long r = u - i * vw;
+            vc[(long long)pos[i] * vw + r] = Vx[(long long)i * ldv + r];
+        }
+    }
+}
+
+// out = act(gate) * up for the gated FFN when the product could not fuse it (gate and
+// up in different quant types); same arithmetic as the fused epilogue.
+extern "C" __global__ void glu_act(const float* Gt, int ldg, const float* U, int ldu, int n,
+                                   int width, int act, float* out) {
+    long long total = (long long)n * width;
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        int i = (int)(t / width), k = (int)(t % width);
+        out[t] = act_glu(act, Gt[(long long)i * ldg + k], U[(long long)i * ldu + k]);
     }
 }
 
@@ -205,25 +375,42 @@ extern "C" __global__ void write_cache(float* cache, const float* rows, int ldr,
     }
 }
 
-// Attention, pass 1: block (split s, kv head g) stages keys [s*S, s*S+S) of head g in
-// shared memory, then each warp takes (row, head-in-group) items and writes that split's
-// unnormalized output, max and sum. S (keys per split) is fixed per head size.
-// Shared: K tile S x (hd+1) (padded: lanes read different keys), V tile S x hd.
-extern "C" __global__ void __launch_bounds__(256)
-    attn_partial(const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n,
-                 int H, int KVH, int hd, int S, int window, float scale, int nsplit, float* Opart,
-                 float* Mpart, float* Lpart) {
+// Attention, pass 1: block (split s, kv head g, item chunk z) stages keys [s*S, s*S+S)
+// of head g in shared memory, with the q vectors of its items (row, head-in-group)
+// z*8 .. z*8+7; warp w takes item z*8+w and writes that split's unnormalized output,
+// max and sum. S (keys per split) is fixed per backend. A row's arithmetic does not
+// depend on which block or warp computes it: the same for every row count.
+// Shared: K tile S x (hd+1) (padded: lanes read different keys), V tile S x hd, q 8 x hd.
+// DPL = hd / 32 dims per lane, a compile-time constant (no predicated-off work).
+#define ATTN_ITEMS 8
+template <int DPL>
+__device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const float* Kc,
+                                                  const float* Vc, const int* pos, int n, int H,
+                                                  int KVH, int S, int window, float scale,
+                                                  int nsplit, float* Opart, float* Mpart,
+                                                  float* Lpart) {
+    constexpr int hd = DPL * 32;
     extern __shared__ float smem[];
     int s = blockIdx.x, g = blockIdx.y;
+    int group = H / KVH;
+    int item0 = blockIdx.z * ATTN_ITEMS;
+    int items = min(ATTN_ITEMS, n * group - item0);
     int j0 = s * S;
     int pmax = -1;
-    for (int i = 0; i < n; ++i) pmax = max(pmax, pos[i]);
+    for (int it = 0; it < items; ++it) pmax = max(pmax, pos[(item0 + it) / group]);
     if (j0 > pmax) return;
     int jn = min(S, pmax + 1 - j0);
     float* Ks = smem;
     float* Vs = smem + S * (hd + 1);
-    // 16-byte loads, several in flight per thread (the K tile is padded: scalar stores)
-    int hd4 = hd >> 2;
+    float* Qs = Vs + S * hd;
+    constexpr int hd4 = hd / 4;
+    for (int t = threadIdx.x; t < items * hd4; t += blockDim.x) {
+        int it = t / hd4, d = (t - it * hd4) << 2;
+        int item = item0 + it;
+        int i = item / group, h = g * group + item % group;
+        *reinterpret_cast<float4*>(Qs + it * hd + d) =
+            *reinterpret_cast<const float4*>(Q + (long long)i * ldq + (long long)h * hd + d);
+    }
 #pragma unroll 4
     for (int t = threadIdx.x; t < jn * hd4; t += blockDim.x) {
         int jj = t / hd4, d = (t - jj * hd4) << 2;
@@ -235,127 +422,148 @@ extern "C" __global__ void __launch_bounds__(256)
         *reinterpret_cast<float4*>(Vs + jj * hd + d) = vv;
     }
     __syncthreads();
-    int group = H / KVH;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp >= items) return;
+    int item = item0 + warp;
+    int i = item / group, h = g * group + item % group;
+    int p = pos[i];
+    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    if (j0 > p || j0 + S <= lo) return;  // this split is outside row i's range
+    const float* q = Qs + warp * hd;
     int kpl = S >> 5;  // keys per lane, <= 4
-    for (int item = warp; item < n * group; item += (blockDim.x >> 5)) {
-        int i = item / group, h = g * group + item % group;
-        int p = pos[i];
-        int lo = window > 0 ? max(0, p - window + 1) : 0;
-        if (j0 > p || j0 + S <= lo) continue;  // this split is outside row i's range
-        const float* q = Q + (long long)i * ldq + (long long)h * hd;
-        float sc[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        float m = -INFINITY;
+    float sc[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    float m = -INFINITY;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            if (u >= kpl) break;
-            int jj = lane + 32 * u, j = j0 + jj;
-            float v = -INFINITY;
-            if (j >= lo && j <= p) {
-                // four independent chains (dims d % 4), summed in a fixed order: a quarter
-                // of the latency of one chain, and the same for every row count
-                const float* kr = Ks + jj * (hd + 1);
-                const float4* q4 = reinterpret_cast<const float4*>(q);
-                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-#pragma unroll 4
-                for (int e = 0; e < (hd >> 2); ++e) {
-                    float4 qq = q4[e];
-                    d0 = fmaf(qq.x, kr[4 * e], d0);
-                    d1 = fmaf(qq.y, kr[4 * e + 1], d1);
-                    d2 = fmaf(qq.z, kr[4 * e + 2], d2);
-                    d3 = fmaf(qq.w, kr[4 * e + 3], d3);
-                }
-                float dot = __fadd_rn(__fadd_rn(d0, d1), __fadd_rn(d2, d3));
-                v = __fmul_rn(dot, scale);
+    for (int u = 0; u < 4; ++u) {
+        if (u >= kpl) break;
+        int jj = lane + 32 * u, j = j0 + jj;
+        float v = -INFINITY;
+        if (j >= lo && j <= p) {
+            // four independent chains (dims d % 4), summed in a fixed order
+            const float* kr = Ks + jj * (hd + 1);
+            const float4* q4 = reinterpret_cast<const float4*>(q);
+            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma unroll 8
+            for (int e = 0; e < hd4; ++e) {
+                float4 qq = q4[e];
+                d0 = fmaf(qq.x, kr[4 * e], d0);
+                d1 = fmaf(qq.y, kr[4 * e + 1], d1);
+                d2 = fmaf(qq.z, kr[4 * e + 2], d2);
+                d3 = fmaf(qq.w, kr[4 * e + 3], d3);
             }
-            sc[u] = v;
-            m = fmaxf(m, v);
+            float dot = __fadd_rn(__fadd_rn(d0, d1), __fadd_rn(d2, d3));
+            v = __fmul_rn(dot, scale);
         }
-        m = warp_max(m);
-        float l = 0.0f;
+        sc[u] = v;
+        m = fmaxf(m, v);
+    }
+    m = warp_max(m);
+    float l = 0.0f;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            if (u >= kpl) break;
-            sc[u] = sc[u] == -INFINITY ? 0.0f : expf(__fsub_rn(sc[u], m));
-            l = __fadd_rn(l, sc[u]);
-        }
-        l = warp_sum(l);
-        long long base = ((long long)i * H + h) * nsplit + s;
-        float acc[8];
-        int dpl = (hd + 31) >> 5;  // dims per lane, <= 8
+    for (int u = 0; u < 4; ++u) {
+        if (u >= kpl) break;
+        sc[u] = sc[u] == -INFINITY ? 0.0f : expf(__fsub_rn(sc[u], m));
+        l = __fadd_rn(l, sc[u]);
+    }
+    l = warp_sum(l);
+    long long base = ((long long)i * H + h) * nsplit + s;
+    float acc[DPL];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-        int jlast = min(jn, p + 1 - j0);
+    for (int e = 0; e < DPL; ++e) acc[e] = 0.0f;
+    int jlast = min(jn, p + 1 - j0);
 #pragma unroll 4
-        for (int jj = max(0, lo - j0); jj < jlast; ++jj) {
-            // weight of key jj lives in lane jj % 32, slot jj / 32 (no dynamic register index)
-            int slot = jj >> 5;
-            float mine = slot == 0 ? sc[0] : slot == 1 ? sc[1] : slot == 2 ? sc[2] : sc[3];
-            float pj = __shfl_sync(0xffffffffu, mine, jj & 31);
-            const float* vr = Vs + jj * hd;
+    for (int jj = max(0, lo - j0); jj < jlast; ++jj) {
+        // weight of key jj lives in lane jj % 32, slot jj / 32 (no dynamic register index)
+        int slot = jj >> 5;
+        float mine = slot == 0 ? sc[0] : slot == 1 ? sc[1] : slot == 2 ? sc[2] : sc[3];
+        float pj = __shfl_sync(0xffffffffu, mine, jj & 31);
+        const float* vr = Vs + jj * hd + lane;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                int d = lane + 32 * e;
-                if (e < dpl && d < hd) acc[e] = fmaf(pj, vr[d], acc[e]);
-            }
-        }
+        for (int e = 0; e < DPL; ++e) acc[e] = fmaf(pj, vr[32 * e], acc[e]);
+    }
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            if (e >= dpl) break;
-            int d = lane + 32 * e;
-            if (d < hd) Opart[base * hd + d] = acc[e];
-        }
-        if (lane == 0) {
-            Mpart[base] = m;
-            Lpart[base] = l;
-        }
+    for (int e = 0; e < DPL; ++e) Opart[base * hd + lane + 32 * e] = acc[e];
+    if (lane == 0) {
+        Mpart[base] = m;
+        Lpart[base] = l;
     }
 }
 
-// Attention, pass 2: merge row i's splits in order; block (h, i), one thread per dim.
-extern "C" __global__ void attn_combine(const float* Opart, const float* Mpart, const float* Lpart,
-                                        const int* pos, int H, int hd, int S, int window,
-                                        int nsplit, float* out) {
-    int h = blockIdx.x, i = blockIdx.y, d = threadIdx.x;
+#define ATTN_PARTIAL(DPL)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) attn_partial_d##DPL(                      \
+        const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
+        int KVH, int S, int window, float scale, int nsplit, float* Opart, float* Mpart,         \
+        float* Lpart) {                                                                          \
+        attn_partial_body<DPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, S, window, scale, nsplit, Opart,  \
+                               Mpart, Lpart);                                                    \
+    }
+ATTN_PARTIAL(1) ATTN_PARTIAL(2) ATTN_PARTIAL(3) ATTN_PARTIAL(4)
+ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
+
+// Merge one more (max, sum, output) triple into a running one, online-softmax style.
+__device__ __forceinline__ void softmax_merge(float& M, float& L, float& o, float m2, float l2,
+                                              float o2) {
+    if (m2 == -INFINITY) return;
+    float nm = fmaxf(M, m2);
+    float f1 = M == -INFINITY ? 0.0f : expf(__fsub_rn(M, nm));
+    float f2 = expf(__fsub_rn(m2, nm));
+    L = fmaf(l2, f2, __fmul_rn(L, f1));
+    o = fmaf(o2, f2, __fmul_rn(o, f1));
+    M = nm;
+}
+
+// Attention, pass 2: merge row i's splits; block (h, i) of 256 threads = G groups of hd
+// (G = 256 / hd). Group t merges splits s0 + t, s0 + t + G, ... in batches of 8 (loads
+// of a batch in flight together), then group 0 merges the G results in group order.
+// The order depends on the row's position and hd only: the same for every row count.
+#define COMBINE_BATCH 8
+extern "C" __global__ void __launch_bounds__(256)
+    attn_combine(const float* Opart, const float* Mpart, const float* Lpart, const int* pos, int H,
+                 int hd, int S, int window, int nsplit, float* out) {
+    __shared__ float so[256], sm[8], sl[8];
+    int h = blockIdx.x, i = blockIdx.y;
+    int G = blockDim.x / hd;
+    int grp = threadIdx.x / hd, d = threadIdx.x - grp * hd;
     int p = pos[i];
     int lo = window > 0 ? max(0, p - window + 1) : 0;
     int s0 = lo / S, s1 = p / S;
     long long base = ((long long)i * H + h) * nsplit;
-    // Loads go out 16 splits at a time (independent), the sums stay in split order:
-    // a serial load-then-add loop waited one L2 round trip per split (~20 us at 2k keys).
-    float M = -INFINITY;
-    int s = s0;
-    for (; s + 16 <= s1 + 1; s += 16) {
-        float mv[16];
+    float M = -INFINITY, L = 0.0f, o = 0.0f;
+    if (grp < G) {
+        for (int s = s0 + grp; s <= s1; s += COMBINE_BATCH * G) {
+            float mv[COMBINE_BATCH], lv[COMBINE_BATCH], ov[COMBINE_BATCH];
 #pragma unroll
-        for (int u = 0; u < 16; ++u) mv[u] = Mpart[base + s + u];
+            for (int u = 0; u < COMBINE_BATCH; ++u) {
+                int su = s + u * G;
+                bool ok = su <= s1;
+                mv[u] = ok ? Mpart[base + su] : -INFINITY;
+                lv[u] = ok ? Lpart[base + su] : 0.0f;
+                ov[u] = ok ? Opart[(base + su) * hd + d] : 0.0f;
+            }
+            float bm = M;
 #pragma unroll
-        for (int u = 0; u < 16; ++u) M = fmaxf(M, mv[u]);
-    }
-    for (; s <= s1; ++s) M = fmaxf(M, Mpart[base + s]);
-    float o = 0.0f, L = 0.0f;
-    s = s0;
-    for (; s + 16 <= s1 + 1; s += 16) {
-        float mv[16], lv[16], ov[16];
+            for (int u = 0; u < COMBINE_BATCH; ++u) bm = fmaxf(bm, mv[u]);
+            float f = M == -INFINITY ? 0.0f : expf(__fsub_rn(M, bm));
+            L = __fmul_rn(L, f);
+            o = __fmul_rn(o, f);
 #pragma unroll
-        for (int u = 0; u < 16; ++u) {
-            mv[u] = Mpart[base + s + u];
-            lv[u] = Lpart[base + s + u];
-            ov[u] = Opart[(base + s + u) * hd + d];
+            for (int u = 0; u < COMBINE_BATCH; ++u) {
+                float e = mv[u] == -INFINITY ? 0.0f : expf(__fsub_rn(mv[u], bm));
+                L = fmaf(lv[u], e, L);
+                o = fmaf(ov[u], e, o);
+            }
+            M = bm;
         }
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-            float f = expf(__fsub_rn(mv[u], M));
-            L = fmaf(lv[u], f, L);
-            o = fmaf(ov[u], f, o);
+        so[threadIdx.x] = o;
+        if (d == 0) {
+            sm[grp] = M;
+            sl[grp] = L;
         }
     }
-    for (; s <= s1; ++s) {
-        float f = expf(__fsub_rn(Mpart[base + s], M));
-        L = fmaf(Lpart[base + s], f, L);
-        o = fmaf(Opart[(base + s) * hd + d], f, o);
-    }
-    if (d < hd) out[((long long)i * H + h) * hd + d] = __fdiv_rn(o, L);
+    __syncthreads();
+    if (grp != 0) return;
+    for (int t = 1; t < G; ++t) softmax_merge(M, L, o, sm[t], sl[t], so[t * hd + d]);
+    out[((long long)i * H + h) * hd + d] = __fdiv_rn(o, L);
 }
 
 // Greedy pick per row: largest logit, ties to the lowest id; block of 1024 per row.
@@ -385,3 +593,5 @@ extern "C" __global__ void argmax_rows(const float* X, int ldx, int V, int* out)
     }
     if (threadIdx.x == 0) out[blockIdx.x] = bi[0] == 0x7fffffff ? 0 : bi[0];
 }
+
+#endif  // ECHOLINE_COMMON

@@ -54,6 +54,26 @@ __device__ __forceinline__ void ld8(const u8* p, u8 b[8]) {
     }
 }
 
+// Byte k of v (an integer 0..255) as a float, minus (bias - 2^23): exact for these small
+// integers, and two full-rate instructions (byte permute into the mantissa of 2^23, then
+// a subtract) instead of shift, mask and the quarter-rate int-to-float conversion.
+// Every quant type converts its codes through here, so each weight dequantizes to the
+// same float as before (checked against gguf-py by the embedding test).
+template <int k>
+__device__ __forceinline__ float byte_f(u32 v, float bias) {
+    return __fsub_rn(__int_as_float(__byte_perm(v, 0x4B000000u, 0x7650 | k)), bias);
+}
+
+// Four codes of one 32-bit word as floats (code - (bias - 2^23)).
+__device__ __forceinline__ void bytes4_f(u32 v, float bias, float* f) {
+    f[0] = byte_f<0>(v, bias);
+    f[1] = byte_f<1>(v, bias);
+    f[2] = byte_f<2>(v, bias);
+    f[3] = byte_f<3>(v, bias);
+}
+
+#define MAGIC 8388608.0f
+
 // Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7).
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
     if (j < 4) {
@@ -103,11 +123,13 @@ __device__ __forceinline__ void dq8<QT_Q4_0>(const u8* row, int c, float w[8]) {
     const u8* blk = row + (c >> 2) * 18;
     int sub = c & 3;
     float d = ldh(blk);
-    u8 b[8];
-    ld8(blk + 2 + (sub & 1) * 8, b);
+    const u8* qs = blk + 2 + (sub & 1) * 8;
     int shift = (sub >> 1) * 4;
+    float f[8];
+    bytes4_f((ld32u(qs) >> shift) & 0x0F0F0F0Fu, MAGIC + 8.0f, f);
+    bytes4_f((ld32u(qs + 4) >> shift) & 0x0F0F0F0Fu, MAGIC + 8.0f, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, (float)(((b[i] >> shift) & 0xF) - 8));
+    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, f[i]);
 }
 
 template <>
@@ -115,11 +137,13 @@ __device__ __forceinline__ void dq8<QT_Q4_1>(const u8* row, int c, float w[8]) {
     const u8* blk = row + (c >> 2) * 20;
     int sub = c & 3;
     float d = ldh(blk), m = ldh(blk + 2);
-    u8 b[8];
-    ld8(blk + 4 + (sub & 1) * 8, b);
+    const u8* qs = blk + 4 + (sub & 1) * 8;
     int shift = (sub >> 1) * 4;
+    float f[8];
+    bytes4_f((ld32u(qs) >> shift) & 0x0F0F0F0Fu, MAGIC, f);
+    bytes4_f((ld32u(qs + 4) >> shift) & 0x0F0F0F0Fu, MAGIC, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = __fadd_rn(__fmul_rn(d, (float)((b[i] >> shift) & 0xF)), m);
+    for (int i = 0; i < 8; ++i) w[i] = __fadd_rn(__fmul_rn(d, f[i]), m);
 }
 
 template <>
@@ -160,10 +184,12 @@ template <>
 __device__ __forceinline__ void dq8<QT_Q8_0>(const u8* row, int c, float w[8]) {
     const u8* blk = row + (c >> 2) * 34;
     float d = ldh(blk);
-    u8 b[8];
-    ld8(blk + 2 + (c & 3) * 8, b);
+    const u8* qs = blk + 2 + (c & 3) * 8;
+    float f[8];  // signed codes: flip the sign bit (b + 128), subtract 128 more
+    bytes4_f(ld32u(qs) ^ 0x80808080u, MAGIC + 128.0f, f);
+    bytes4_f(ld32u(qs + 4) ^ 0x80808080u, MAGIC + 128.0f, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, (float)(signed char)b[i]);
+    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, f[i]);
 }
 
 template <>
@@ -176,13 +202,12 @@ __device__ __forceinline__ void dq8<QT_Q4_K>(const u8* row, int c, float w[8]) {
     scale_min_k4(2 * j + h, blk + 4, sc, mn);
     float d1 = __fmul_rn(d, (float)sc), m1 = __fmul_rn(dmin, (float)mn);
     uint2 v = *reinterpret_cast<const uint2*>(blk + 16 + 32 * j + l0);  // 8-aligned: 144 = 16 * 9
-    u32 u[2] = {v.x, v.y};
     int shift = h * 4;
+    float f[8];
+    bytes4_f((v.x >> shift) & 0x0F0F0F0Fu, MAGIC, f);
+    bytes4_f((v.y >> shift) & 0x0F0F0F0Fu, MAGIC, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        int q = (u[i >> 2] >> (8 * (i & 3) + shift)) & 0xF;
-        w[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
-    }
+    for (int i = 0; i < 8; ++i) w[i] = __fsub_rn(__fmul_rn(d1, f[i]), m1);
 }
 
 template <>
@@ -215,13 +240,15 @@ __device__ __forceinline__ void dq8<QT_Q6_K>(const u8* row, int c, float w[8]) {
     float d = ldh(blk + 208);
     int sc = (int)(signed char)blk[192 + 8 * half + (l0 >> 4) + 2 * quarter];
     float ds = __fmul_rn(d, (float)sc);
-    u8 ql[8], qh[8];
-    ld8(blk + 64 * half + l0 + ((quarter & 1) ? 32 : 0), ql);
-    ld8(blk + 128 + 32 * half + l0, qh);
+    const u8* ql = blk + 64 * half + l0 + ((quarter & 1) ? 32 : 0);
+    const u8* qh = blk + 128 + 32 * half + l0;
     int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+    float f[8];  // 6-bit codes, low 4 bits from ql, high 2 from qh, minus 32
+    bytes4_f(((ld32u(ql) >> lshift) & 0x0F0F0F0Fu) | (((ld32u(qh) >> hshift) & 0x03030303u) << 4),
+             MAGIC + 32.0f, f);
+    bytes4_f(((ld32u(ql + 4) >> lshift) & 0x0F0F0F0Fu) |
+                 (((ld32u(qh + 4) >> hshift) & 0x03030303u) << 4),
+             MAGIC + 32.0f, f + 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        int q = (((ql[i] >> lshift) & 0xF) | (((qh[i] >> hshift) & 3) << 4)) - 32;
-        w[i] = __fmul_rn(ds, (float)q);
-    }
+    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(ds, f[i]);
 }
