@@ -431,9 +431,13 @@ async def on_inline_completion(
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
             return InlineOutcome(None, {}, prompt.mode)
         ended = threading.Event()
+        tok = engine.tokenizer
+        is_control = getattr(tok, "is_control", lambda _t: False)
 
         def on_token(ev: Any) -> None:
-            if block_end(removed_ws(ev.text), indent) is not None:
+            # A control token (a FIM model's <|fim_suffix|>, <|file_sep|>, ...) ends the
+            # middle: its text must never reach the user's buffer.
+            if any(is_control(t) for t in ev.new_ids) or block_end(removed_ws(ev.text), indent) is not None:
                 ended.set()
                 cancel.set()
 
@@ -448,7 +452,10 @@ async def on_inline_completion(
         stats = result.stats.as_dict()
         if result.finish_reason == "cancelled" and not ended.is_set():
             return InlineOutcome(None, stats, prompt.mode)
-        return InlineOutcome(finish_completion(removed_ws(result.text), indent), stats, prompt.mode)
+        ids = list(result.token_ids)
+        cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
+        generated = result.text if cut is None else tok.decode(ids[:cut])
+        return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode)
 
     try:
         out = await ls.run_job(job, kind="inline", key=("inline", uri))

@@ -126,3 +126,91 @@ def write_model(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# ---- a FIM-shaped qwen2 model with a real byte-level BPE vocabulary --------------------------
+
+FIM_SPECIALS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+FIM_MERGES = (("Ġ", "Ġ"), ("ĠĠ", "ĠĠ"), ("d", "e"), ("de", "f"), ("r", "e"), ("re", "t"))
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character table (byte-level BPE token texts)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars = list(keep)
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    table = dict(zip(keep, chars, strict=True))
+    return [chr(table[b]) for b in range(256)]
+
+
+def fim_vocab() -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) of a Qwen2.5-Coder-shaped vocabulary in miniature:
+    256 byte tokens, a few merges, then the control tokens (FIM ones included)."""
+    tokens = _byte_chars() + [a + b for a, b in FIM_MERGES]
+    types = [1] * len(tokens)  # normal
+    tokens += list(FIM_SPECIALS)
+    types += [3] * len(FIM_SPECIALS)  # control
+    return tokens, types, [f"{a} {b}" for a, b in FIM_MERGES]
+
+
+def write_fim_qwen2_model(path: Path, *, seed: int = 0, context: int = 2048) -> Path:
+    """A random ``qwen2`` model whose GGUF carries a byte-level BPE tokenizer with
+    ``<|fim_prefix|>``, ``<|fim_suffix|>``, ``<|fim_middle|>`` (ids also in the
+    ``tokenizer.ggml.fim_*_token_id`` keys, as recent conversions of Qwen2.5-Coder do).
+
+    Written in two steps: the weights with ``write_model``, then copied into a new
+    file together with the tokenizer metadata (gguf's writer wants all keys first).
+    """
+    tokens, types, merges = fim_vocab()
+    tmp = path.with_suffix(".weights.gguf")
+    write_model(tmp, "qwen2", vocab=len(tokens), context=context, seed=seed, tied=False)
+    reader = gguf.GGUFReader(str(tmp))
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            continue
+        w.add_key_value(field.name, field.contents(), vtype)
+    ids = {t: i for i, t in enumerate(tokens)}
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(ids["<|endoftext|>"])
+    w.add_eos_token_id(ids["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_uint32("tokenizer.ggml.fim_pre_token_id", ids["<|fim_prefix|>"])
+    w.add_uint32("tokenizer.ggml.fim_suf_token_id", ids["<|fim_suffix|>"])
+    w.add_uint32("tokenizer.ggml.fim_mid_token_id", ids["<|fim_middle|>"])
+    w.add_uint32("tokenizer.ggml.fim_pad_token_id", ids["<|fim_pad|>"])
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.tensor_type in (Q.F32, Q.F16):
+            w.add_tensor(t.name, data.reshape([int(x) for x in reversed(t.shape)]))
+        else:
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)  # bytes, shaped (rows, row bytes)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    del reader
+    tmp.unlink()
+    return path

@@ -1,0 +1,237 @@
+"""Inline completion on a FIM-shaped model, through the real server over stdio.
+
+The model is a tiny random ``qwen2`` GGUF whose vocabulary holds
+``<|fim_prefix|>``, ``<|fim_suffix|>``, ``<|fim_middle|>`` (tests/synth.py), so
+the server must build a fill-in-the-middle prompt. The server runs as this file
+executed as a script: the real ``sidecar.server`` with the real engine, with
+``Engine.generate`` wrapped to log what the engine received (prompt ids) and
+produced, so the test can check the prompt layout token by token:
+prefix before suffix, the special tokens' ids, user text that merely spells a
+special token staying plain text, and that the reply is the model's greedy one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":  # the probe server: python tests/test_fim_inline.py LOG
+
+    def _probe(log_path: str) -> None:
+        from engine.api import Engine
+        from sidecar import server
+
+        original = Engine.generate
+
+        def generate(self: Any, prompt_ids: Any, **kw: Any) -> Any:
+            result = original(self, prompt_ids, **kw)
+            record = {
+                "session": kw.get("session"),
+                "prompt": [int(t) for t in prompt_ids],
+                "token_ids": [int(t) for t in result.token_ids],
+                "text": result.text,
+                "finish": result.finish_reason,
+            }
+            with open(log_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(record) + "\n")
+            return result
+
+        Engine.generate = generate  # type: ignore[method-assign]
+        server.run_stdio()
+
+    _probe(sys.argv[1])
+    sys.exit(0)
+
+import asyncio  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+import pytest_asyncio  # noqa: E402
+from lsprotocol import types  # noqa: E402
+from pytest_lsp import ClientServerConfig, LanguageClient  # noqa: E402
+
+from sidecar.prompts import finish_completion, indentation, unheal  # noqa: E402
+from tests.synth import FIM_MERGES, _byte_chars, fim_vocab, write_fim_qwen2_model  # noqa: E402
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+INLINE_MAX = 24
+TOKENS, _TYPES, _MERGES = fim_vocab()
+ID = {t: i for i, t in enumerate(TOKENS)}
+N_PLAIN = 256 + len(FIM_MERGES)  # ids below this are byte / merged tokens (plain text)
+
+# User text that spells special tokens: it must reach the model as plain bytes.
+PREFIX = (
+    "import math\n"
+    "\n"
+    "# markers typed by the user: <|fim_suffix|> <|fim_middle|>\n"
+    "def area(r):\n"
+    "    return "
+)
+SUFFIX = (
+    "\n"
+    "\n"
+    "\n"
+    "def label():\n"
+    '    return "<|fim_prefix|>"\n'
+)
+MID_PREFIX = "def total(xs):\n    s = sum("
+MID_SUFFIX = ")\n    return s\n"
+
+
+def reply_text(ids: list[int]) -> str:
+    """A reply's text up to its first control token (which ends an inline completion)."""
+    back = {c: b for b, c in enumerate(_byte_chars())}
+    out = bytearray()
+    for t in ids:
+        if t >= N_PLAIN:
+            break
+        out.extend(back[c] for c in TOKENS[t])
+    return out.decode("utf-8", errors="replace")
+
+
+def decode_plain(ids: list[int]) -> str:
+    """Bytes of plain token ids, decoded without the engine (from the vocabulary written)."""
+    back = {c: b for b, c in enumerate(_byte_chars())}
+    out = bytearray()
+    for t in ids:
+        assert t < N_PLAIN, f"special token id {t} ({TOKENS[t]!r}) inside user text"
+        out.extend(back[c] for c in TOKENS[t])
+    return out.decode("utf-8")
+
+
+@pytest.fixture(scope="module")
+def fim_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fim_qwen2_model(tmp_path_factory.mktemp("fim") / "fim-qwen2.gguf", seed=2)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fimws")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def fim_lsp(fim_model: Path, workspace: Path, tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("log") / "generate.jsonl"
+    config = ClientServerConfig(server_command=[sys.executable, str(Path(__file__).resolve()), str(log)])
+    client = await config.start()
+    statuses: list[Any] = []
+
+    @client.feature("echoline/status")
+    def _status(params: Any) -> None:
+        statuses.append(params if isinstance(params, dict) else dict(params._asdict()))
+
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=types.ClientCapabilities(),
+            root_uri=workspace.as_uri(),
+            workspace_folders=[types.WorkspaceFolder(uri=workspace.as_uri(), name="ws")],
+            initialization_options={"echoline": {"model": str(fim_model), "inlineMaxTokens": INLINE_MAX}},
+        )
+    )
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not any(s.get("state") in ("ready", "error") for s in statuses):
+        await asyncio.sleep(0.05)
+    assert any(s.get("state") == "ready" for s in statuses), statuses
+    client.log_path = log  # type: ignore[attr-defined]
+    yield client
+    await client.shutdown_session()
+    await client.stop()
+
+
+@pytest.fixture(scope="module")
+def reference_engine(fim_model: Path) -> Any:
+    from engine.api import Engine
+
+    return Engine.load(str(fim_model))
+
+
+def generations(client: LanguageClient, session: str) -> list[dict[str, Any]]:
+    path: Path = client.log_path  # type: ignore[attr-defined]
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["session"] == session]
+
+
+async def complete(client: LanguageClient, workspace: Path, name: str, prefix: str, suffix: str):
+    path = workspace / name
+    text = prefix + suffix
+    path.write_text(text)
+    uri = path.as_uri()
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+        )
+    )
+    lines = prefix.split("\n")
+    pos = types.Position(line=len(lines) - 1, character=len(lines[-1]))
+    res = await client.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=pos,
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+        )
+    )
+    return uri, pos, res
+
+
+def check_fim_prompt(prompt: list[int], prefix_text: str, suffix_text: str) -> None:
+    pre, suf, mid = ID["<|fim_prefix|>"], ID["<|fim_suffix|>"], ID["<|fim_middle|>"]
+    assert prompt[0] == pre, "a FIM prompt starts with <|fim_prefix|> (no BOS for this model)"
+    assert prompt[-1] == mid, "and ends with <|fim_middle|>, where the model writes the middle"
+    for special in (pre, suf, mid):
+        assert prompt.count(special) == 1, f"{TOKENS[special]} occurs {prompt.count(special)} times"
+    cut = prompt.index(suf)
+    assert decode_plain(prompt[1:cut]) == prefix_text  # the prefix, then the suffix: PSM order
+    assert decode_plain(prompt[cut + 1 : -1]) == suffix_text
+
+
+def check_reply(
+    client: LanguageClient, engine: Any, uri: str, pos: types.Position, res: Any, prefix: str, removed: str
+) -> str:
+    runs = generations(client, "inline:" + uri)
+    assert len(runs) == 1, runs
+    run = runs[0]
+    # The reply is the model's greedy one on those ids (the server may stop it early
+    # at the end of the block; the tokens it made are the start of the full reply).
+    plain = engine.generate(run["prompt"], max_tokens=INLINE_MAX, spec=False)
+    assert run["token_ids"] and plain.token_ids[: len(run["token_ids"])] == run["token_ids"]
+    cursor_line = prefix.rsplit("\n", 1)[-1]
+    reply = unheal(reply_text(run["token_ids"]), removed)
+    expected = finish_completion(reply, indentation(cursor_line))
+    assert isinstance(res, types.InlineCompletionList)
+    if not expected:
+        assert res.items == []
+        return ""
+    assert len(res.items) == 1
+    item = res.items[0]
+    assert isinstance(item.insert_text, str) and item.insert_text == expected
+    assert reply.startswith(item.insert_text)
+    assert not any(t in item.insert_text for t in TOKENS[N_PLAIN:]), "control-token text in the completion"
+    assert item.range is not None and item.range.start == pos
+    assert item.range.end.line == pos.line and item.range.end.character >= pos.character
+    return item.insert_text
+
+
+async def test_fim_prompt_with_special_token_text_in_user_code(
+    fim_lsp: LanguageClient, workspace: Path, reference_engine: Any
+) -> None:
+    tok = reference_engine.tokenizer
+    assert tok.fim is not None and (tok.fim.prefix, tok.fim.suffix, tok.fim.middle) == (
+        ID["<|fim_prefix|>"], ID["<|fim_suffix|>"], ID["<|fim_middle|>"],
+    )
+    uri, pos, res = await complete(fim_lsp, workspace, "area.py", PREFIX, SUFFIX)
+    [run] = generations(fim_lsp, "inline:" + uri)
+    # the trailing space before the cursor is left out of the prompt (token healing)
+    check_fim_prompt(run["prompt"], PREFIX[:-1], SUFFIX)
+    check_reply(fim_lsp, reference_engine, uri, pos, res, PREFIX, " ")
+
+
+async def test_fim_prompt_mid_line(fim_lsp: LanguageClient, workspace: Path, reference_engine: Any) -> None:
+    uri, pos, res = await complete(fim_lsp, workspace, "total.py", MID_PREFIX, MID_SUFFIX)
+    [run] = generations(fim_lsp, "inline:" + uri)
+    check_fim_prompt(run["prompt"], MID_PREFIX, MID_SUFFIX)
+    check_reply(fim_lsp, reference_engine, uri, pos, res, MID_PREFIX, "")
