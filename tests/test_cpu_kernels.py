@@ -236,6 +236,67 @@ def test_attention_serial_and_parallel_paths_equal(monkeypatch: pytest.MonkeyPat
     assert np.array_equal(ops.attention(q, k, v, pos, 0, 0.125), par)
 
 
+@SETTINGS
+@given(
+    n=st.integers(1, 41),
+    heads=st.sampled_from([(9, 3), (4, 1), (2, 2), (6, 2)]),
+    hd=st.sampled_from([64, 256, 40, 96]),
+    window=st.sampled_from([0, 50, 512]),
+    ctx=st.integers(40, 900),
+    contiguous=st.booleans(),
+    row_tile=st.sampled_from([1, 3, 4, 5]),
+    seed=st.integers(0, 99),
+)
+def test_tiled_attention_rows_equal_decode_rows(n, heads, hd, window, ctx, contiguous, row_tile, seed) -> None:
+    """The row-tiled path (prefill chunks, long verifies) gives every row the bits of the
+    one-row decode path: odd row counts, rows crossing tile boundaries, any tile height,
+    sliding windows, GQA, head dims with a partial value slice, chunked prefills."""
+    rng = np.random.default_rng(seed)
+    nh, nkv = heads
+    n = min(n, ctx)
+    k = rng.standard_normal((ctx, nkv, hd)).astype(np.float32)
+    v = rng.standard_normal((ctx, nkv, hd)).astype(np.float32)
+    q = (rng.standard_normal((n, nh, hd)) * 2).astype(np.float32)
+    if contiguous:  # a prefill chunk or a verify: consecutive positions ending at the cache end
+        pos = np.arange(ctx - n, ctx)
+    else:
+        pos = np.sort(rng.integers(0, ctx, size=n))
+    scale = float(hd) ** -0.5
+    with pytest.MonkeyPatch.context() as mp:
+        _check_tiled_rows(mp, q, k, v, pos, window, scale, row_tile, int(rng.integers(0, n + 1)))
+
+
+def _check_tiled_rows(mp, q, k, v, pos, window, scale, row_tile, cut) -> None:
+    n = q.shape[0]
+    mp.setattr(ops, "ROW_TILE", row_tile)
+    mp.setattr(ops, "TILED_MIN_ROWS", 1)  # every call below is tiled ...
+    tiled = ops.attention(q, k, v, pos, window, scale)
+    ref = NumpyBackend().attention(q, k, v, pos, window, scale)
+    assert np.isfinite(tiled).all() and np.allclose(tiled, ref, rtol=1e-4, atol=2e-5)
+    # ... including a chunked prefill split anywhere
+    parts = [ops.attention(q[a:b], k, v, pos[a:b], window, scale) for a, b in ((0, cut), (cut, n)) if b > a]
+    assert np.array_equal(np.concatenate(parts), tiled)
+    mp.setattr(ops, "TILED_MIN_ROWS", 1 << 30)  # ... and the decode path, row by row
+    for i in range(n):
+        assert np.array_equal(ops.attention(q[i : i + 1], k, v, pos[i : i + 1], window, scale)[0], tiled[i])
+
+
+def test_tiled_attention_serial_parallel_and_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serial and parallel tiled runs, and both sides of TILED_MIN_ROWS, give the same bits."""
+    rng = np.random.default_rng(11)
+    k = rng.standard_normal((400, 3, 64)).astype(np.float32)
+    v = rng.standard_normal((400, 3, 64)).astype(np.float32)
+    q = rng.standard_normal((23, 9, 64)).astype(np.float32)
+    pos = np.arange(377, 400)
+    monkeypatch.setattr(ops, "TILED_MIN_ROWS", 1)
+    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1)
+    par = ops.attention(q, k, v, pos, 0, 0.125)
+    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1 << 60)
+    assert np.array_equal(ops.attention(q, k, v, pos, 0, 0.125), par)
+    monkeypatch.setattr(ops, "TILED_MIN_ROWS", 1 << 30)
+    assert np.array_equal(ops.attention(q, k, v, pos, 0, 0.125), par)
+
+
 def test_exp_nonpositive_accurate_and_lane_independent() -> None:
     rng = np.random.default_rng(3)
     x = -np.abs(rng.standard_normal(1000) * 30).astype(np.float32)

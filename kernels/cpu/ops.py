@@ -12,6 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.cpu._env import njit, prange
+from kernels.cpu.attention_tiled import (
+    SCORE_TILE,
+    VALUE_TILE,
+    _scores_1x32,
+    _scores_4x32,
+    _values_1x64,
+    _values_4x64,
+)
 
 _F = np.float32
 
@@ -480,6 +488,183 @@ def _attention_serial(q, k, v, positions, window, sc, first_block, scores, bits,
         _weigh_values(v, positions, window, scores, totals, out, task)
 
 
+# ---- multi-row attention: row tiles ---------------------------------------------------------
+# For many rows (prefill chunks, long verifies) the stages above re-read K and V once per
+# query vector. Here one task takes ROW_TILE rows x the query heads of one KV head, scores
+# SCORE_TILE query vectors x keys per register tile (each K^T element loaded once per
+# SCORE_TILE vectors), keeps its scores in a small local buffer (no (n, H, ctx) array
+# round trip through memory) and weighs V for VALUE_TILE vectors at a time. Per row and
+# head the arithmetic is exactly the stages' own:
+#   * a score is the same chain over d then * scale (the tile only changes which scores
+#     are computed side by side; scores outside a row's keys are computed and ignored);
+#   * softmax runs on the row's own key range with the same lane split from its first key;
+#   * P·V runs a tile over the union of its vectors' key ranges, with the weights outside a
+#     vector's range set to +0: o + (+0 * x) == o exactly for finite x (o is never -0: it
+#     starts at +0 and a round-to-nearest sum is -0 only when both terms are), so each
+#     output is the same chain over the row's own keys in key order. (Cache values are
+#     finite: a non-finite value would poison the rows that see it anyway.)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _softmax_span(row, bits, lo, hi):
+    """The operations of ``_softmax_row`` on row[lo:hi] (local indices); returns the sum."""
+    mx = row[lo]
+    for j in range(_U(lo + 1), _U(hi)):
+        mx = max(mx, row[j])
+    for j in range(_U(lo), _U(hi)):
+        row[j] = row[j] - mx
+    exp_nonpositive(row, bits, lo, hi)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = s9 = s10 = s11 = s12 = s13 = s14 = s15 = np.float32(0.0)
+    full = lo + (hi - lo) // 16 * 16
+    for j in range(lo, full, 16):
+        s0 += row[j + 0]
+        s1 += row[j + 1]
+        s2 += row[j + 2]
+        s3 += row[j + 3]
+        s4 += row[j + 4]
+        s5 += row[j + 5]
+        s6 += row[j + 6]
+        s7 += row[j + 7]
+        s8 += row[j + 8]
+        s9 += row[j + 9]
+        s10 += row[j + 10]
+        s11 += row[j + 11]
+        s12 += row[j + 12]
+        s13 += row[j + 13]
+        s14 += row[j + 14]
+        s15 += row[j + 15]
+    total = s0
+    total += s1
+    total += s2
+    total += s3
+    total += s4
+    total += s5
+    total += s6
+    total += s7
+    total += s8
+    total += s9
+    total += s10
+    total += s11
+    total += s12
+    total += s13
+    total += s14
+    total += s15
+    for j in range(full, hi):
+        total += row[j]
+    return total
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task):
+    """All heads of KV head ``task % nkv`` for one tile of rows; see the comment above."""
+    n, nh, hd = q.shape
+    nkv = v.shape[1]
+    group = nh // nkv
+    kv = task % nkv
+    t = task // nkv
+    ntiles = (n + row_tile - 1) // row_tile
+    # Alternate tiles from both ends: prange splits tasks into contiguous chunks, and
+    # later rows (higher positions) see more keys.
+    tile = t // 2 if t % 2 == 0 else ntiles - 1 - t // 2
+    r0 = tile * row_tile
+    r1 = min(n, r0 + row_tile)
+    nv = (r1 - r0) * group
+    ulo = positions[r0]
+    uhi = 0
+    for i in range(r0, r1):
+        ulo = min(ulo, _row_range(positions[i], window))
+        uhi = max(uhi, positions[i] + 1)
+    qn, kn = SCORE_TILE
+    vn, dn = VALUE_TILE
+    wl = (uhi - ulo + kn - 1) // kn * kn
+    qv = np.empty((nv, hd), dtype=np.float32)
+    los = np.empty(nv, dtype=np.int64)
+    his = np.empty(nv, dtype=np.int64)
+    for i in range(r0, r1):
+        for g in range(group):
+            a = (i - r0) * group + g
+            for d in range(hd):
+                qv[a, d] = q[i, kv * group + g, d]
+            los[a] = _row_range(positions[i], window) - ulo
+            his[a] = positions[i] + 1 - ulo
+    s = np.empty((nv, wl), dtype=np.float32)
+    bits = np.empty((nv, wl), dtype=np.int32)
+    ktk = kt[kv]
+    koff = _U(ulo - gb)
+    for c0 in range(0, wl, kn):
+        a = 0
+        while a + qn <= nv:
+            _scores_4x32(qv, ktk, koff, sc, s, _U(a), _U(c0))
+            a += qn
+        while a < nv:
+            _scores_1x32(qv, ktk, koff, sc, s, _U(a), _U(c0))
+            a += 1
+    totals = np.empty(nv, dtype=np.float32)
+    span = uhi - ulo
+    for a in range(nv):
+        totals[a] = _softmax_span(s[a], bits[a], los[a], his[a])
+        for j in range(los[a]):
+            s[a, j] = 0.0
+        for j in range(his[a], span):
+            s[a, j] = 0.0
+    o = np.empty((nv, hd), dtype=np.float32)
+    full = hd // dn * dn
+    for d0 in range(0, full, dn):
+        a = 0
+        while a + vn <= nv:
+            lo = los[a]
+            hi = his[a]
+            for b in range(a + 1, a + vn):
+                lo = min(lo, los[b])
+                hi = max(hi, his[b])
+            _values_4x64(s, v, ulo, _U(kv), _U(d0), lo, hi, o, _U(a))
+            a += vn
+        while a < nv:
+            _values_1x64(s, v, ulo, _U(kv), _U(d0), los[a], his[a], o, _U(a))
+            a += 1
+    for a in range(nv):  # head dims past the last full slice: one chain per element
+        for e in range(full, hd):
+            acc = np.float32(0.0)
+            for j in range(los[a], his[a]):
+                acc += s[a, j] * v[ulo + j, kv, e]
+            o[a, e] = acc
+    for i in range(r0, r1):
+        for g in range(group):
+            a = (i - r0) * group + g
+            h = kv * group + g
+            t_ = totals[a]
+            for e in range(hd):
+                out[i, h * hd + e] = o[a, e] / t_
+
+
+@njit(cache=True, nogil=True, parallel=True, boundscheck=False)
+def _attention_tiles_parallel(q, kt, gb, v, positions, window, sc, row_tile, out):
+    ntasks = v.shape[1] * ((q.shape[0] + row_tile - 1) // row_tile)
+    for task in prange(ntasks):
+        _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _attention_tiles_serial(q, kt, gb, v, positions, window, sc, row_tile, out):
+    ntasks = v.shape[1] * ((q.shape[0] + row_tile - 1) // row_tile)
+    for task in range(ntasks):
+        _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task)
+
+
+#: Rows per tile task, and the row count from which attention takes the tiled path.
+ROW_TILE = 4
+TILED_MIN_ROWS = 12
+
+
+def _keys_transposed(k: np.ndarray, gb: int, ge: int, pad: int) -> np.ndarray:
+    """K[gb:ge] as (KVH, hd, ge - gb + pad), zero padded: one contiguous key run per d."""
+    nkv, hd = k.shape[1], k.shape[2]
+    kt = np.empty((nkv, hd, ge - gb + pad), dtype=np.float32)
+    kt[:, :, : ge - gb] = k[gb:ge].transpose(1, 2, 0)
+    kt[:, :, ge - gb :] = 0.0
+    return kt
+
+
 #: Below this many (row x head x key) steps a parallel launch costs more than it saves.
 PARALLEL_ATTENTION_WORK = 8192
 
@@ -506,11 +691,20 @@ def attention(
     if nh % k.shape[1] != 0 or k.shape[2] != hd or v.shape != k.shape:
         raise ValueError("attention: head counts or head dims do not match")
     nkeys = int(positions.max()) + 1
+    sc = np.float32(scale)
+    if n >= TILED_MIN_ROWS:
+        gb = max(0, int(positions.min()) - window + 1) if window > 0 else 0
+        kt = _keys_transposed(k, gb, nkeys, SCORE_TILE[1])
+        targs = (q, kt, gb, v, positions, window, sc, ROW_TILE, out)
+        if n * nh * min(nkeys, window if window > 0 else nkeys) >= PARALLEL_ATTENTION_WORK:
+            _attention_tiles_parallel(*targs)
+        else:
+            _attention_tiles_serial(*targs)
+        return out
     width = (nkeys + KEY_BLOCK - 1) // KEY_BLOCK * KEY_BLOCK
     scores = np.empty((n, nh, width), dtype=np.float32)
     bits = np.empty((n, nh, width), dtype=np.int32)
     totals = np.empty(n * nh, dtype=np.float32)
-    sc = np.float32(scale)
     first = 0  # blocks before every row's window are never read
     if window > 0:
         first = max(0, int(positions.min()) - window + 1) // KEY_BLOCK
