@@ -23,6 +23,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.source_tokens import SourceTokens
+
 log = logging.getLogger(__name__)
 
 _DELETE = object()
@@ -80,6 +82,7 @@ class EngineWorker:
         self._by_key: dict[Hashable, Job] = {}
         self._sources: dict[str, str] = {}
         self._dirty: dict[str, object] = {}
+        self._tokens = SourceTokens()  # per-chunk ids of the sources (engine thread only)
         self._ids = itertools.count(1)
         self._stop = False
         self.engine: Any = None
@@ -105,6 +108,7 @@ class EngineWorker:
                 self._ready.set()
                 raise
             self.engine = engine
+            self._tokens.clear()
             self.model_label = getattr(engine, "model_name", model)
             self.error = None
             self.state = "ready"
@@ -158,11 +162,26 @@ class EngineWorker:
         for sid, text in batch.items():
             try:
                 if text is _DELETE:
+                    self._tokens.forget(sid)
                     engine.remove_source(sid)
                 else:
-                    engine.set_source(sid, text)  # type: ignore[arg-type]
+                    self._set_source(engine, sid, text)  # type: ignore[arg-type]
             except Exception:
                 log.exception("engine rejected source %s", sid)
+
+    def _set_source(self, engine: Any, sid: str, text: str) -> None:
+        """Hand the engine the source's ids, re-tokenizing only the chunks an edit touched.
+
+        Same ids as ``engine.set_source(sid, text)`` (no BOS, special-token text left
+        plain); engines without a tokenizer and an index get the text as before.
+        """
+        tok = getattr(engine, "tokenizer", None)
+        index = getattr(engine, "index", None)
+        if tok is None or index is None or not hasattr(tok, "encode_batch"):
+            engine.set_source(sid, text)
+            return
+        ids = self._tokens.ids(sid, text, lambda texts: tok.encode_batch(texts, parse_special=False))
+        index.set_source(sid, ids)
 
     # ---- jobs ---------------------------------------------------------------
     def submit(

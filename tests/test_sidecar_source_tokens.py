@@ -1,0 +1,130 @@
+"""Incremental tokenization of draft sources: chunks, reuse after an edit, the worker's use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sidecar.source_tokens import SourceTokens, split_chunks
+from sidecar.worker import EngineWorker
+
+
+def module_text(n: int = 400) -> str:
+    """Code with many column-0 lines right after non-blank ones (stable cut points)."""
+    out = []
+    for i in range(n):
+        out.append(f"value_{i} = compute({i}, 'text {i}')\n")
+        if i % 7 == 0:
+            out.append(f"def helper_{i}(x):\n    return x * {i}\n")
+    return "".join(out)
+
+
+class CharEncoder:
+    """One id per character; remembers how many characters it was asked to encode."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self.calls = 0
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        self.calls += 1
+        self.chars += sum(len(t) for t in texts)
+        return [[ord(c) for c in t] for t in texts]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "x", "no newline at all", "a\n", "\n\n\n", "a\r\nb\r\n", module_text(), "  \n" * 5000 + "tail"],
+)
+def test_chunks_concatenate_to_the_text(text: str) -> None:
+    pieces = split_chunks(text)
+    assert "".join(pieces) == text
+    assert all(pieces)
+
+
+def test_chunk_cuts_are_content_defined() -> None:
+    text = module_text()
+    pieces = split_chunks(text)
+    assert len(pieces) > 10
+    # an insertion moves no cut outside the edited chunk
+    at = len(text) // 2
+    edited = text[:at] + "extra = 1\n" + text[at:]
+    after = split_chunks(edited)
+    assert len(set(pieces) - set(after)) <= 2 and len(set(after) - set(pieces)) <= 2
+
+
+def test_an_edit_reencodes_only_the_touched_chunk() -> None:
+    text = module_text()
+    enc = CharEncoder()
+    st = SourceTokens()
+    assert list(st.ids("file:a", text, enc)) == [ord(c) for c in text]
+    assert enc.chars == len(text)
+    at = len(text) // 2
+    edited = text[:at] + "Z" + text[at:]
+    assert list(st.ids("file:a", edited, enc)) == [ord(c) for c in edited]
+    assert enc.chars - len(text) < len(text) // 5  # far less than the whole file again
+    chars = enc.chars
+    assert list(st.ids("file:a", edited, enc)) == [ord(c) for c in edited]
+    assert enc.chars == chars  # nothing changed: nothing encoded
+    st.forget("file:a")
+    st.ids("file:a", edited, enc)
+    assert enc.chars == chars + len(edited)
+
+
+def test_chunked_ids_equal_whole_text_ids_on_the_real_tokenizer(smollm2_path: Path) -> None:
+    from engine.gguf_file import GGUFFile
+    from engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(GGUFFile(smollm2_path))
+    st = SourceTokens()
+    text = module_text() + "\n\n\nclass Tail:\n    pass\n"
+
+    def enc(texts: list[str]) -> list[list[int]]:
+        return tok.encode_batch(texts, parse_special=False)
+
+    assert list(st.ids("s", text, enc)) == tok.encode(text, add_bos=False, parse_special=False)
+    edited = text.replace("value_200 =", "value_200: int =")
+    assert list(st.ids("s", edited, enc)) == tok.encode(edited, add_bos=False, parse_special=False)
+
+
+class IndexEngine:
+    """An engine with a tokenizer and an n-gram index, as the worker sees it."""
+
+    def __init__(self) -> None:
+        self.enc = CharEncoder()
+        self.tokenizer = SimpleNamespace(encode_batch=lambda texts, parse_special: self.enc(texts))
+        self.sources: dict[str, list[int]] = {}
+        self.index = SimpleNamespace(set_source=self._set)
+        self.removed: list[str] = []
+
+    def _set(self, sid: str, ids: Any) -> None:
+        self.sources[sid] = list(ids)
+
+    def remove_source(self, sid: str) -> None:
+        self.removed.append(sid)
+        self.sources.pop(sid, None)
+
+
+def test_worker_hands_the_index_incremental_ids() -> None:
+    w = EngineWorker(lambda model, **kw: IndexEngine())
+    try:
+        w.load("fake").future.result(5)
+        text = module_text()
+        w.set_source("file:a", text)
+        w.sync_sources().future.result(5)
+        eng: IndexEngine = w.engine
+        assert eng.sources["file:a"] == [ord(c) for c in text]
+        first = eng.enc.chars
+        edited = text.replace("value_300 =", "value_300: int =")
+        w.set_source("file:a", edited)
+        w.sync_sources().future.result(5)
+        assert eng.sources["file:a"] == [ord(c) for c in edited]
+        assert eng.enc.chars - first < len(text) // 5
+        w.remove_source("file:a")
+        w.sync_sources().future.result(5)
+        assert eng.removed == ["file:a"] and "file:a" not in eng.sources
+    finally:
+        w.stop()
