@@ -13,6 +13,7 @@ import sys
 
 from engine.bench import traffic
 from engine.bench.common import load, print_table, row_costs
+from engine.bench.oracle import interpolated_ratios, oracle_ratio
 
 VERIFY_ROWS = (1, 2, 4, 8, 16)
 
@@ -27,33 +28,36 @@ def _prompts(engine, kind: str, paths) -> list[list[int]]:
 def _interleave(units, rounds: int):
     """Run every unit in both modes, rotating which mode goes first each round.
 
-    A unit is a callable ``unit(mode) -> [GenerationResult, ...]`` (one request, or
-    the turns of one conversation). Returns per-mode (tokens, decode seconds) per
+    A unit is a callable ``unit(mode) -> [(prompt ids, GenerationResult), ...]`` (one
+    request, or the turns of one conversation). Returns per-mode (tokens, decode seconds) per
     round, the first round's replies per mode, and every speculative run's stats.
     """
     per_round = {"plain": [], "spec": []}
     replies = {"plain": [], "spec": []}
     stats = []
+    prompts: list[list[int]] = []  # the prompt of each first-round plain reply (for the oracle)
     for r in range(rounds):
         order = ("plain", "spec") if r % 2 == 0 else ("spec", "plain")
         totals = {m: [0, 0.0] for m in order}
         for unit in units:
             for mode in order:
-                for res in unit(mode):
+                for prompt, res in unit(mode):
                     totals[mode][0] += max(0, res.stats.generated_tokens - 1)
                     totals[mode][1] += res.stats.decode_s
                     if r == 0:
                         replies[mode].append(res.token_ids)
+                        if mode == "plain":
+                            prompts.append(prompt)
                     if mode == "spec":
                         stats.append(res.stats)
         for mode in order:
             per_round[mode].append(totals[mode])
-    return per_round, replies, stats
+    return per_round, replies, stats, prompts
 
 
 def _single_turn(engine, prompts, max_tokens: int, rounds: int):
     def unit(prompt):
-        return lambda mode: [engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec")]
+        return lambda mode: [(prompt, engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec"))]
 
     return _interleave([unit(p) for p in prompts], rounds)
 
@@ -74,7 +78,7 @@ def _chat(engine, max_tokens: int, rounds: int):
                                       session=f"bench-chat-{mode}-{ci}")
                 messages.append({"role": "assistant", "content": res.text})
                 history = prompt + res.token_ids
-                results.append(res)
+                results.append((prompt, res))
             return results
 
         return run_turns
@@ -88,12 +92,14 @@ def run(args) -> dict:
     rounds = max(1, args.rounds)
     engine.generate(engine.encode("def f(x):\n"), max_tokens=4, spec=False)  # warm-up / JIT
     if kind == "chat":
-        per_round, replies, stats = _chat(engine, min(args.max_tokens, 96), rounds)
+        per_round, replies, stats, prompts = _chat(engine, min(args.max_tokens, 96), rounds)
     else:
         paths = traffic.source_paths(args.source)
         if not paths:
             raise SystemExit("no source files found for the benchmark")
-        per_round, replies, stats = _single_turn(engine, _prompts(engine, kind, paths), args.max_tokens, rounds)
+        per_round, replies, stats, prompts = _single_turn(
+            engine, _prompts(engine, kind, paths), args.max_tokens, rounds
+        )
     rate = {m: [n / s if s > 0 else 0.0 for n, s in per_round[m]] for m in per_round}
     ratios = [s / p for p, s in zip(rate["plain"], rate["spec"], strict=True) if p > 0]
     plain_tok_s = statistics.median(rate["plain"])
@@ -107,6 +113,12 @@ def run(args) -> dict:
     costs = row_costs(engine, context=ctx, ks=VERIFY_ROWS, reps=3)
     verify_cost = {str(k): round(costs[k] / costs[1], 3) for k in VERIFY_ROWS}
     limit = max((k) / (costs[k] / costs[1]) for k in VERIFY_ROWS)
+    # The best any controller could do on these very replies with this drafter and cost.
+    oracle = oracle_ratio(
+        list(zip(prompts, replies["plain"], strict=True)),
+        interpolated_ratios(costs, engine.max_draft + 1),
+        engine.max_draft,
+    )
     result = {
         "model": engine.model_name,
         "backend": engine.backend_name,
@@ -120,6 +132,7 @@ def run(args) -> dict:
         "tokens_per_round": round(generated / rounds_total, 3) if rounds_total else 0.0,
         "verify_cost": verify_cost,
         "limit_ratio": round(limit, 2),
+        "oracle_ratio": round(oracle, 2),
         "per_reply_tokens_per_round": [
             round(st.generated_tokens / st.rounds, 2) for st in stats[: len(replies["spec"])] if st.rounds
         ],
@@ -135,7 +148,8 @@ def run(args) -> dict:
         ],
     )
     sys.stderr.write(f"verify cost (k rows / 1 row at context {ctx}): {verify_cost}; "
-                     f"limit with every draft accepted: {limit:.2f}x\n")
+                     f"limit with every draft accepted: {limit:.2f}x; oracle draft lengths on these "
+                     f"replies: {oracle:.2f}x\n")
     if not identical:
         sys.stderr.write("WARNING: speculative replies differ from plain ones\n")
     return result

@@ -1,0 +1,70 @@
+"""The oracle bound of the speculation benchmark: exact on cases worked out by hand."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from engine.bench.oracle import (
+    confirmed_draft_lengths,
+    interpolated_ratios,
+    oracle_cost,
+    oracle_ratio,
+)
+
+
+def test_confirmed_lengths_follow_the_prompt_copy_and_stop_at_divergence() -> None:
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17]
+    reply = [11, 12, 13, 99, 14]  # copies 11 12 13, then departs
+    got = confirmed_draft_lengths(prompt, reply, max_draft=4)
+    # after [11]: draft 12 13 14 15 -> reply continues 12 13 then 99: 2 confirmed
+    assert got[0] == 2
+    assert got[1] == 1  # after 11 12: draft 13 14 ... -> 13 ok, 14 vs 99 fails
+    assert got[2] == 0  # after 13: draft 14 vs 99
+    assert got[-1] == 0  # nothing after the last token
+
+
+def test_oracle_cost_matches_brute_force_over_all_draft_choices() -> None:
+    rng = random.Random(3)
+    ratios = [0.0, 1.0, 1.1, 1.3, 1.6, 2.0]  # up to 5 rows: k <= 4
+    for _ in range(50):
+        n = rng.randint(2, 6)
+        confirmed = [rng.randint(0, 4) for _ in range(n)]
+        best = float("inf")
+        for ks in itertools.product(range(5), repeat=n):  # a k per round, rounds walk positions
+            i, cost = 0, 0.0
+            for k in ks:
+                if i >= n - 1:
+                    break
+                k = min(k, confirmed[i])
+                cost += ratios[k + 1]
+                i += k + 1
+            if i >= n - 1:
+                best = min(best, cost)
+        assert abs(oracle_cost(confirmed, ratios) - best) < 1e-9
+
+
+def test_fully_predictable_reply_reaches_the_all_accepted_limit() -> None:
+    prompt = list(range(100, 400))
+    reply = prompt[:201]  # the reply copies the prompt
+    ratios = interpolated_ratios({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0, 16: 3.0}, 17)
+    assert ratios[1] == 1.0 and abs(ratios[3] - 1.35) < 1e-9 and abs(ratios[17] - 3.125) < 1e-9
+    got = oracle_ratio([(prompt, reply)], ratios, max_draft=16)
+    limit = max(r / ratios[r] for r in range(1, 18))
+    assert got <= limit + 1e-9 and got > 0.9 * limit
+    unpredictable = oracle_ratio([([1, 2, 3], [7, 8, 9, 10, 11])], ratios, max_draft=16)
+    assert unpredictable == 1.0
+
+
+def test_bench_spec_reports_the_oracle_bound(smollm2_path) -> None:
+    """The benchmark on the real default model: replies identical, oracle ≥ measured limits."""
+    from argparse import Namespace
+
+    from engine.bench import spec
+    from tests.conftest import cpu_backend_name
+
+    args = Namespace(model=str(smollm2_path), backend=cpu_backend_name(), traffic="copy",
+                     source=["engine/kvcache.py"], rounds=1, max_tokens=24)
+    result = spec.run(args)
+    assert result["identical"] is True and result["replies"] == 1
+    assert 1.0 <= result["oracle_ratio"] <= result["limit_ratio"] + 0.5
