@@ -108,12 +108,16 @@ class CupyBackend(Backend):
     graph_max_rows = 17
     #: 4 columns per warp (multi-row products) once a launch has this many blocks per SM
     wide_min_blocks_per_sm = 2
+    #: ... and at one or two rows once it has this many
+    wide_min_blocks_one_row = 8
     #: fold the RMSNorm into products up to this many output columns; wider ones (the
     #: output head) take a separate norm launch (a fixed choice per weight: batch-invariant)
     norm_fuse_max_cols = 32768
     #: rows at least this long are shared by a block's 4 warps (fixed split-K, summed in
     #: warp order): a 1536 x 8960 down projection otherwise has one long chain per warp
     ksplit_min_k = 4096
+    #: gated (gate|up) products always block-shared
+    ksplit_gated = False
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split = 32
 
@@ -298,7 +302,8 @@ class CupyBackend(Backend):
             else:
                 res, ldr = self._rows(residual, w.out_features)
         tile = _row_tile(n)
-        ksplit = w.in_features >= self.ksplit_min_k  # by shape only: batch-invariant
+        # by weight and op only, never by row count: batch-invariant
+        ksplit = w.in_features >= self.ksplit_min_k or (bool(act) and self.ksplit_gated)
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
             if ksplit:
@@ -342,14 +347,12 @@ class CupyBackend(Backend):
         order of a reduction), so this is purely a speed decision. Gated products take
         gate/up pairs: 2 or 4 columns.
         """
-        if gated:
-            blocks = out_cols // (_MM_WARPS * 2)
-            wide = tile > 2 and blocks >= self.wide_min_blocks_per_sm * self._sm_count
-            return 4 if wide else 2
-        if tile <= 2:
-            return 1
-        blocks = out_cols // (_MM_WARPS * _COLS_PER_WARP)
-        return _COLS_PER_WARP if blocks >= self.wide_min_blocks_per_sm * self._sm_count else 1
+        # one or two rows: wide only for very large grids (the output head), where four
+        # columns' weight loads in flight per warp beat one (measured in bench_device)
+        need = self.wide_min_blocks_per_sm * self._sm_count if tile > 2 else self.wide_min_blocks_one_row * self._sm_count
+        if gated:  # at one row 2 pairs per warp measured slower (19.3 vs 20.5 us, Qwen-1.5B)
+            return 4 if tile > 2 and out_cols // (_MM_WARPS * 2) >= need else 2
+        return _COLS_PER_WARP if out_cols // (_MM_WARPS * _COLS_PER_WARP) >= need else 1
 
     def rms_norm(self, x: Array, weight: Any, eps: float) -> Any:
         d = int(x.shape[-1])

@@ -243,14 +243,21 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
             t = graph_op_time(b, ops["attention"])
             lines.append(f"  attention n={n:<2d} split {split}: {t * 1e6:.1f} us")
         b.attn_split = keep_split
-        if n > 2:  # columns per warp: 1 everywhere vs 4 everywhere (default: by grid size)
-            keep = b.wide_min_blocks_per_sm
-            for label, policy in (("c1", 10**9), ("c4", 0)):
-                b.wide_min_blocks_per_sm = policy
-                mm = {k: v for k, v in ops.items() if "+" in k}
-                parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
-                lines.append(f"  ops n={n:<2d} {label} (us): " + ", ".join(parts))
-            b.wide_min_blocks_per_sm = keep
+        # columns per warp: 1 everywhere vs 4 everywhere (default: by grid size)
+        keep = b.wide_min_blocks_per_sm, b.wide_min_blocks_one_row
+        for label, policy in (("c1", 10**9), ("c4", 0)):
+            b.wide_min_blocks_per_sm = b.wide_min_blocks_one_row = policy
+            mm = {k: v for k, v in ops.items() if "," in k or "+" in k}
+            parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
+            lines.append(f"  ops n={n:<2d} {label} (us): " + ", ".join(parts))
+        b.wide_min_blocks_per_sm, b.wide_min_blocks_one_row = keep
+        keep = b.ksplit_min_k, b.ksplit_gated
+        for label, policy in (("ks-gated", (keep[0], True)), ("ks-all", (0, True))):
+            b.ksplit_min_k, b.ksplit_gated = policy
+            mm = {k: v for k, v in ops.items() if "," in k or "+" in k}
+            parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
+            lines.append(f"  ops n={n:<2d} {label} (us): " + ", ".join(parts))
+        b.ksplit_min_k, b.ksplit_gated = keep
     return lines
 
 
