@@ -79,9 +79,30 @@ def _sane(times: dict[int, float]) -> dict[int, float]:
     return out
 
 
+def _code_stamp() -> str:
+    """Size and mtime of the engine's and kernels' source files: new kernels, new curve.
+
+    Why: a cached curve measured before a kernel change would keep steering the
+    controller with costs that no longer hold (seen: a faster multi-row attention made
+    16 rows 3.0× instead of 3.4×, and the stale curve kept drafts short).
+    """
+    root = Path(__file__).resolve().parents[1]
+    parts = []
+    for folder in (root / "engine" / "backends", root / "engine" / "models", root / "kernels"):
+        if folder.is_dir():
+            for f in sorted(folder.rglob("*")):
+                if f.suffix in (".py", ".cu", ".cuh", ".metal") and f.is_file():
+                    st = f.stat()
+                    parts.append(f"{f.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
 def _cache_file(model_path: Path, backend: str) -> Path:
     st = model_path.stat()
-    key = f"{model_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend}|{platform.node()}|{os.cpu_count()}"
+    key = (
+        f"{model_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{backend}|{platform.node()}|{os.cpu_count()}"
+        f"|{_code_stamp()}"
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "echoline" / "calibration"
     return root / f"{digest}.json"

@@ -53,3 +53,15 @@ def test_extrapolated_grid_stays_monotone_in_rows(tmp_path, monkeypatch):
     for ctx in (0, 1024, 2048, 8192):
         ratios = cost.ratios(17, ctx)
         assert all(ratios[k] >= ratios[k - 1] for k in range(2, 18)), (ctx, ratios)
+
+
+def test_cached_curve_is_keyed_by_the_kernel_sources(tmp_path, monkeypatch):
+    """A kernel change (another code stamp) must not reuse a curve measured before it."""
+    from engine import calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "m.gguf", "llama", context=1024)
+    before = calibration._cache_file(path, "cpu")
+    assert calibration._cache_file(path, "cpu") == before
+    monkeypatch.setattr(calibration, "_code_stamp", lambda: "another-kernel-build")
+    assert calibration._cache_file(path, "cpu") != before
