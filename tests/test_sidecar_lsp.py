@@ -284,6 +284,37 @@ async def test_rewrite_preview_returns_versioned_edit(lsp: LanguageClient, works
 
 
 @pytest.mark.slow
+async def test_second_rewrite_on_a_buffer_reuses_its_cached_file_part(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    """One session per URI with the file first in the prompt: a new request on the same
+    buffer (another selection) prefills only what follows the file."""
+    uri = open_doc(lsp, workspace, FIB)
+    first = await rewrite(lsp, uri=uri, version=1, range=rng(2, 0, 5, 0), mode="preview")
+    second = await rewrite(lsp, uri=uri, version=1, range=rng(3, 0, 5, 0), mode="preview")
+    a, b = first["stats"], second["stats"]
+    # the two prompts, built here as the server builds them: how much they share
+    from types import SimpleNamespace
+
+    from engine.chat_template import encode_chat
+    from engine.gguf_file import GGUFFile
+    from engine.tokenizer import Tokenizer
+    from sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
+
+    tok = Tokenizer.from_gguf(GGUFFile(model_path()))
+    eng = SimpleNamespace(tokenizer=tok, has_chat_template=True, encode_chat=lambda m: encode_chat(tok, m))
+    lines = FIB.splitlines(keepends=True)
+    cut2, cut3 = len("".join(lines[:2])), len("".join(lines[:3]))
+    ids_a = rewrite_prompt_ids(eng, rewrite_prompt(FIB, cut2, len(FIB), "", name=uri))
+    ids_b = rewrite_prompt_ids(eng, rewrite_prompt(FIB, cut3, len(FIB), "", name=uri))
+    assert (a["prompt_tokens"], b["prompt_tokens"]) == (len(ids_a), len(ids_b))
+    shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y)
+    assert shared > len(tok.encode(FIB, add_bos=False))  # the whole file part is shared
+    assert b["reused_tokens"] >= shared - 1, (a, b, shared)  # and came from the cache
+    assert b["reused_tokens"] + b["prefilled_tokens"] == b["prompt_tokens"]
+
+
+@pytest.mark.slow
 async def test_rewrite_with_instruction_renames_parameter(lsp: LanguageClient, workspace: Path) -> None:
     sel = "def scale(x, t):\n    return x * t\n"
     text = "import math\n\n" + FIB + "\n\n" + sel + "\n\nprint(fibonacci(10))\n"

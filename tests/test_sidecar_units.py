@@ -247,3 +247,38 @@ def test_completion_range_end() -> None:
     assert completion_end(pos, "   ", "x") == types.Position(line=3, character=13)
     assert completion_end(pos, " + y", "x") == pos
     assert completion_end(pos, "é)", "1é)") == types.Position(line=3, character=12)
+
+
+def test_request_waits_for_a_loading_model_then_fails_clearly() -> None:
+    """A request while the model loads waits at most readyTimeoutS, then gets RequestFailed;
+    once the load is done the same wait returns at once."""
+    import asyncio
+    import dataclasses
+
+    from pygls.exceptions import JsonRpcException
+
+    from sidecar.server import REQUEST_FAILED, EcholineServer
+
+    release = threading.Event()
+
+    def slow_loader(model: str, **kw: object) -> object:
+        release.wait(10)
+        return object()
+
+    ls = EcholineServer(loader=slow_loader)
+    try:
+        ls.settings = dataclasses.replace(ls.settings, ready_timeout_s=0.3)
+        job = ls.worker.load("slow")
+        t0 = time.monotonic()
+        with pytest.raises(JsonRpcException) as err:
+            asyncio.run(ls.engine_ready())
+        waited = time.monotonic() - t0
+        assert err.value.code == REQUEST_FAILED and "still loading" in str(err.value)
+        assert 0.25 <= waited < 5
+        release.set()
+        job.future.result(5)
+        asyncio.run(asyncio.wait_for(ls.engine_ready(), 1))
+        assert ls.worker.state == "ready"
+    finally:
+        release.set()
+        ls.worker.stop()
