@@ -60,16 +60,23 @@ class SessionStore:
         self.budget_bytes = int(budget_bytes if budget_bytes is not None else default)
         self.sessions: OrderedDict[str, Session] = OrderedDict()
         self.evictions = 0
+        # Throwaway requests (key None) share one cache object, emptied per request: they
+        # stay cold, but a backend that keys per-cache state on it (CUDA graphs: one
+        # capture per row count) keeps that state instead of rebuilding it per request.
+        self._scratch: Session | None = None
 
     @property
     def bytes_in_use(self) -> int:
-        return sum(s.cache.bytes_reserved for s in self.sessions.values())
+        scratch = self._scratch.cache.bytes_reserved if self._scratch is not None else 0
+        return scratch + sum(s.cache.bytes_reserved for s in self.sessions.values())
 
     def _capacity_for(self, tokens: int) -> int:
         cap = (tokens + _CAPACITY_STEP - 1) // _CAPACITY_STEP * _CAPACITY_STEP
         return min(max(cap, _CAPACITY_STEP), self.model.config.context_length)
 
-    def _make_room(self, needed: int, keep: str) -> None:
+    def _make_room(self, needed: int, keep: str | None) -> None:
+        if self._scratch is not None and keep is not None and self.bytes_in_use + needed > self.budget_bytes:
+            self._scratch = None  # the throwaway cache goes before any buffer's session
         for key in list(self.sessions):
             if self.bytes_in_use + needed <= self.budget_bytes:
                 return
@@ -95,13 +102,17 @@ class SessionStore:
             )
         config = self.model.config
         capacity = self._capacity_for(reserve_tokens)
-        session = self.sessions.get(key) if key is not None else None
+        session = self.sessions.get(key) if key is not None else self._reuse_scratch(capacity)
         if session is None:
-            self._make_room(KVCache.bytes_for(config, capacity, self.ring), keep="")
+            if key is None:
+                self._scratch = None
+            self._make_room(KVCache.bytes_for(config, capacity, self.ring), keep="" if key is not None else None)
             session = Session(key or "", self.model.new_cache(capacity, self.max_rows))
             if key is not None:
                 self.sessions[key] = session
-        else:
+            else:
+                self._scratch = session
+        elif key is not None:  # a reused scratch already fits (see _reuse_scratch)
             self.sessions.move_to_end(key)
             if session.cache.capacity < capacity:
                 grow_to = session.cache.capacity
@@ -132,6 +143,17 @@ class SessionStore:
             del session.history[own:]
         session.cache.length = shared if donor is not None else own
         return session
+
+    def _reuse_scratch(self, capacity: int) -> Session | None:
+        """The throwaway session emptied, when its cache fits ``capacity`` (not over 2× it)."""
+        scratch = self._scratch
+        if scratch is None or not capacity <= scratch.cache.capacity <= 2 * capacity:
+            return None
+        if not scratch.cache.can_truncate_to(0):
+            return None
+        scratch.cache.truncate(0)
+        scratch.history.clear()
+        return scratch
 
     def _copy_rows(self, src: KVCache, dst: KVCache, start: int, end: int) -> None:
         """dst[start:end] = src[start:end] for every layer (rows before start already match)."""

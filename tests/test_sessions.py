@@ -184,3 +184,29 @@ def test_sampling_falls_back_to_plain_decoding(llama_path):
     cold = eng.generate(prompt, max_tokens=12, temperature=1e-6, seed=1)
     assert cold.token_ids == greedy.token_ids
     assert c.token_ids != greedy.token_ids or a.token_ids != greedy.token_ids
+
+
+def test_throwaway_requests_share_one_emptied_cache_and_stay_cold(llama_path):
+    """key None: one cache object across requests (per-cache backend state survives), no reuse."""
+    eng = make_engine(llama_path)
+    fresh = make_engine(llama_path)
+    prompts = [buffer(90, 11), buffer(90, 11)[:80] + buffer(10, 12), buffer(70, 13)]
+    caches = []
+    for prompt in prompts:
+        res = eng.generate(prompt, max_tokens=10, spec=True)
+        caches.append(eng.sessions._scratch.cache)
+        assert res.stats.reused_tokens == 0  # the second prompt shares 80 tokens: still cold
+        assert res.token_ids == fresh.generate(prompt, max_tokens=10, spec=False).token_ids
+        fresh.sessions._scratch = None  # the reference always starts from a new cache
+    assert caches[0] is caches[1] is caches[2]
+    assert eng.sessions.bytes_in_use == caches[0].bytes_reserved
+
+
+def test_throwaway_cache_gives_way_to_a_buffer_session(llama_path):
+    per = KVCache.bytes_for(make_engine(llama_path).config, 256, 0)
+    eng = make_engine(llama_path, kv_budget_bytes=per + per // 2)
+    eng.generate(buffer(60, 3), max_tokens=4)
+    assert eng.sessions._scratch is not None
+    eng.generate(buffer(60, 4), max_tokens=4, session="buf")  # needs the scratch's bytes
+    assert eng.sessions._scratch is None and "buf" in eng.sessions.sessions
+    assert eng.sessions.bytes_in_use <= eng.sessions.budget_bytes
