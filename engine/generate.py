@@ -221,6 +221,7 @@ def generate_tokens(
         return finish()
     push([pending], prev_text)
 
+    t_round = time.perf_counter()
     while True:
         if cancel is not None and cancel.is_set():
             run_rows(model, cache, [pending])  # the reply so far is complete in the cache
@@ -271,4 +272,8 @@ def generate_tokens(
                 return finish()
         push(new_ids, prev_text)
         pending = new_ids[-1]
+        now = time.perf_counter()
+        if controller is not None:
+            controller.observe_overhead(now - t_round - dt)
+        t_round = now
 

@@ -195,3 +195,21 @@ def test_short_chat_with_fresh_controller() -> None:
     cost = linear_cost(0.15)
     rel = [_simulate(DraftController(cost), cost, 0.0, 100, seed) for seed in range(10)]
     assert max(rel) <= 1.02, rel
+
+
+def test_round_overhead_dilutes_the_verify_cost() -> None:
+    """Per-round work outside the forward makes a verify relatively cheaper: k grows."""
+    cost = linear_cost(0.6)  # T(k+1)/T(1) = 1 + 0.6k: a one-token draft needs p > 0.6
+    plain, loaded = DraftController(cost, explore_budget=0.0), DraftController(cost, explore_budget=0.0)
+    for c in (plain, loaded):
+        for i in range(40):
+            c.observe("prompt", 3, 1, i % 2)  # half the one-token drafts accepted here
+    loaded.observe_overhead(0.01)  # as long as a whole forward (t1 = 0.01)
+    assert loaded.overhead_s == pytest.approx(0.01)
+    d = draft(16, match_len=3)
+    assert plain.choose(d, 100) == 0
+    assert loaded.choose(d, 100) > 0
+    for _ in range(200):  # the EMA follows a smaller overhead back down
+        loaded.observe_overhead(0.0)
+    assert loaded.overhead_s < 1e-5
+    assert loaded.choose(d, 100) == 0

@@ -323,6 +323,11 @@ class DraftController:
         self.rounds = 0
         self.probes = 0
         self.last_speedup = 1.0
+        # Seconds a round spends outside the forward pass (lookup, this choice, acceptance,
+        # index and text updates). Every round pays it whatever k is, so it dilutes the
+        # verify cost: (T(k+1) + o) / (T(1) + o). On a GPU step of ~1 ms it is a fifth of
+        # the round; ignoring it kept drafts too short there. Measured online (EMA).
+        self.overhead_s = 0.0
 
     def _limit(self, draft: Draft, remaining: int | None) -> int:
         k = min(len(draft.tokens), self.max_draft)
@@ -364,6 +369,10 @@ class DraftController:
             self.last_speedup = 1.0
             return 0
         ratios = self.cost.ratios(kmax + 1, context_len)
+        if self.overhead_s > 0.0:
+            t1 = self.cost.time(1, context_len)
+            share = self.overhead_s / (t1 + self.overhead_s)
+            ratios = [0.0] + [r * (1.0 - share) + share for r in ratios[1:]]
         probs = self.acceptance.position_probs(draft.source, draft.match_len, kmax)
         k, s = self._best(probs, ratios)
         if k > 0 and s > 1.0 + self.min_gain:
@@ -390,6 +399,13 @@ class DraftController:
     def observe(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
         """After a verify round: how many of the ``drafted`` tokens the model accepted."""
         self.acceptance.observe(source, match_len, drafted, accepted)
+
+    def observe_overhead(self, seconds: float, weight: float = 0.05) -> None:
+        """After a round: its wall time outside the forward pass (see ``overhead_s``)."""
+        if seconds < 0.0:
+            return
+        o = self.overhead_s
+        self.overhead_s = seconds if o == 0.0 else o + weight * (seconds - o)
 
     def observe_cost(self, rows: int, context_len: int, seconds: float) -> None:
         """After any forward pass (plain decode is rows=1): feed the measured time back."""
