@@ -448,6 +448,31 @@ async def test_cancel_request_stops_generation_promptly(
 
 
 @pytest.mark.slow
+async def test_cancel_request_on_inline_completion(lsp: LanguageClient, workspace: Path) -> None:
+    """$/cancelRequest on an inline request answers RequestCancelled; the next one is served."""
+    body = "".join(f"    value_{i} = compute({i})\n" for i in range(12))
+    uri = open_doc(lsp, workspace, "def big():\n" + body + "    ")
+    fut = asyncio.ensure_future(
+        lsp.protocol.send_request_async(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, 13, 4), msg_id="inline-to-cancel"
+        )
+    )
+    await asyncio.sleep(0.02)
+    lsp.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="inline-to-cancel"))
+    with pytest.raises(JsonRpcException) as err:
+        await asyncio.wait_for(fut, 30)
+    assert err.value.code == -32800  # RequestCancelled
+    res = await lsp.text_document_inline_completion_async(inline_params(uri, 13, 4))
+    assert len(res.items) == 1 and res.items[0].insert_text.strip()
+    jobs = (await status(lsp))["recentJobs"]
+    inline = [j for j in jobs if j["kind"] == "inline"]
+    assert inline and not inline[-1]["cancelled"]  # the follow-up ran to its end
+    for job in inline[:-1]:  # a cancelled one that had started stopped within ~a step
+        if job["cancelled"] and job["stopLatencyS"] is not None and job["stepS"]:
+            assert job["stopLatencyS"] <= 2 * job["stepS"] + 0.3, job
+
+
+@pytest.mark.slow
 async def test_newer_inline_request_supersedes_older(lsp: LanguageClient, workspace: Path) -> None:
     uri = open_doc(lsp, workspace, "class Point:\n    def __init__(self, x, y):\n        \n")
     first = asyncio.ensure_future(
