@@ -273,7 +273,7 @@ def generate_tokens(
         push(new_ids, prev_text)
         pending = new_ids[-1]
         now = time.perf_counter()
-        if controller is not None:
+        if controller is not None and hasattr(controller, "observe_overhead"):
             controller.observe_overhead(now - t_round - dt)
         t_round = now
 
