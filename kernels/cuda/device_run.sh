@@ -18,8 +18,13 @@ if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M
   cli="python3 -m sidecar.cli"
+  if [ "$1" != spec ]; then
   timeout 120 $cli doctor --backend cuda --model $M --json > "$OUT/doctor.json" 2> "$OUT/doctor.err"; echo "doctor rc=$?"; tail -c 1500 "$OUT/doctor.json"
+  fi
   timeout 150 $cli bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"; echo "decode rc=$?"; cat "$OUT/decode.err" | tail -12; tail -c 800 "$OUT/decode.json"
   timeout 200 $cli bench spec --backend cuda --model $M --traffic copy --json > "$OUT/spec.json" 2> "$OUT/spec.err"; echo "spec rc=$?"; tail -15 "$OUT/spec.err"; tail -c 1500 "$OUT/spec.json"
+  if [ "$1" = spec ]; then
+    timeout 150 $cli bench spec --backend cuda --model $M --traffic edit --json > "$OUT/spec_edit.json" 2> "$OUT/spec_edit.err"; echo "spec edit rc=$?"; tail -6 "$OUT/spec_edit.err"; tail -c 700 "$OUT/spec_edit.json"
+  fi
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py 2>&1 | tee "$OUT/e2e.log" | grep -E "passed|failed|^E |Error|s call" | head -30
 fi
