@@ -458,6 +458,7 @@ def _summarize(args: Any, engine: Any, sc: Scenario, cold: LspRun, pairs: list, 
             "wall_s": _r(cold.wall_s),
             "server_ttft_s": _r(cold.stats.get("ttft_s")),
             "prefilled_tokens": cold.stats.get("prefilled_tokens"),
+            "generated_tokens": cold.stats.get("generated_tokens"),
         },
     }
     for kind in KINDS:
@@ -468,6 +469,7 @@ def _summarize(args: Any, engine: Any, sc: Scenario, cold: LspRun, pairs: list, 
             "server_ttft_s": _r(med(kind, lambda p: p[0].stats.get("ttft_s"))),
             "engine_first_token_s": _r(med(kind, lambda p: p[1].first_token_s)),
             "prefilled_tokens": med(kind, lambda p: p[0].stats.get("prefilled_tokens")),
+            "generated_tokens": med(kind, lambda p: p[0].stats.get("generated_tokens")),
             "lsp_tok_s": _r(med(kind, lambda p: p[0].stats.get("tokens_per_s")), 2),
             "engine_tok_s": _r(med(kind, lambda p: p[1].tok_s), 2),
             "lsp_e2e_tok_s": _r(med(kind, lambda p: p[0].stats.get("generated_tokens", 0) / p[0].wall_s), 2),
@@ -509,6 +511,7 @@ def _print(out: dict[str, Any]) -> None:
         rows.append([
             kind, _fmt(d["first_progress_s"]), _fmt(d["first_report_s"]), _fmt(d["first_text_s"]),
             _fmt(d["server_ttft_s"]), _fmt(d.get("engine_first_token_s")), _fmt(d["prefilled_tokens"]),
+            _fmt(d.get("generated_tokens", out["cold"].get("generated_tokens"))),
             _fmt(d.get("lsp_tok_s")), _fmt(d.get("engine_tok_s")),
             _fmt(d.get("lsp_e2e_tok_s")), _fmt(d.get("engine_e2e_tok_s")),
         ])
@@ -516,7 +519,7 @@ def _print(out: dict[str, Any]) -> None:
         f"bench lsp: {out['model']} on {out['backend']}, {out['source']} lines "
         f"{out['selection_lines'][0]}-{out['selection_lines'][1]}, {out['rounds']} interleaved rounds "
         f"(medians; seconds from the request)",
-        ["request", "1st progress", "1st report", "1st text", "server ttft", "engine ttft", "prefilled",
+        ["request", "1st progress", "1st report", "1st text", "server ttft", "engine ttft", "prefilled", "generated",
          "LSP tok/s", "engine tok/s", "LSP e2e tok/s", "engine e2e tok/s"],
         rows,
     )

@@ -107,6 +107,7 @@ class EngineWorker:
                 self.state = "error"
                 self._ready.set()
                 raise
+            _warm_up(engine)
             self.engine = engine
             self._tokens.clear()
             self.model_label = getattr(engine, "model_name", model)
@@ -259,6 +260,20 @@ class EngineWorker:
         with self._cond:
             if job.key is not None and self._by_key.get(job.key) is job:
                 del self._by_key[job.key]
+
+
+def _warm_up(engine: Any) -> None:
+    """Pay the one-off costs while loading, not on the user's first request: the draft
+    controller's cost-curve calibration (lazy in the engine; seconds when its disk cache
+    is stale) and the first forward (kernel JIT / cache load). A failure here is only
+    logged: the request will pay it, or report it, as before."""
+    if not callable(getattr(engine, "encode", None)) or not callable(getattr(engine, "generate", None)):
+        return
+    try:
+        getattr(engine, "controller", None)
+        engine.generate(engine.encode("def f(x):\n"), max_tokens=2, spec=False)
+    except Exception:
+        log.exception("warm-up after loading failed")
 
 
 def _mean_step(result: Any) -> float | None:
