@@ -282,3 +282,28 @@ def test_request_waits_for_a_loading_model_then_fails_clearly() -> None:
     finally:
         release.set()
         ls.worker.stop()
+
+
+def test_load_warms_the_engine_up_before_ready() -> None:
+    """Calibration and the first forward happen during the load, not on the first request."""
+    calls: list[str] = []
+
+    class WarmEngine:
+        @property
+        def controller(self) -> object:
+            calls.append("controller")
+            return object()
+
+        def encode(self, text: str) -> list[int]:
+            return [1, 2, 3]
+
+        def generate(self, ids: list[int], **kw: object) -> None:
+            calls.append(f"generate:{kw.get('max_tokens')}:{kw.get('spec')}")
+
+    w = EngineWorker(lambda model, **kw: WarmEngine())
+    try:
+        w.load("warm").future.result(5)
+        assert w.state == "ready"
+        assert calls == ["controller", "generate:2:False"]
+    finally:
+        w.stop()
