@@ -68,12 +68,18 @@ def run(args) -> dict:
         colds, warms = [], []
         for rep in range(reps):
             key = f"bench-cache-{name}-{rep}"
+            # Cold means no cache at all: no session may hold a prefix it could borrow.
+            for other in list(engine.sessions.sessions):
+                engine.sessions.drop(other)
+            cold_first = rep % 2 == 1  # rotate the order so drift hits warm and cold alike
+            if cold_first:
+                cold = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=None)
             base = engine.generate(original, max_tokens=REPLY_TOKENS, session=key)
             cold_original.append(base.stats.ttft_s)
             warm = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=key)
-            # Cold means no cache at all: drop the session so no prefix can be borrowed from it.
-            engine.sessions.drop(key)
-            cold = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=None)
+            if not cold_first:
+                engine.sessions.drop(key)
+                cold = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=None)
             assert cold.stats.reused_tokens == 0
             identical &= warm.token_ids == cold.token_ids
             warms.append(warm.stats.ttft_s)
