@@ -8,10 +8,11 @@ module must be a real file); run ``python -m kernels.cpu.gen_attention`` after e
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 #: Query vectors x keys per score tile; query vectors x head dims per P·V tile.
-SCORE_TILE = (4, 32)
+SCORE_TILE = (int(os.environ.get("ECHOLINE_GEN_SQ", 4)), 32)
 VALUE_TILE = (4, 64)
 
 
@@ -88,6 +89,17 @@ def source() -> str:
         _values(1, VALUE_TILE[1]),
     ):
         body += ["", ""] + lines
+    qn, kn = SCORE_TILE
+    vn, dn = VALUE_TILE
+    body += [
+        "",
+        "",
+        "# The names the driver in ops.py calls, whatever the tile sizes.",
+        f"scores_tile = _scores_{qn}x{kn}",
+        f"scores_one = _scores_1x{kn}",
+        f"values_tile = _values_{vn}x{dn}",
+        f"values_one = _values_1x{dn}",
+    ]
     return "\n".join(head + body) + "\n"
 
 

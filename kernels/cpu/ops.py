@@ -15,10 +15,10 @@ from kernels.cpu._env import njit, prange
 from kernels.cpu.attention_tiled import (
     SCORE_TILE,
     VALUE_TILE,
-    _scores_1x32,
-    _scores_4x32,
-    _values_1x64,
-    _values_4x64,
+    scores_one,
+    scores_tile,
+    values_one,
+    values_tile,
 )
 
 _F = np.float32
@@ -594,10 +594,10 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task):
     for c0 in range(0, wl, kn):
         a = 0
         while a + qn <= nv:
-            _scores_4x32(qv, ktk, koff, sc, s, _U(a), _U(c0))
+            scores_tile(qv, ktk, koff, sc, s, _U(a), _U(c0))
             a += qn
         while a < nv:
-            _scores_1x32(qv, ktk, koff, sc, s, _U(a), _U(c0))
+            scores_one(qv, ktk, koff, sc, s, _U(a), _U(c0))
             a += 1
     totals = np.empty(nv, dtype=np.float32)
     span = uhi - ulo
@@ -617,10 +617,10 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task):
             for b in range(a + 1, a + vn):
                 lo = min(lo, los[b])
                 hi = max(hi, his[b])
-            _values_4x64(s, v, ulo, _U(kv), _U(d0), lo, hi, o, _U(a))
+            values_tile(s, v, ulo, _U(kv), _U(d0), lo, hi, o, _U(a))
             a += vn
         while a < nv:
-            _values_1x64(s, v, ulo, _U(kv), _U(d0), los[a], his[a], o, _U(a))
+            values_one(s, v, ulo, _U(kv), _U(d0), los[a], his[a], o, _U(a))
             a += 1
     for a in range(nv):  # head dims past the last full slice: one chain per element
         for e in range(full, hd):
