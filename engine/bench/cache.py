@@ -63,6 +63,7 @@ def run(args) -> dict:
     engine.generate(engine.encode("x = 1\n"), max_tokens=2, spec=False)  # warm-up / JIT
     reps = max(1, args.rounds)
     cold_ttft, warm_ttft, identical = {}, {}, True
+    prefilled: dict[str, int] = {}
     cold_original = []
     for name, prompt in cases.items():
         colds, warms = [], []
@@ -82,13 +83,17 @@ def run(args) -> dict:
                 cold = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=None)
             assert cold.stats.reused_tokens == 0
             identical &= warm.token_ids == cold.token_ids
+            prefilled[name] = warm.stats.prefilled_tokens
             warms.append(warm.stats.ttft_s)
             colds.append(cold.stats.ttft_s)
         cold_ttft[name] = statistics.median(colds)
         warm_ttft[name] = statistics.median(warms)
     result_cases = {
         name: {"ttft_s": round(warm_ttft[name], 4), "ratio": round(warm_ttft[name] / cold_ttft[name], 4),
-               "cold_ttft_s": round(cold_ttft[name], 4)}
+               "cold_ttft_s": round(cold_ttft[name], 4),
+               # The floor under the ratio: the share of the prompt a warm request must prefill.
+               "prefilled_tokens": prefilled[name],
+               "prefilled_share": round(prefilled[name] / len(cases[name]), 4)}
         for name in cases
     }
     result = {
@@ -101,7 +106,7 @@ def run(args) -> dict:
     }
     print_table(
         f"bench cache: {engine.model_name} on {engine.backend_name}, {len(original)}-token prompt",
-        ["case", "warm TTFT s", "cold TTFT s", "warm/cold"],
-        [[k, v["ttft_s"], v["cold_ttft_s"], v["ratio"]] for k, v in result_cases.items()],
+        ["case", "warm TTFT s", "cold TTFT s", "warm/cold", "prefilled share"],
+        [[k, v["ttft_s"], v["cold_ttft_s"], v["ratio"], v["prefilled_share"]] for k, v in result_cases.items()],
     )
     return result
