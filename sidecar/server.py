@@ -657,13 +657,19 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             out["indexed"] = uri in ls.index.indexed_uris()
     if engine is not None:
         # Measured on the worker thread, after pending source updates are applied.
+        worker = ls.worker
         try:
-            out["sourceMemoryBytes"] = await asyncio.wait_for(
-                asyncio.wrap_future(ls.worker.submit(lambda e, _c: e.source_memory_bytes(), kind="status").future),
+            src, cache = await asyncio.wait_for(
+                asyncio.wrap_future(
+                    worker.submit(
+                        lambda e, _c: (e.source_memory_bytes(), worker.token_cache_bytes()), kind="status"
+                    ).future
+                ),
                 ls.settings.ready_timeout_s,
             )
+            out["sourceMemoryBytes"], out["tokenCacheBytes"] = src, cache
         except Exception:
-            out["sourceMemoryBytes"] = None
+            out["sourceMemoryBytes"] = out["tokenCacheBytes"] = None
     out["recentJobs"] = [job.summary() for job in list(ls.worker.finished)]
     return out
 

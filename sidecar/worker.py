@@ -150,6 +150,10 @@ class EngineWorker:
         with self._cond:
             return len(self._dirty)
 
+    def token_cache_bytes(self) -> int:
+        """Memory of the per-chunk token ids kept for incremental updates (engine thread)."""
+        return self._tokens.memory_bytes()
+
     def sync_sources(self) -> Job:
         """A no-op job: when it completes, every earlier source update is in the engine."""
         return self.submit(lambda _e, _c: None, kind="sync")

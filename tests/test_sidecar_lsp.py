@@ -188,6 +188,7 @@ async def test_index_skips_secrets_and_reports_memory(lsp: LanguageClient, works
     assert st_env["indexed"] is False
     assert st["index"]["skipped"].get("secret", 0) >= 1
     assert st["sourceMemoryBytes"] > 0
+    assert st["tokenCacheBytes"] > 0  # the README's ids, kept per chunk for incremental updates
 
 
 # ---- inline completion --------------------------------------------------------------------
