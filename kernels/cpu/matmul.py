@@ -155,7 +155,7 @@ def prepare(tensors: Sequence, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILE
 
 
 def prepare_cached(tensors: Sequence, tiles: tuple[tuple[int, int], ...] = DEFAULT_TILES) -> PreparedMatrix:
-    """``prepare``, reusing (memory-mapping) the on-disk result of an earlier start.
+    """``prepare``, reusing the on-disk result of an earlier start (``weight_cache``).
 
     The arrays are the same bytes ``prepare`` computes (the cache stores its output), so
     nothing downstream can tell the two apart. Tensors without a file origin, or
