@@ -115,6 +115,10 @@ class Engine:
         """Register or replace an extra draft source (a workspace file), tokenized here."""
         self.index.set_source(source_id, self.tokenizer.encode(text, add_bos=False, parse_special=False))
 
+    def set_source_ids(self, source_id: str, ids: Sequence[int]) -> None:
+        """Register or replace a draft source already tokenized by the caller (no BOS)."""
+        self.index.set_source(source_id, [int(t) for t in ids])
+
     def remove_source(self, source_id: str) -> None:
         self.index.remove_source(source_id)
 
@@ -122,6 +126,44 @@ class Engine:
         return self.index.memory_bytes()
 
     # ---- generation ------------------------------------------------------------------------
+    def prefill(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        session: str,
+        cancel: threading.Event | None = None,
+        chunk: int | None = None,
+    ) -> int:
+        """Run a prompt prefix into ``session``'s cache ahead of a request; no reply.
+
+        Why: an editor can prefill the stable part of the next prompt (the edited file)
+        while the user pauses, so the request that follows prefills only its tail. The
+        cache ends holding exactly what ran (a cancel stops between chunks and keeps the
+        whole chunks done), so a later ``generate`` reuses it like any earlier request.
+        ``chunk`` (default: the engine's prefill chunk) bounds how long a cancel waits.
+        Returns the number of tokens the session's cache now holds of ``prompt_ids``.
+        """
+        from engine.generate import prefill
+
+        prompt = [int(t) for t in prompt_ids]
+        if len(prompt) < 2:
+            return 0
+        if any(t < 0 or t >= self.config.vocab_size for t in prompt):
+            raise EcholineError("prompt holds token ids outside the vocabulary")
+        sess = self.sessions.prepare(session, prompt, min(len(prompt) + self.max_draft + 2,
+                                                          self.config.context_length))
+        cache = sess.cache
+        step = max(1, int(chunk or self.prefill_chunk))
+        try:
+            # Keep the last prompt token out, as generate does: its logits start the reply.
+            if cache.length < len(prompt) - 1:
+                prefill(self.model, cache, prompt[cache.length : len(prompt) - 1], step, cancel)
+        except BaseException:
+            self.sessions.drop(session)
+            raise
+        self.sessions.finish(sess, prompt[: cache.length], [])
+        return cache.length
+
     def generate(
         self,
         prompt_ids: Sequence[int],

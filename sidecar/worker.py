@@ -181,12 +181,11 @@ class EngineWorker:
         plain); engines without a tokenizer and an index get the text as before.
         """
         tok = getattr(engine, "tokenizer", None)
-        index = getattr(engine, "index", None)
-        if tok is None or index is None or not hasattr(tok, "encode_batch"):
+        if tok is None or not hasattr(engine, "set_source_ids") or not hasattr(tok, "encode_batch"):
             engine.set_source(sid, text)
             return
         ids = self._tokens.ids(sid, text, lambda texts: tok.encode_batch(texts, parse_special=False))
-        index.set_source(sid, ids)
+        engine.set_source_ids(sid, ids)
 
     # ---- jobs ---------------------------------------------------------------
     def submit(

@@ -210,3 +210,35 @@ def test_throwaway_cache_gives_way_to_a_buffer_session(llama_path):
     eng.generate(buffer(60, 4), max_tokens=4, session="buf")  # needs the scratch's bytes
     assert eng.sessions._scratch is None and "buf" in eng.sessions.sessions
     assert eng.sessions.bytes_in_use <= eng.sessions.budget_bytes
+
+
+@pytest.mark.parametrize("cancel_after", [None, 2])
+def test_prefill_ahead_then_generate_equals_cold(llama_path, cancel_after):
+    """Engine.prefill fills a session ahead of a request (whole chunks if cancelled)."""
+    eng = make_engine(llama_path)
+    cold = make_engine(llama_path)
+    stable = buffer(150, 21)
+    prompt = stable + buffer(20, 22)
+    cancel = threading.Event()
+    calls = {"n": 0}
+    if cancel_after is not None:
+        import engine.generate as gen
+
+        real = gen.run_rows
+
+        def counting(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == cancel_after:
+                cancel.set()
+            return real(*a, **kw)
+
+        gen.run_rows = counting
+    try:
+        held = eng.prefill(stable, session="buf", cancel=cancel, chunk=16)
+    finally:
+        if cancel_after is not None:
+            gen.run_rows = real
+    assert held == (len(stable) - 1 if cancel_after is None else 16 * cancel_after)
+    res = eng.generate(prompt, max_tokens=12, session="buf", spec=True)
+    assert res.stats.reused_tokens == held
+    assert res.token_ids == cold.generate(prompt, max_tokens=12, spec=False).token_ids

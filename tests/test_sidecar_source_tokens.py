@@ -97,10 +97,9 @@ class IndexEngine:
         self.enc = CharEncoder()
         self.tokenizer = SimpleNamespace(encode_batch=lambda texts, parse_special: self.enc(texts))
         self.sources: dict[str, list[int]] = {}
-        self.index = SimpleNamespace(set_source=self._set)
         self.removed: list[str] = []
 
-    def _set(self, sid: str, ids: Any) -> None:
+    def set_source_ids(self, sid: str, ids: Any) -> None:
         self.sources[sid] = list(ids)
 
     def remove_source(self, sid: str) -> None:
