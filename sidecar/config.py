@@ -26,6 +26,8 @@ class Settings:
     max_index_mb: float = 64.0
     inline_max_tokens: int = 64
     ready_timeout_s: float = 60.0
+    prefill_on_idle: bool = True
+    prefill_idle_ms: int = 400
 
     @property
     def kv_budget_bytes(self) -> int | None:
@@ -98,6 +100,8 @@ KEYS: dict[str, tuple[str, Any]] = {
     "maxIndexMB": ("max_index_mb", _pos_number),
     "inlineMaxTokens": ("inline_max_tokens", _int_range(1, 1024)),
     "readyTimeoutS": ("ready_timeout_s", _pos_number),
+    "prefillOnIdle": ("prefill_on_idle", _bool),
+    "prefillIdleMs": ("prefill_idle_ms", _int_range(0, 60_000)),
 }
 
 # Nested spellings accepted as well: {"index": {"maxFileBytes": ..}, "inlineCompletion": {"maxTokens": ..}}

@@ -56,6 +56,20 @@ class RewritePrompt:
     plain: str  # the whole prompt as raw text, for models without a chat template
 
 
+def _stable_part(context: str, name: str) -> str:
+    """The part of a rewrite prompt that depends on the file alone (it comes first)."""
+    lang = language_for(name)
+    if context and not context.endswith("\n"):
+        context += "\n"
+    label = PurePosixPath(name).name if name else "the file"
+    return f"Here is {label}:\n{FENCE}{lang}\n{context}{FENCE}\n\n"
+
+
+# Every volatile part starts with this word (both layouts below): the stable part's last
+# tokens are tokenized as they will be when a request follows (see rewrite_prefix_ids).
+_VOLATILE_HEAD = "Rewrite"
+
+
 def rewrite_prompt(
     file_text: str, start: int, end: int, instruction: str, *, name: str = ""
 ) -> RewritePrompt:
@@ -65,10 +79,7 @@ def rewrite_prompt(
     body = selection[:-1] if selection.endswith("\n") else selection
     instr = instruction.strip() or REPRODUCE_INSTRUCTION
     context = file_window(file_text, start, end)
-    if context and not context.endswith("\n"):
-        context += "\n"
-    label = PurePosixPath(name).name if name else "the file"
-    stable = f"Here is {label}:\n{FENCE}{lang}\n{context}{FENCE}\n\n"
+    stable = _stable_part(context, name)
     # Measured on SmolLM2-135M (the default), with the answer primed by an opening fence:
     # - reproducing: the instruction BEFORE the fenced selection copied it exactly in 3 of
     #   5 files tried (other layouts tried: 3/5 on the other files, or 0-1/5); the misses
@@ -93,6 +104,35 @@ def rewrite_prompt_ids(engine: Any, prompt: RewritePrompt) -> list[int]:
         ids = list(engine.encode_chat(prompt.messages))
         return ids + list(tok.encode(prompt.prime, add_bos=False, parse_special=False))
     return list(tok.encode(prompt.plain, parse_special=False))
+
+
+def rewrite_prefix_ids(engine: Any, file_text: str, *, name: str = "") -> list[int] | None:
+    """Token ids every rewrite prompt on this unchanged file starts with (None: none known).
+
+    Why: the sidecar prefills them while the user pauses, so the next request prefills
+    only its tail. They are the common token prefix of the prompt with the stable part
+    alone and with the stable part followed by the volatile part's first word, so a
+    boundary token the tokenizer would merge differently is left out: the ids are a
+    true prefix of what ``rewrite_prompt_ids`` gives for any selection and instruction.
+    A file longer than the window has no selection-free prefix (its window moves with
+    the selection): None.
+    """
+    if len(file_text) > MAX_FILE_CHARS:
+        return None
+    stable = _stable_part(file_text, name)
+    tok = engine.tokenizer
+    if engine.has_chat_template:
+        alone = engine.encode_chat([{"role": "user", "content": stable}])
+        ahead = engine.encode_chat([{"role": "user", "content": stable + _VOLATILE_HEAD}])
+    else:
+        alone = tok.encode(stable, parse_special=False)
+        ahead = tok.encode(stable + _VOLATILE_HEAD, parse_special=False)
+    n = 0
+    for a, b in zip(alone, ahead, strict=False):
+        if a != b:
+            break
+        n += 1
+    return [int(t) for t in ahead[:n]]
 
 
 def strip_fence(reply: str) -> str:

@@ -26,6 +26,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.workspace import TextDocument
 
 from sidecar import config as cfg
+from sidecar.idle_prefill import IdlePrefill, rewrite_session
 from sidecar.prompts import (
     block_end,
     finish_completion,
@@ -45,6 +46,7 @@ CMD_REWRITE = "echoline.rewrite"
 CMD_STATUS = "echoline.status"
 NOTIFY_STATUS = "echoline/status"
 NOTIFY_REWRITE_PROGRESS = "echoline/rewriteProgress"
+NOTIFY_PREFILL = "echoline/prefill"
 REQUEST_FAILED = -32803  # LSP RequestFailed
 CONTENT_MODIFIED = -32801  # LSP ContentModified
 PROGRESS_INTERVAL_S = 0.1
@@ -93,6 +95,14 @@ class EcholineServer(LanguageServer):
         self.last_acceptance = 0.0
         self._tokens = itertools.count(1)
         self._loaded_key: tuple | None = None
+        self.idle_prefill = IdlePrefill(
+            self.worker, lambda: self.settings, self._doc_text,
+            lambda info: self.protocol.notify(NOTIFY_PREFILL, info),
+        )
+
+    def _doc_text(self, uri: str) -> str | None:
+        doc = self.workspace.text_documents.get(uri)
+        return None if doc is None else doc.source
 
     # ---- plumbing ----------------------------------------------------------------------
     def cancel_request(self, msg_id: Any) -> None:
@@ -210,6 +220,8 @@ class EcholineServer(LanguageServer):
             self.show_error(err)
         old = self.settings
         self.settings = new
+        if old.prefill_on_idle and not new.prefill_on_idle:
+            self.idle_prefill.stop_all()
         if self.index is not None and (
             new.max_file_bytes != old.max_file_bytes or new.max_index_mb != old.max_index_mb
         ):
@@ -365,6 +377,7 @@ async def on_initialized(ls: EcholineServer, params: types.InitializedParams) ->
 
 def on_shutdown(ls: EcholineServer, *args: Any) -> None:
     """Stop generating and watching; the process exits on ``exit``."""
+    ls.idle_prefill.stop_all()
     for job in list(ls.jobs_by_msg.values()):
         job.request_cancel()
     if ls.index is not None:
@@ -374,13 +387,16 @@ def on_shutdown(ls: EcholineServer, *args: Any) -> None:
 
 def on_did_open(ls: EcholineServer, params: types.DidOpenTextDocumentParams) -> None:
     ls.buffer_changed(params.text_document.uri)
+    ls.idle_prefill.changed(params.text_document.uri)
 
 
 def on_did_change(ls: EcholineServer, params: types.DidChangeTextDocumentParams) -> None:
     ls.buffer_changed(params.text_document.uri)
+    ls.idle_prefill.changed(params.text_document.uri)
 
 
 def on_did_close(ls: EcholineServer, params: types.DidCloseTextDocumentParams) -> None:
+    ls.idle_prefill.forget(params.text_document.uri)
     if ls.index is not None:
         ls.index.close_buffer(params.text_document.uri)
 
@@ -558,10 +574,12 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         return run_rewrite(
             engine, text, start, end, instruction, name=uri,
             max_tokens=settings.max_tokens, spec=settings.speculation,
-            session=uri, on_progress=report, cancel=cancel,
+            session=rewrite_session(uri), on_progress=report, cancel=cancel,
         )
 
     msg_id = ls.protocol.msg_id
+    # This request prefills the document's prefix itself: no idle prefill for it after.
+    ls.idle_prefill.forget(uri)
     running = asyncio.ensure_future(ls.run_job(job, kind="rewrite"))
     try:
         token = await ls.progress_begin(
@@ -645,6 +663,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         "settings": cfg.as_lsp_dict(ls.settings),
         "tokS": ls.last_tok_s,
         "acceptance": ls.last_acceptance,
+        "lastPrefill": ls.idle_prefill.last,
     }
     engine = ls.worker.engine
     if engine is not None:

@@ -28,6 +28,8 @@ from sidecar.source_tokens import SourceTokens
 log = logging.getLogger(__name__)
 
 _DELETE = object()
+BACKGROUND = frozenset({"prefill"})  # jobs any request cancels (work done ahead of need)
+NO_PREEMPT = BACKGROUND | {"status", "sync"}  # jobs that leave background jobs running
 
 
 class JobCancelled(Exception):
@@ -51,6 +53,7 @@ class Job:
     finished_at: float | None = None
     cancel_at: float | None = None
     step_s: float | None = None  # mean seconds per decode round, when the result says
+    detail: dict[str, Any] | None = None  # a background job's own figures (its result)
 
     def request_cancel(self, superseded: bool = False) -> None:
         self.superseded = self.superseded or superseded
@@ -68,7 +71,7 @@ class Job:
             run = round(self.finished_at - self.started_at, 4)
         return {"kind": self.kind, "cancelled": self.cancel_at is not None,
                 "superseded": self.superseded, "runS": run, "stopLatencyS": stop,
-                "stepS": self.step_s}
+                "stepS": self.step_s, **({"detail": self.detail} if self.detail else {})}
 
 
 class EngineWorker:
@@ -191,8 +194,13 @@ class EngineWorker:
     def submit(
         self, fn: Callable[[Any, threading.Event], Any], *, kind: str, key: Hashable | None = None
     ) -> Job:
+        """Queue ``fn``. A job of any kind but the background ones first cancels the
+        background jobs (an idle prefill) queued or running, so it waits for at most one
+        of their chunks; a job with ``key`` supersedes the older job with that key."""
         job = Job(fn=fn, kind=kind, key=key, id=next(self._ids))
         with self._cond:
+            if kind not in NO_PREEMPT:
+                self._cancel_background()
             if key is not None:
                 old = self._by_key.get(key)
                 if old is not None and not old.future.done():
@@ -204,6 +212,18 @@ class EngineWorker:
 
     def running(self) -> Job | None:
         return self._running
+
+    def cancel_key(self, key: Hashable) -> None:
+        """Cancel the queued or running job submitted with ``key`` (if any)."""
+        with self._cond:
+            job = self._by_key.get(key)
+            if job is not None and not job.future.done():
+                job.request_cancel(superseded=True)
+
+    def _cancel_background(self) -> None:  # holds self._cond
+        for job in [*self._queue, self._running]:
+            if job is not None and job.kind in BACKGROUND and not job.future.done():
+                job.request_cancel()
 
     def stop(self) -> None:
         with self._cond:
@@ -248,14 +268,17 @@ class EngineWorker:
         try:
             result = job.fn(self.engine, job.cancel)
         except BaseException as exc:  # report everything to the awaiting handler
+            job.finished_at = time.monotonic()
             job.future.set_exception(exc)
         else:
+            job.finished_at = time.monotonic()  # before the future's callbacks read it
             job.step_s = _mean_step(result)
+            if job.kind in BACKGROUND and isinstance(result, dict):
+                job.detail = result
             job.future.set_result(result)
         finally:
-            job.finished_at = time.monotonic()
             self._running = None
-            if job.kind in ("inline", "rewrite"):
+            if job.kind in ("inline", "rewrite", "prefill"):
                 self.finished.append(job)
             self._forget(job)
 
