@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.bench import traffic
 from engine.bench.common import load, print_table
+from engine.sessions import common_prefix
 
 TARGET_TOKENS = 2000
 REPLY_TOKENS = 16
@@ -54,12 +55,19 @@ def run(args) -> dict:
     n = len(lines)
     sel = (n - 12, n - 4)
     original = rewrite_prompt(engine, lines, sel)
+    end_lines = _edit(lines, int(n * 0.95))
     cases = {
-        "edit_end": rewrite_prompt(engine, _edit(lines, int(n * 0.95)), sel),
+        "edit_end": rewrite_prompt(engine, end_lines, sel),
         "edit_middle": rewrite_prompt(engine, _edit(lines, n // 2), sel),
         "edit_top": rewrite_prompt(engine, _edit(lines, 1), sel),
         "repeat": original,
+        # As edit_end, but the edited file's stable prompt part was prefilled while the user
+        # paused (Engine.prefill, what the sidecar does on idle): only the volatile tail is left.
+        "edit_end_idle_prefill": rewrite_prompt(engine, end_lines, sel),
     }
+    # The stable part's ids: the longest common prefix with a request for another selection.
+    other_sel = rewrite_prompt(engine, end_lines, (n // 3, n // 3 + 8))
+    stable = cases["edit_end"][: common_prefix(cases["edit_end"], other_sel)]
     engine.generate(engine.encode("x = 1\n"), max_tokens=2, spec=False)  # warm-up / JIT
     reps = max(1, args.rounds)
     cold_ttft, warm_ttft, identical = {}, {}, True
@@ -77,6 +85,8 @@ def run(args) -> dict:
                 cold = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=None)
             base = engine.generate(original, max_tokens=REPLY_TOKENS, session=key)
             cold_original.append(base.stats.ttft_s)
+            if name == "edit_end_idle_prefill":
+                engine.prefill(stable, session=key)  # untimed: it ran before the request
             warm = engine.generate(prompt, max_tokens=REPLY_TOKENS, session=key)
             if not cold_first:
                 engine.sessions.drop(key)
