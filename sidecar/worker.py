@@ -278,7 +278,7 @@ class EngineWorker:
             job.future.set_result(result)
         finally:
             self._running = None
-            if job.kind in ("inline", "rewrite", "prefill"):
+            if job.kind in ("inline", "rewrite"):
                 self.finished.append(job)
             self._forget(job)
 
