@@ -13,7 +13,11 @@ Requests: one cold rewrite right after the model is ready, then per round
     the buffer's KV cache is reused up to that line), then asks again;
   * ``reselect``: no edit, the selection starts one line later (the file part
     of the prompt is cached; the selection part is new);
-  * ``same``: that request again, nothing changed (all of the prompt cached).
+  * ``same``: that request again, nothing changed (all of the prompt cached);
+  * ``edit_idle``: another edit of that line, then a pause until the server's idle
+    prefill of the edited file is done (``prefillOnIdle``; the pause is the idle delay
+    plus the prefill, read from the ``echoline/prefill`` notification), then the
+    ``edit`` request. ``edit`` itself asks at once (no idle prefill can run first).
 Each LSP request is paired with a direct engine call on the same ids (order
 rotates per round); the direct engine keeps its own session and the same draft
 source (the open buffer), so both sides see the same cache state and drafts.
@@ -49,7 +53,8 @@ FIRST_TEXT_TARGET_S = 0.3
 THROUGHPUT_TARGET = 0.9  # LSP tok/s at least 90% of the engine's
 SELECTION_CHARS = 700  # ~200 tokens: the reply fits the default 256 max tokens
 READY_TIMEOUT_S = 300.0
-KINDS = ("edit", "reselect", "same")  # warm request kinds, in the order of a round
+KINDS = ("edit", "reselect", "same", "edit_idle")  # warm request kinds, in the order of a round
+PREFILL_WAIT_S = 60.0  # the most the bench waits for an idle prefill to finish
 REQUEST_TIMEOUT_S = 300.0
 
 
@@ -145,6 +150,7 @@ class Recorder:
     text_at: float | None = None
     tokens: set[str] = field(default_factory=set)
     status: list[dict[str, Any]] = field(default_factory=list)
+    prefills: list[dict[str, Any]] = field(default_factory=list)  # echoline/prefill notes
 
     def reset(self) -> None:
         self.sent_at = time.perf_counter()
@@ -175,6 +181,15 @@ def _get(obj: Any, key: str) -> Any:
     if isinstance(obj, dict):
         return obj.get(key)
     return getattr(obj, key, None)
+
+
+def _deep(obj: Any) -> Any:
+    """pygls hands unknown notifications' params over as (nested) namedtuples."""
+    if hasattr(obj, "_asdict"):
+        obj = obj._asdict()
+    if isinstance(obj, dict):
+        return {k: _deep(v) for k, v in obj.items()}
+    return obj
 
 
 def _since(t0: float, t: float | None) -> float | None:
@@ -214,6 +229,10 @@ class LspSide:
         @client.feature("echoline/status")
         def _status(params: Any) -> None:
             rec.status.append(dict(params._asdict()) if hasattr(params, "_asdict") else dict(params))
+
+        @client.feature("echoline/prefill")
+        def _prefill(params: Any) -> None:
+            rec.prefills.append(_deep(params))
 
         @client.feature("echoline/rewriteProgress")
         def _rewrite_progress(_params: Any) -> None:
@@ -291,6 +310,16 @@ class LspSide:
             )
         )
 
+    async def wait_idle_prefill(self, after: int) -> dict[str, Any] | None:
+        """The end of the idle prefill of the buffer that began after note ``after``."""
+        end = time.monotonic() + PREFILL_WAIT_S
+        while time.monotonic() < end:
+            for note in self.rec.prefills[after:]:
+                if note.get("uri") == self.uri and note.get("state") in ("done", "cancelled", "failed", "skipped"):
+                    return note
+            await asyncio.sleep(0.005)
+        return None
+
     async def rewrite(self, kind: str, sc: Scenario, instruction: str) -> LspRun:
         from lsprotocol import types
 
@@ -357,6 +386,15 @@ class DirectSide:
         start, end = sc.offsets(text, sc.selection(kind))
         return rewrite_prompt_ids(self.engine, rewrite_prompt(text, start, end, instruction, name=uri))
 
+    def prefill(self, text: str, uri: str) -> None:
+        """What the server's idle prefill does for ``text`` (untimed: the user's pause)."""
+        from sidecar.idle_prefill import CHUNK
+        from sidecar.prompts import rewrite_prefix_ids
+
+        ids = rewrite_prefix_ids(self.engine, text, name=uri)
+        if ids:
+            self.engine.prefill(ids, session=self.SESSION, chunk=CHUNK)
+
     def run(self, kind: str, ids: list[int], text: str, uri: str) -> DirectRun:
         from sidecar.prompts import FENCE
 
@@ -398,6 +436,8 @@ async def _drive(args: Any, engine: Any, sc: Scenario, root: Path) -> dict[str, 
     lsp_runs: list[LspRun] = []
     direct_runs: list[DirectRun] = []
     pairs: list[tuple[LspRun, DirectRun, bool]] = []  # (lsp, direct, same prompt ids)
+    pauses: list[float] = []  # edit_idle: the edit -> the idle prefill done
+    idle_notes: list[dict[str, Any]] = []
     try:
         await lsp.start()
         text = sc.text("")
@@ -411,6 +451,18 @@ async def _drive(args: Any, engine: Any, sc: Scenario, root: Path) -> dict[str, 
             lsp.replace_all(text, new)
             text = new
             for kind in KINDS:
+                if kind == "edit_idle":
+                    new = sc.text(f"  # idle edit {r + 1}")
+                    mark = len(lsp.rec.prefills)
+                    t_edit = time.perf_counter()
+                    lsp.replace_all(text, new)
+                    text = new
+                    note = await lsp.wait_idle_prefill(mark)
+                    pauses.append(time.perf_counter() - t_edit)
+                    if note is not None:
+                        idle_notes.append(note)
+                    await asyncio.sleep(0.05)  # the user's pause goes on a little
+                    direct.prefill(text, lsp.uri)
                 ids = direct.prompt_ids(text, sc, kind, lsp.uri, instruction)
                 order = ("lsp", "direct") if (r % 2 == 0) else ("direct", "lsp")
                 got: dict[str, Any] = {}
@@ -425,7 +477,18 @@ async def _drive(args: Any, engine: Any, sc: Scenario, root: Path) -> dict[str, 
                 pairs.append((got["lsp"], got["direct"], same_ids))
     finally:
         await lsp.stop()
-    return _summarize(args, engine, sc, cold, pairs, lsp)
+    out = _summarize(args, engine, sc, cold, pairs, lsp)
+    done = [n for n in idle_notes if n.get("state") == "done"]
+    out["edit_idle"]["pause_s"] = _r(_median(pauses))
+    out["edit_idle"]["idle_prefills_done"] = f"{len(done)}/{len(pauses)}"
+    out["edit_idle"]["idle_prefill_tokens"] = _median([(n.get("detail") or {}).get("cached") for n in done])
+    out["edit_idle"]["idle_prefill_s"] = _r(_median([n.get("runS") for n in done]))
+    sys.stderr.write(
+        f"edit_idle: pause {_fmt(out['edit_idle']['pause_s'])} s (idle delay + idle prefill of "
+        f"{_fmt(out['edit_idle']['idle_prefill_tokens'])} tokens in {_fmt(out['edit_idle']['idle_prefill_s'])} s; "
+        f"{out['edit_idle']['idle_prefills_done']} done before the request)\n"
+    )
+    return out
 
 
 def _summarize(args: Any, engine: Any, sc: Scenario, cold: LspRun, pairs: list, lsp: LspSide) -> dict[str, Any]:
