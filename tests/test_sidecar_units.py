@@ -143,6 +143,40 @@ def test_worker_supersession_cancel_and_sources() -> None:
         w.stop()
 
 
+def test_worker_requests_cancel_background_prefill_but_status_does_not() -> None:
+    w = EngineWorker(lambda model, **kw: SlowEngine())
+    try:
+        w.load("fake").future.result(5)
+        bg = w.submit(lambda e, c: e.run(1000, c), kind="prefill", key=("prefill", "u"))
+        time.sleep(0.05)
+        st = w.submit(lambda e, c: "status", kind="status")
+        time.sleep(0.05)
+        assert not bg.cancel.is_set()  # status and source syncs leave it running
+        t0 = time.monotonic()
+        req = w.submit(lambda e, c: e.run(3, c), kind="rewrite")
+        assert bg.cancel.is_set() and not bg.superseded
+        steps = bg.future.result(5)
+        assert 0 < steps < 1000 and time.monotonic() - t0 < 0.5
+        assert st.future.result(5) == "status" and req.future.result(5) == 3
+        # A queued background job is cancelled too; cancel_key marks it superseded.
+        w.submit(lambda e, c: e.run(30, c), kind="rewrite")
+        queued = w.submit(lambda e, c: e.run(1000, c), kind="prefill", key=("prefill", "v"))
+        w.cancel_key(("prefill", "v"))
+        with pytest.raises(JobCancelled):
+            queued.future.result(5)
+        assert queued.superseded
+    finally:
+        w.stop()
+
+
+def test_idle_prefill_settings() -> None:
+    new, errors = cfg.apply(cfg.Settings(), {"prefillOnIdle": False, "prefillIdleMs": 250})
+    assert not errors and not new.prefill_on_idle and new.prefill_idle_ms == 250
+    kept, errors = cfg.apply(new, {"prefillOnIdle": 1, "prefillIdleMs": 1.5})
+    assert len(errors) == 2 and kept == new
+    assert cfg.as_lsp_dict(new)["prefillIdleMs"] == 250
+
+
 def test_worker_load_failure_is_reported() -> None:
     def boom(model: str, **kw: object) -> None:
         raise FileNotFoundError(f"{model} missing")
