@@ -9,6 +9,8 @@ export interface ServerSettings {
   speculation: boolean;
   maxTokens: number;
   kvBudgetMB?: number;
+  prefillOnIdle: boolean;
+  prefillIdleMs: number;
 }
 
 export function section(): vscode.WorkspaceConfiguration {
@@ -23,6 +25,8 @@ export function serverSettings(): ServerSettings {
     backend: cfg.get<string>('backend', 'auto'),
     speculation: cfg.get<boolean>('speculation', true),
     maxTokens: cfg.get<number>('maxTokens', 256),
+    prefillOnIdle: cfg.get<boolean>('prefillOnIdle', true),
+    prefillIdleMs: cfg.get<number>('prefillIdleMs', 400),
   };
   const budget = cfg.get<number | null>('kvBudgetMB', null);
   if (typeof budget === 'number') {
