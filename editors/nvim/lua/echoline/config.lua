@@ -15,6 +15,9 @@ M.defaults = {
   speculation = true,
   max_tokens = 256,
   kv_budget_mb = nil,
+  -- Prefill the edited file's part of the rewrite prompt while you pause (replies unchanged).
+  prefill_on_idle = true,
+  prefill_idle_ms = 400,
   -- Rewrite: preview as a diff and apply on accept; false applies directly.
   confirm = true,
   -- Inline completion (ghost text).
@@ -45,6 +48,8 @@ function M.server_settings(o)
     speculation = o.speculation,
     maxTokens = o.max_tokens,
     kvBudgetMB = o.kv_budget_mb,
+    prefillOnIdle = o.prefill_on_idle,
+    prefillIdleMs = o.prefill_idle_ms,
   }
 end
 
