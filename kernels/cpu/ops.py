@@ -250,51 +250,7 @@ def _softmax_row(positions, window, scores, bits, totals, pair):
     h = pair - i * nh
     p = positions[i]
     lo = _row_range(p, window)
-    row = scores[i, h]
-    mx = row[lo]
-    for j in range(_U(lo + 1), _U(p + 1)):
-        mx = max(mx, row[j])
-    for j in range(_U(lo), _U(p + 1)):
-        row[j] = row[j] - mx
-    exp_nonpositive(row, bits[i, h], lo, p + 1)
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = s9 = s10 = s11 = s12 = s13 = s14 = s15 = np.float32(0.0)
-    full = lo + (p + 1 - lo) // 16 * 16
-    for j in range(lo, full, 16):
-        s0 += row[j + 0]
-        s1 += row[j + 1]
-        s2 += row[j + 2]
-        s3 += row[j + 3]
-        s4 += row[j + 4]
-        s5 += row[j + 5]
-        s6 += row[j + 6]
-        s7 += row[j + 7]
-        s8 += row[j + 8]
-        s9 += row[j + 9]
-        s10 += row[j + 10]
-        s11 += row[j + 11]
-        s12 += row[j + 12]
-        s13 += row[j + 13]
-        s14 += row[j + 14]
-        s15 += row[j + 15]
-    total = s0
-    total += s1
-    total += s2
-    total += s3
-    total += s4
-    total += s5
-    total += s6
-    total += s7
-    total += s8
-    total += s9
-    total += s10
-    total += s11
-    total += s12
-    total += s13
-    total += s14
-    total += s15
-    for j in range(full, p + 1):
-        total += row[j]
-    totals[pair] = total
+    totals[pair] = _softmax_span(scores[i, h], bits[i, h], lo, p + 1)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
