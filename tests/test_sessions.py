@@ -242,3 +242,16 @@ def test_prefill_ahead_then_generate_equals_cold(llama_path, cancel_after):
     res = eng.generate(prompt, max_tokens=12, session="buf", spec=True)
     assert res.stats.reused_tokens == held
     assert res.token_ids == cold.generate(prompt, max_tokens=12, spec=False).token_ids
+
+
+def test_prefill_reserves_room_for_the_request_that_follows(llama_path):
+    """The request after a prefill must not grow (reallocate) the cache on its critical path."""
+    eng = make_engine(llama_path)
+    stable = buffer(150, 31)
+    eng.prefill(stable, session="buf")
+    cache = eng.sessions.sessions["buf"].cache
+    capacity = cache.capacity
+    eng.generate(stable + buffer(60, 32), max_tokens=200, session="buf")
+    assert eng.sessions.sessions["buf"].cache is cache and cache.capacity == capacity
+    eng.prefill(stable, session="small", reserve_tokens=len(stable))
+    assert eng.sessions.sessions["small"].cache.capacity < capacity
