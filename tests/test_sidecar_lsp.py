@@ -269,7 +269,12 @@ async def test_rewrite_empty_instruction_reproduces_and_applies(
         for v in values
         if isinstance(v, types.WorkDoneProgressReport) and v.message
     ]
-    assert any("tok/s" in m and "def fibonacci" in m for m in reports), reports
+    # Reports are throttled: a fast reply may stream only a few, but every one shows the
+    # rate and a prefix of the final text (how many arrive depends on the machine's speed).
+    assert reports and all("tok/s" in m for m in reports), reports
+    for m in reports:
+        streamed = m.split("\n", 1)[1] if "\n" in m else ""
+        assert FIB.startswith(streamed) or streamed.startswith(FIB), (streamed, FIB)
 
 
 @pytest.mark.slow
