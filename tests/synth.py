@@ -146,16 +146,10 @@ FIM_MERGES = (("Ġ", "Ġ"), ("ĠĠ", "ĠĠ"), ("d", "e"), ("de", "f"), ("r", "e"
 
 def _byte_chars() -> list[str]:
     """GPT-2's byte -> printable character table (byte-level BPE token texts)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    chars = list(keep)
-    extra = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    table = dict(zip(keep, chars, strict=True))
-    return [chr(table[b]) for b in range(256)]
+    from engine.tokenizer import _gpt2_byte_decoder
+
+    table = {b: ch for ch, b in _gpt2_byte_decoder().items()}
+    return [table[b] for b in range(256)]
 
 
 def fim_vocab() -> tuple[list[str], list[int], list[str]]:
