@@ -463,7 +463,10 @@ def _attention_serial(q, k, v, positions, window, sc, first_block, scores, bits,
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _softmax_span(row, bits, lo, hi):
-    """The operations of ``_softmax_row`` on row[lo:hi] (local indices); returns the sum."""
+    """exp(s - max) in place over row[lo:hi]; returns their sum (16 lanes, then the tail).
+
+    The one softmax of both attention paths (decode rows and row tiles), so their rows
+    agree bit for bit by construction."""
     mx = row[lo]
     for j in range(_U(lo + 1), _U(hi)):
         mx = max(mx, row[j])
