@@ -54,7 +54,7 @@ class KVCache:
         self.v: list[Any] = []
         for layer in range(config.n_layers):
             rows = 2 * self.ring if self._is_ring(layer) else self.capacity
-            self.k.append(backend.empty_cache(rows, config.n_kv_heads, config.head_dim))
+            self.k.append(backend.empty_key_cache(rows, config.n_kv_heads, config.head_dim))
             self.v.append(backend.empty_cache(rows, config.n_kv_heads, config.head_dim))
         self.length = 0
         self.high = 0  # one past the highest position ever written (ring bookkeeping)

@@ -276,9 +276,38 @@ def _check_tiled_rows(mp, q, k, v, pos, window, scale, row_tile, cut) -> None:
     # ... including a chunked prefill split anywhere
     parts = [ops.attention(q[a:b], k, v, pos[a:b], window, scale) for a, b in ((0, cut), (cut, n)) if b > a]
     assert np.array_equal(np.concatenate(parts), tiled)
+    # ... and from a key store (the CPU backend's K cache), read in place through a view
+    # that starts anywhere in it (a ring's slice), for all rows and for each row alone
+    off = int(pos[0]) % 7
+    store = ops.empty_keys(off + k.shape[0] + 5, k.shape[1], k.shape[2])
+    store[off : off + k.shape[0]] = k
+    kview = store[off : off + k.shape[0]]
+    assert ops.key_store(kview) is not None and ops.key_store(k) is None
+    assert np.array_equal(ops.attention(q, kview, v, pos, window, scale), tiled)
     mp.setattr(ops, "TILED_MIN_ROWS", 1 << 30)  # ... and the decode path, row by row
     for i in range(n):
         assert np.array_equal(ops.attention(q[i : i + 1], k, v, pos[i : i + 1], window, scale)[0], tiled[i])
+        assert np.array_equal(ops.attention(q[i : i + 1], kview, v, pos[i : i + 1], window, scale)[0], tiled[i])
+
+
+def test_key_store_grows_and_copies_like_a_plain_cache() -> None:
+    """The CPU backend's K cache is an ordinary (capacity, KVH, hd) array to its users:
+    writes, slices, growth and copies between caches see the same values as row-major storage."""
+    from engine.backends.cpu_backend import CpuBackend
+
+    b = CpuBackend()
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((40, 2, 16)).astype(np.float32)
+    kc, plain = b.empty_key_cache(48, 2, 16), np.zeros((48, 2, 16), np.float32)
+    assert ops.key_store(kc) is not None and kc.shape == plain.shape
+    b.write_cache(kc, 3, rows)
+    b.write_cache(plain, 3, rows)
+    grown = b.grow_cache(kc, 96)
+    assert ops.key_store(grown) is not None and grown.shape == (96, 2, 16)
+    assert np.array_equal(grown[:48], plain) and not grown[48:].any()
+    other = b.empty_key_cache(64, 2, 16)
+    b.write_cache(other, 0, grown[10:30])
+    assert np.array_equal(other[:20], plain[10:30])
 
 
 def test_tiled_attention_serial_parallel_and_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -325,23 +354,24 @@ def test_elementwise_ops_rows_invariant(n: int, d: int, seed: int) -> None:
     results = {
         "rms": (
             ops.rms_norm(x, w, 1e-6),
-            lambda a: ops.rms_norm(a, w, 1e-6),
+            lambda a, i: ops.rms_norm(a, w, 1e-6),
             nb.rms_norm(x, w, 1e-6),
         ),
-        "silu": (ops.silu_mul(x, u), lambda a: ops.silu_mul(a, u[: len(a)]), nb.silu_mul(x, u)),
+        "silu": (ops.silu_mul(x, u), lambda a, i: ops.silu_mul(a, u[i : i + len(a)]), nb.silu_mul(x, u)),
         "gelu": (
             ops.gelu_tanh_mul(x, u),
-            lambda a: ops.gelu_tanh_mul(a, u[: len(a)]),
+            lambda a, i: ops.gelu_tanh_mul(a, u[i : i + len(a)]),
             nb.gelu_tanh_mul(x, u),
         ),
     }
-    for name, (full, fn, ref) in results.items():
+    for name, (full, _fn, ref) in results.items():
         assert np.isfinite(full).all(), name
         assert np.allclose(full, ref, rtol=1e-5, atol=1e-6), name
-        assert np.array_equal(fn(x[:1]), full[:1]), name
-    # a row's rms_norm does not depend on its neighbours
+    # a row's result does not depend on its neighbours (from PARALLEL_ACTIVATION_ROWS rows
+    # on, the activations run one row per thread)
     for i in range(n):
-        assert np.array_equal(ops.rms_norm(x[i : i + 1], w, 1e-6)[0], results["rms"][0][i])
+        for name, (full, fn, _) in results.items():
+            assert np.array_equal(fn(x[i : i + 1], i)[0], full[i]), name
 
 
 @SETTINGS

@@ -146,6 +146,11 @@ class Backend(ABC):
     def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> Array:
         """Zeroed float32 storage (capacity, KVH, hd) for one layer's K or V."""
 
+    def empty_key_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> Array:
+        """Storage for one layer's K: like ``empty_cache``, but a backend whose attention
+        reads keys in another memory order may lay them out so (same shape and indexing)."""
+        return self.empty_cache(capacity, n_kv_heads, head_dim)
+
     @abstractmethod
     def write_cache(self, cache: Array, start: int, rows: Array) -> None:
         """cache[start:start+n] = rows (rows (n, KVH, hd))."""

@@ -37,6 +37,17 @@ class CpuBackend(HostCacheMixin, Backend):
     def prepare_embedding(self, table: QuantTensor) -> QuantTensor:
         return table  # rows are dequantized on demand from the memory map
 
+    def empty_key_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
+        # Positions innermost, as the attention tiles read them (ops.empty_keys says why).
+        return ops.empty_keys(capacity, n_kv_heads, head_dim)
+
+    def grow_cache(self, cache: np.ndarray, capacity: int) -> np.ndarray:
+        if ops.key_store(cache) is None:
+            return super().grow_cache(cache, capacity)
+        new = ops.empty_keys(capacity, cache.shape[1], cache.shape[2])
+        new[: cache.shape[0]] = cache
+        return new
+
     def embed(self, table: QuantTensor, ids: np.ndarray) -> np.ndarray:
         return embed_rows(table.qtype, table.data, table.cols, ids)
 

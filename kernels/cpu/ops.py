@@ -514,20 +514,33 @@ def _softmax_span(row, bits, lo, hi):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task):
-    """All heads of KV head ``task % nkv`` for one tile of rows; see the comment above."""
+def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task):
+    """One tile of rows x one share (of ``hsplit``) of the query heads of KV head ``task % nkv``.
+
+    ``kt[kv, d, j - gb]`` is key j (so ``gb`` may be negative when ``kt`` holds keys before
+    the view). Splitting a group's heads over tasks changes only which vectors share a
+    register tile, never a vector's arithmetic (see the comment above), so it is free to
+    pick for parallelism: a one-row decode would otherwise have one task per KV head.
+    """
     n, nh, hd = q.shape
     nkv = v.shape[1]
     group = nh // nkv
     kv = task % nkv
-    t = task // nkv
+    share = (task // nkv) % hsplit
+    t = task // nkv // hsplit
+    per = (group + hsplit - 1) // hsplit
+    g0 = min(group, share * per)
+    g1 = min(group, g0 + per)
+    ng = g1 - g0
+    if ng == 0:
+        return
     ntiles = (n + row_tile - 1) // row_tile
     # Alternate tiles from both ends: prange splits tasks into contiguous chunks, and
     # later rows (higher positions) see more keys.
     tile = t // 2 if t % 2 == 0 else ntiles - 1 - t // 2
     r0 = tile * row_tile
     r1 = min(n, r0 + row_tile)
-    nv = (r1 - r0) * group
+    nv = (r1 - r0) * ng
     ulo = positions[r0]
     uhi = 0
     for i in range(r0, r1):
@@ -540,8 +553,8 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task):
     los = np.empty(nv, dtype=np.int64)
     his = np.empty(nv, dtype=np.int64)
     for i in range(r0, r1):
-        for g in range(group):
-            a = (i - r0) * group + g
+        for g in range(g0, g1):
+            a = (i - r0) * ng + g - g0
             for d in range(hd):
                 qv[a, d] = q[i, kv * group + g, d]
             los[a] = _row_range(positions[i], window) - ulo
@@ -588,8 +601,8 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task):
                 acc += s[a, j] * v[ulo + j, kv, e]
             o[a, e] = acc
     for i in range(r0, r1):
-        for g in range(group):
-            a = (i - r0) * group + g
+        for g in range(g0, g1):
+            a = (i - r0) * ng + g - g0
             h = kv * group + g
             t_ = totals[a]
             for e in range(hd):
@@ -597,17 +610,17 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task):
 
 
 @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
-def _attention_tiles_parallel(q, kt, gb, v, positions, window, sc, row_tile, out):
-    ntasks = v.shape[1] * ((q.shape[0] + row_tile - 1) // row_tile)
+def _attention_tiles_parallel(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out):
+    ntasks = v.shape[1] * hsplit * ((q.shape[0] + row_tile - 1) // row_tile)
     for task in prange(ntasks):
-        _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task)
+        _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _attention_tiles_serial(q, kt, gb, v, positions, window, sc, row_tile, out):
-    ntasks = v.shape[1] * ((q.shape[0] + row_tile - 1) // row_tile)
+def _attention_tiles_serial(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out):
+    ntasks = v.shape[1] * hsplit * ((q.shape[0] + row_tile - 1) // row_tile)
     for task in range(ntasks):
-        _tile_task(q, kt, gb, v, positions, window, sc, row_tile, out, task)
+        _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task)
 
 
 #: Rows per tile task, and the row count from which attention takes the tiled path.
@@ -636,6 +649,41 @@ def _transpose_keys(k, gb, ge, kt):
         for d in range(hd):
             for j in range(max(j0, nk), min(width, j0 + 64)):
                 kt[kv, d, j] = 0.0
+
+
+#: Zero key columns after a key store's capacity: a score tile may read up to one tile of
+#: keys past the last one it needs (those scores are computed and ignored).
+KEY_STORE_PAD = SCORE_TILE[1]
+
+
+def empty_keys(capacity: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
+    """A K cache the attention kernels read without transposing: a (capacity, KVH, hd) view.
+
+    Why: the score tiles want, per KV head and dimension d, the keys of consecutive
+    positions side by side (one SIMD load covers 16 keys). A row-major cache had to be
+    transposed on every call (a third of a 16-row verify's attention at 2k keys, and more
+    than the arithmetic of a one-row decode). Here the memory is (KVH, hd, capacity + pad)
+    with positions innermost and the caller sees an ordinary (capacity, KVH, hd) array:
+    slicing, row writes and copies work as before, only strided. ``attention`` recognises
+    such a view (``key_store``) and reads the store directly.
+    """
+    store = np.zeros((n_kv_heads, head_dim, capacity + KEY_STORE_PAD), dtype=np.float32)
+    return store[:, :, :capacity].transpose(2, 0, 1)
+
+
+def key_store(k: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """(store, first position) when ``k`` is a view of an ``empty_keys`` store, else None."""
+    base = k.base
+    if not isinstance(base, np.ndarray) or base.ndim != 3 or base.dtype != np.float32:
+        return None
+    if k.ndim != 3 or base.shape[:2] != k.shape[1:] or not base.flags.c_contiguous:
+        return None
+    if k.strides != (4, base.strides[0], base.strides[1]):
+        return None
+    offset = (k.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 4
+    if offset < 0 or offset + k.shape[0] + KEY_STORE_PAD > base.shape[2]:
+        return None
+    return base, int(offset)
 
 
 def _keys_transposed(k: np.ndarray, gb: int, ge: int, pad: int) -> np.ndarray:
@@ -673,10 +721,16 @@ def attention(
         raise ValueError("attention: head counts or head dims do not match")
     nkeys = int(positions.max()) + 1
     sc = np.float32(scale)
-    if n >= TILED_MIN_ROWS:
-        gb = max(0, int(positions.min()) - window + 1) if window > 0 else 0
-        kt = _keys_transposed(k, gb, nkeys, SCORE_TILE[1])
-        targs = (q, kt, gb, v, positions, window, sc, ROW_TILE, out)
+    stored = key_store(k)
+    if stored is not None or n >= TILED_MIN_ROWS:
+        if stored is not None:  # keys already laid out for the tiles: no copy at all
+            kt, gb = stored[0], -stored[1]
+        else:
+            gb = max(0, int(positions.min()) - window + 1) if window > 0 else 0
+            kt = _keys_transposed(k, gb, nkeys, SCORE_TILE[1])
+        # One tile of rows gives one task per KV head: split the heads so both cores work.
+        hsplit = nh // k.shape[1] if n <= ROW_TILE else 1
+        targs = (q, kt, gb, v, positions, window, sc, ROW_TILE, hsplit, out)
         if n * nh * min(nkeys, window if window > 0 else nkeys) >= PARALLEL_ATTENTION_WORK:
             _attention_tiles_parallel(*targs)
         else:
@@ -697,31 +751,65 @@ def attention(
     return out
 
 
+# ---- gated activations -------------------------------------------------------------------------
+# One element's arithmetic lives in one scalar function; the serial and the row-parallel
+# loops both call it, so a row's bits cannot depend on which loop ran (libm's expf/tanhf
+# are scalar calls either way: numba here has no SVML).
+
+#: From this many rows the activations run one row per thread (a parallel launch costs
+#: about what 2-3 rows of SmolLM2's 1536-wide activation do).
+PARALLEL_ACTIVATION_ROWS = 4
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _silu_times(g, u):
+    return g / (np.float32(1.0) + np.exp(-g)) * u
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gelu_tanh_times(x, u):
+    c = np.float32(0.7978845608028654)  # sqrt(2 / pi) in float32
+    inner = c * (x + np.float32(0.044715) * x * x * x)
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner)) * u
+
+
 @njit(cache=True, nogil=True, boundscheck=False)
+def _silu_serial(gate, up, out):
+    for r in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            out[r, i] = _silu_times(gate[r, i], up[r, i])
+
+
+@njit(cache=True, nogil=True, parallel=True, boundscheck=False)
+def _silu_parallel(gate, up, out):
+    for r in prange(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            out[r, i] = _silu_times(gate[r, i], up[r, i])
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _gelu_serial(gate, up, out):
+    for r in range(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            out[r, i] = _gelu_tanh_times(gate[r, i], up[r, i])
+
+
+@njit(cache=True, nogil=True, parallel=True, boundscheck=False)
+def _gelu_parallel(gate, up, out):
+    for r in prange(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            out[r, i] = _gelu_tanh_times(gate[r, i], up[r, i])
+
+
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up for (m, d) float32; exp overflow gives the correct -0."""
-    m, d = gate.shape
-    out = np.empty((m, d), dtype=np.float32)
-    one = np.float32(1.0)
-    for r in range(m):
-        for i in range(d):
-            g = gate[r, i]
-            out[r, i] = g / (one + np.exp(-g)) * up[r, i]
+    out = np.empty(gate.shape, dtype=np.float32)
+    (_silu_parallel if gate.shape[0] >= PARALLEL_ACTIVATION_ROWS else _silu_serial)(gate, up, out)
     return out
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
 def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu_tanh(gate) * up for (m, d) float32."""
-    m, d = gate.shape
-    out = np.empty((m, d), dtype=np.float32)
-    c = np.float32(np.sqrt(2.0 / np.pi))
-    k = np.float32(0.044715)
-    half = np.float32(0.5)
-    one = np.float32(1.0)
-    for r in range(m):
-        for i in range(d):
-            x = gate[r, i]
-            inner = c * (x + k * x * x * x)
-            out[r, i] = half * x * (one + np.tanh(inner)) * up[r, i]
+    out = np.empty(gate.shape, dtype=np.float32)
+    (_gelu_parallel if gate.shape[0] >= PARALLEL_ACTIVATION_ROWS else _gelu_serial)(gate, up, out)
     return out
