@@ -61,8 +61,22 @@ class CpuBackend(HostCacheMixin, Backend):
 
     def rope(self, x: Array, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
         x = _f32(x)
-        cos, sin = ops.rope_tables(positions, x.shape[-1], base)
+        cos, sin = self._rope_tables(positions, x.shape[-1], base)
         return ops.rope_apply(x, cos, sin, bool(neox))
+
+    def _rope_tables(self, positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+        """The tables of the last few (positions, head_dim, base): every layer of a forward
+        rotates q and k at the same positions, and building them (float64 cos/sin) cost
+        ~7 µs per call — 0.4 ms of a 10 ms SmolLM2 decode step."""
+        pos = np.ascontiguousarray(positions, dtype=np.int64)
+        key = (pos.tobytes(), head_dim, float(base))
+        cache = self.__dict__.setdefault("_rope_cache", {})
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) >= 16:
+                cache.clear()
+            hit = cache[key] = ops.rope_tables(pos, head_dim, base)
+        return hit
 
     def attention(self, q, k_cache, v_cache, positions, window, scale) -> np.ndarray:
         pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
