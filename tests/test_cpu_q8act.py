@@ -1,0 +1,128 @@
+"""int8-activation VNNI products (kernels/cpu/q8act.py, issue #3 exploration).
+
+Rows must be bit-identical whatever the batch, and the result must stay within a
+derived bound of float64. Two references, u = 2^-24 (float32 unit roundoff):
+
+* against x̂·Ŵ (x̂ = the dequantized int8 rows, Ŵ = the GGUF weights, float64): the
+  integer part is exact, so only the float combine rounds. Per block the kernel
+  rounds s·d (relative u), then one FMA per block term (absolute u·|t|), so
+  |y − x̂·Ŵ| ≤ 4·nb·u·A with A = Σ_i |x̂_i|·(|s_b·q_i| + |m_b|) and nb blocks (the
+  terms s·q and m are combined separately, hence A and not Σ|x̂||Ŵ|; factor 4 covers
+  the two FMAs of offset blocks, the s·d and x̄d roundings and second-order terms).
+* against x·Ŵ: add the activation quantization error, |x̂_i − x_i| ≤ d_b/2·(1 + 2u)
+  (rint of x/d, itself rounded once), i.e. 0.5·(1 + 2^-20)·Σ_b d_b·Σ_{i∈b}|Ŵ_i|.
+"""
+
+from __future__ import annotations
+
+import re
+
+import gguf
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernels.cpu.matmul import prepare
+from kernels.cpu.q8act import KERNELS, QBLOCK, matmul_q8, prepare_q8, quantize_rows, vnni_available
+from kernels.cpu.relayout import unpack
+from tests.test_cpu_kernels import make_tensor
+
+pytestmark = pytest.mark.skipif(not vnni_available(), reason="needs AVX-512 VNNI")
+
+Q = gguf.GGMLQuantizationType
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+KQUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
+U = 2.0**-24
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+
+
+def dequantized_rows(x: np.ndarray) -> np.ndarray:
+    xq, d = quantize_rows(x)
+    return xq.astype(np.float64) * np.repeat(d.astype(np.float64), QBLOCK, axis=1)
+
+
+def bounds(x: np.ndarray, t) -> tuple[np.ndarray, np.ndarray]:
+    """(bound against x̂·Ŵ, bound against x·Ŵ), per element, as the module docstring derives."""
+    vals, sc, off = unpack(t.qtype, np.asarray(t.data).reshape(t.rows, -1), t.cols)
+    bs = t.cols // sc.shape[1]
+    rep = np.repeat
+    sq = np.abs(vals.astype(np.float64) * rep(sc.astype(np.float64), bs, axis=1))
+    if off is not None:
+        sq += rep(np.abs(off.astype(np.float64)), bs, axis=1)
+    xh = dequantized_rows(x)
+    nb = t.cols // bs
+    b_hat = 4 * nb * U * (np.abs(xh) @ sq.T) + 1e-30
+    w = np.abs(t.dequantize().reshape(t.rows, t.cols).astype(np.float64))
+    _, d = quantize_rows(x)
+    half_d = 0.5 * (1 + 2.0**-20) * rep(d.astype(np.float64), QBLOCK, axis=1)
+    return b_hat, b_hat + half_d @ w.T
+
+
+@st.composite
+def cases(draw):
+    qtype = draw(st.sampled_from(TYPES))
+    rows = draw(st.integers(1, 200))
+    cols = (256 if qtype in KQUANTS else 32) * draw(st.integers(1, 4))
+    n = draw(st.sampled_from([1, 2, 8, 16, 64]))
+    return make_tensor(qtype, rows, cols, draw(st.integers(0, 2**31))), n, draw(st.integers(0, 2**31))
+
+
+@SETTINGS
+@given(cases())
+def test_rows_bit_identical_and_within_derived_bound(case) -> None:
+    t, n, seed = case
+    rng = np.random.default_rng(seed)
+    scale = rng.choice([1e-3, 1.0, 30.0])
+    x = (rng.standard_normal((n, t.cols)) * scale).astype(np.float32)
+    x[rng.random(x.shape) < 0.05] = 0.0  # zero blocks and sparse rows happen in real activations
+    w = prepare_q8(prepare([t]))
+    out = np.full((n, w.padded_out), np.nan, np.float32)
+    y = matmul_q8(x, w, out=out)[:, : t.rows]
+    assert np.isfinite(y).all(), "every output must be written"
+    for r in range(n):  # alone, and in a different neighbourhood
+        assert np.array_equal(matmul_q8(x[r : r + 1], w)[:, : t.rows], y[r : r + 1])
+    if n > 1:
+        assert np.array_equal(matmul_q8(x, w, row_chunk=3)[:, : t.rows], y)
+        assert np.array_equal(matmul_q8(x[::-1].copy(), w)[:, : t.rows], y[::-1])
+    W = t.dequantize().reshape(t.rows, t.cols).astype(np.float64)
+    b_hat, b_x = bounds(x, t)
+    assert (np.abs(y - dequantized_rows(x) @ W.T) <= b_hat).all()
+    assert (np.abs(y - x.astype(np.float64) @ W.T) <= b_x).all()
+
+
+def test_quantize_rows_matches_numpy() -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((5, 96)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
+    x[1, 32:64] = 0.0
+    x[2, 0] = -np.abs(x[2, :32]).max() * 2  # block maximum negative
+    xq, d = quantize_rows(x)
+    xb = x.reshape(5, 3, 32)
+    d_ref = np.abs(xb).max(axis=2) / np.float32(127)
+    safe = np.where(d_ref == 0, np.float32(1), d_ref)
+    q_ref = np.where(d_ref[..., None] == 0, 0, np.rint(xb / safe[..., None]))
+    assert d.dtype == np.float32 and np.array_equal(d, d_ref)
+    assert np.array_equal(xq.reshape(5, 3, 32), q_ref.astype(np.int8))
+    assert np.abs(xq).max() == 127 and (xq[1, 32:64] == 0).all()
+
+
+def test_fused_mixed_types_equal_separate() -> None:
+    """Gemma's q|k (Q5_0) + v (Q8_0) fusion: two parts, same bits as separate matrices."""
+    ts = [make_tensor(Q.Q5_0, 100, 128, 1), make_tensor(Q.Q5_0, 64, 128, 2), make_tensor(Q.Q8_0, 70, 128, 3)]
+    x = np.random.default_rng(4).standard_normal((9, 128)).astype(np.float32)
+    fused = matmul_q8(x, prepare_q8(prepare(ts)))
+    sep = np.concatenate([matmul_q8(x, prepare_q8(prepare([t])))[:, : t.rows] for t in ts], axis=1)
+    assert fused.shape == (9, 234) and np.array_equal(fused, sep)
+
+
+def test_rejects_float_weights() -> None:
+    with pytest.raises(ValueError):
+        prepare_q8(prepare([make_tensor(Q.F32, 64, 64, 0)]))
+
+
+def test_kernels_use_vpdpbusd() -> None:
+    """The integer dot products are VNNI instructions (what this module exists to measure)."""
+    t = make_tensor(Q.Q4_1, 64, 64, 0)
+    matmul_q8(np.ones((3, 64), np.float32), prepare_q8(prepare([t])))
+    asm = "".join(KERNELS[(32, True)].inspect_asm().values())
+    assert len(re.findall(r"\bvpdpbusd\b", asm)) >= 4 * 8 * 13  # the 6/4/2/1-row tiles, 8 steps, 4 vectors
