@@ -127,6 +127,71 @@ def test_fused_mixed_quant_matmul(cb, ref, rng):
     assert rel_err(got, ref.matmul(x, w_ref)) < REL_TOL
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_factored_and_plain_products_match_reference(cb, ref, rng, qtype):
+    """Both product forms (scale per chunk after the code sums, or per weight) against
+    numpy, plain and with the norm fused, each batch-invariant (1 row == rows of 17)."""
+    t = make_tensor(rng, 136, 1024, qtype)
+    w, w_ref = cb.prepare_matrix([t]), ref.prepare_matrix([t])
+    g = (1.0 + 0.1 * rng.standard_normal(1024)).astype(np.float32)
+    gd = cb.prepare_vector(g)
+    keep = cb.factored_products
+    try:
+        for factored in (True, False):
+            cb.factored_products = factored
+            x = (2 * rng.standard_normal((17, 1024))).astype(np.float32)
+            xd = cupy.asarray(x)
+            poison()
+            got = cb.to_host(cb.matmul(xd, w))
+            sum_tol(w_ref, x, got, x.astype(np.float64) @ w_ref.astype(np.float64).T)
+            assert rel_err(got, ref.matmul(x, w_ref)) < REL_TOL
+            poison()
+            normed = cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w))
+            assert rel_err(normed, ref.matmul(ref.rms_norm(x, g, 1e-6), w_ref)) < 1e-5
+            for m in (1, 2, 5):
+                assert np.array_equal(cb.to_host(cb.matmul(xd[:m], w)), got[:m])
+                assert np.array_equal(cb.to_host(cb.norm_matmul(xd[:m], gd, 1e-6, w)), normed[:m])
+    finally:
+        cb.factored_products = keep
+
+
+def test_two_type_weight_one_launch(cb, ref, rng):
+    """A q|k (Q4_K) + v (Q6_K) weight as one launch equals its two per-segment launches
+    bit for bit (norm and bias fused, both product forms), matches numpy, and is
+    batch-invariant."""
+    d = 768
+    parts = [make_tensor(rng, 96, d, Q.Q4_K, "qk"), make_tensor(rng, 40, d, Q.Q6_K, "v")]
+    w, w_ref = cb.prepare_matrix(parts), ref.prepare_matrix(parts)
+    assert len(w.segments) == 2
+    g = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    bias = rng.standard_normal(136).astype(np.float32)
+    gd, bd = cb.prepare_vector(g), cb.prepare_vector(bias)
+    x = (2 * rng.standard_normal((40, d))).astype(np.float32)
+    xd = cupy.asarray(x)
+    res = cupy.asarray(rng.standard_normal((40, 136)).astype(np.float32))
+    keep = cb.fuse_segment_pairs, cb.factored_products
+    try:
+        for factored in (True, False):
+            cb.factored_products = factored
+            out = {}
+            for fused in (False, True):
+                cb.fuse_segment_pairs = fused
+                poison()
+                out[fused] = (
+                    cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w, bd)),
+                    cb.to_host(cb.matmul_add(xd, w, res)),
+                )
+            assert np.array_equal(out[True][0], out[False][0])
+            assert np.array_equal(out[True][1], out[False][1])
+            want = ref.add(ref.matmul(ref.rms_norm(x, g, 1e-6), w_ref), bias)
+            assert rel_err(out[True][0], want) < 1e-5
+            assert rel_err(out[True][1], ref.add(cb.to_host(res), ref.matmul(x, w_ref))) < 1e-5
+            for m in (1, 2, 3, 8, 16, 17):
+                assert np.array_equal(cb.to_host(cb.norm_matmul(xd[:m], gd, 1e-6, w, bd)), out[True][0][:m])
+    finally:
+        cb.fuse_segment_pairs, cb.factored_products = keep
+
+
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.F16], ids=lambda q: q.name)
 def test_matmul_batch_invariant(cb, rng, qtype):
     t = make_tensor(rng, 72, 1024, qtype)

@@ -27,7 +27,7 @@ import numpy as np
 from engine.backends.base import Array, Backend
 from engine.errors import EcholineError
 from engine.gguf_file import QuantTensor
-from kernels.cuda import load_module
+from kernels.cuda import FACTORED, load_module
 
 Q = gguf.GGMLQuantizationType
 _KERNEL_NAMES: dict[Q, str] = {
@@ -118,6 +118,14 @@ class CupyBackend(Backend):
     ksplit_min_k = 4096
     #: gated (gate|up) products always block-shared
     ksplit_gated = False
+    #: Q4_K / Q6_K products sum codes * x per 8-weight chunk and apply the chunk's scale
+    #: (and min) once (kernels.cu mm_body F; round 5): a fixed policy, all row counts alike
+    factored_products = True
+    #: ... for weights of at most this many output columns (Qwen q|k|v, o, down): the head
+    #: (124 -> 139 us) and gate|up at 16 rows (87 -> 110 us) measured slower factored
+    factored_max_cols = 4096
+    #: a fused weight of two quant types (Qwen q|k Q4_K + v Q6_K) runs as one launch
+    fuse_segment_pairs = True
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split = 32
 
@@ -304,6 +312,9 @@ class CupyBackend(Backend):
         tile = _row_tile(n)
         # by weight and op only, never by row count: batch-invariant
         ksplit = w.in_features >= self.ksplit_min_k or (bool(act) and self.ksplit_gated)
+        if len(w.segments) == 2 and not act and self.fuse_segment_pairs:
+            self._pair_product(w, x2, ldx, n, out, width, norm, eps, res, ldr, tile, ksplit)
+            return out
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
             if ksplit:
@@ -316,7 +327,7 @@ class CupyBackend(Backend):
             seg_res = None
             if res is not None:
                 seg_res = res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
-            self._k(f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}", seg.kernel)(
+            self._k(f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}{self._suffix(seg.kernel, w)}", seg.kernel)(
                 grid,
                 (32 * _MM_WARPS,),
                 (
@@ -339,6 +350,46 @@ class CupyBackend(Backend):
                 ),
             )
         return out
+
+    def _factored(self, w: CudaWeight) -> bool:
+        """Whether ``w``'s products use the factored kernels: by weight shape only, so
+        every row count of one weight runs the same kernels (batch-invariant)."""
+        return self.factored_products and w.out_features <= self.factored_max_cols
+
+    def _suffix(self, kernel: str, w: CudaWeight) -> str:
+        """"_f" for the factored kernels of a type that has them, where ``w`` takes them."""
+        return "_f" if kernel in FACTORED and self._factored(w) else ""
+
+    def _pair_product(
+        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
+        norm: Any, eps: float, res: Any, ldr: int, tile: int, ksplit: bool,
+    ) -> None:
+        """Both segments of a two-type weight (Qwen q|k Q4_K + v Q6_K) in one launch
+        (kernels.cu MM2_KERNEL): each column runs the mm_body its own launch would."""
+        a, b = w.segments
+        cols = 1 if ksplit else self._cols_per_warp(tile, w.out_features)
+        per_block = 1 if ksplit else _MM_WARPS * cols
+        nblk_a = (a.rows + per_block - 1) // per_block
+        nblk_b = (b.rows + per_block - 1) // per_block
+        pair = f"{a.kernel}+{b.kernel}"
+        suffix = "_f" if self._factored(w) else ""
+
+        def part(seg: Segment) -> Any:
+            if res is None:
+                return None
+            return res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
+
+        self._k(f"mm2_{a.kernel}_{b.kernel}_r{tile}_c{cols}{suffix}", pair)(
+            (nblk_a + nblk_b,),
+            (32 * _MM_WARPS,),
+            (
+                a.data, np.int64(a.row_bytes), _i32(a.rows), _i32(nblk_a),
+                b.data, np.int64(b.row_bytes), _i32(b.rows),
+                _i32(w.in_features), x2, _i32(ldx), _i32(n),
+                out[:, a.col_offset :], out[:, b.col_offset :], _i32(width),
+                norm, np.float32(eps), part(a), part(b), _i32(ldr), _i32(int(ksplit)),
+            ),
+        )
 
     def _cols_per_warp(self, tile: int, out_cols: int, gated: bool = False) -> int:
         """Weight columns per warp: several only when the launch still fills the chip.

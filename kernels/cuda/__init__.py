@@ -36,16 +36,29 @@ QUANT_TYPES = {
 }
 
 
+#: types with factored product kernels (quant.cuh codes8, kernel suffix _f)
+FACTORED = frozenset({"q4_k", "q6_k"})
+
+
 def kernel_source(qtype: str | None = None) -> str:
-    """kernels.cu with quant.cuh inlined; ``qtype`` None → the common kernels, else that
-    type's product and embedding kernels (NVRTC then needs no include path)."""
+    """kernels.cu with quant.cuh inlined; ``qtype`` None → the common kernels, "a+b" →
+    the two-segment products of that pair, else that type's product and embedding
+    kernels (NVRTC then needs no include path)."""
     src = (HERE / "kernels.cu").read_text()
     header = (HERE / "quant.cuh").read_text()
     src = src.replace('#include "quant.cuh"', header)
     if qtype is None:
         return "#define ECHOLINE_COMMON 1\n" + src
+    if "+" in qtype:  # a pair "a+b": one launch for a two-type fused weight (mm2_a_b_*)
+        a, b = qtype.split("+")
+        qa, qb = QUANT_TYPES[a], QUANT_TYPES[b]
+        return (
+            src
+            + f"\nMM2_ALL_R({a}, {qa}, {b}, {qb}, false, )\nMM2_ALL_R({a}, {qa}, {b}, {qb}, true, _f)\n"
+        )
     qt = QUANT_TYPES[qtype]
-    return src + f"\nMM_ALL_R({qtype}, {qt})\nEMBED_KERNEL({qtype}, {qt})\n"
+    extra = f"MM_ALL_RF({qtype}, {qt})\n" if qtype in FACTORED else ""
+    return src + f"\nMM_ALL_R({qtype}, {qt})\n{extra}EMBED_KERNEL({qtype}, {qt})\n"
 
 
 @cache

@@ -184,7 +184,53 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
             f"  graph verify k={k:<3d}{timings[k] * 1e3:8.3f} ms  ratio {timings[k] / t1:5.2f}"
         )
     b.drop_graphs()
+    if AB:
+        lines += ab_decode(b, model, cache, context, prompt, reps)
     lines += op_breakdown(b, model, cache, context)
+    return lines
+
+
+#: round-5 A/B (--ab): graph decode with each product policy, interleaved
+AB = False
+QUICK = False
+AB_CONFIGS = {  # name: (factored_max_cols, fuse_segment_pairs); 0 = never factored
+    "plain,2-launch": (0, False),  # = round 4's kernels
+    "plain,pair": (0, True),
+    "factored<=4096,pair": (4096, True),  # the default
+    "factored-all,pair": (10**9, True),
+}
+
+
+def ab_decode(b, model, cache, context: int, prompt, reps: int, rounds: int = 3) -> list[str]:
+    """Graph decode (forward + argmax, one row) per config, configs interleaved ``rounds``
+    times with fresh graphs each switch; reports each config's median of round medians."""
+    keep = b.factored_max_cols, b.fuse_segment_pairs
+    ids = prompt[-1:]
+    times: dict[str, list[float]] = {k: [] for k in AB_CONFIGS}
+    picks: dict[str, set[int]] = {k: set() for k in AB_CONFIGS}
+
+    def run() -> np.ndarray:
+        cache.truncate(context)
+        return b.argmax(model.forward(ids, cache, all_logits=True))
+
+    for _ in range(rounds):
+        for name, (fact, pair) in AB_CONFIGS.items():
+            b.factored_max_cols, b.fuse_segment_pairs = fact, pair
+            b.drop_graphs()
+            run()
+            picks[name].add(int(run()[-1]))
+            times[name].append(median_time(run, reps))
+    b.factored_max_cols, b.fuse_segment_pairs = keep
+    b.drop_graphs()
+    base = statistics.median(times["plain,2-launch"])
+    lines = []
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        rounds_ms = " ".join(f"{v * 1e3:.3f}" for v in ts)
+        lines.append(
+            f"  ab {name:<18s} {t * 1e3:7.3f} ms {1 / t:7.1f} tok/s  x{t / base:5.3f}  "
+            f"rounds [{rounds_ms}] ids {sorted(picks[name])}"
+        )
     return lines
 
 
@@ -237,6 +283,15 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
         }
         parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in ops.items()]
         lines.append(f"  ops n={n:<2d} (us): " + ", ".join(parts))
+        if AB:  # the products with round-4 kernels (plain, two launches) for comparison
+            keep = b.factored_products, b.fuse_segment_pairs
+            b.factored_products = b.fuse_segment_pairs = False
+            mm = {k: v for k, v in ops.items() if "," in k or "+" in k}
+            parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
+            lines.append(f"  ops n={n:<2d} plain,2-launch (us): " + ", ".join(parts))
+            b.factored_products, b.fuse_segment_pairs = keep
+        if QUICK:
+            continue
         keep_split = b.attn_split
         for split in (32, 64, 128):  # keys per attention split (fixed per backend)
             b.attn_split = split
@@ -268,7 +323,11 @@ def main() -> int:
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-1.5b")
     ap.add_argument("--ks", default="1,2,4,8,16")
     ap.add_argument("--out", default="/tmp/echoline-bench")
+    ap.add_argument("--ab", action="store_true", help="interleaved A/B of the round-5 product policies")
+    ap.add_argument("--quick", action="store_true", help="skip the split / columns / split-K sweeps")
     args = ap.parse_args()
+    global AB, QUICK
+    AB, QUICK = args.ab, args.quick
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]

@@ -52,8 +52,8 @@ __device__ __forceinline__ float act_glu(int act, float g, float u) {
 //  - act (1 silu, 2 gelu-tanh): gated FFN. C is even; column cc of a warp is weight
 //    column (cc & 1) * half + col0 + cc / 2, and y = act(gate) * up, written at col0 + cc/2.
 //  - Res: residual / bias, y = Res[r * ldr + col] + y (ldr 0 broadcasts a bias row).
-template <int QT, int R, int C>
-__device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_bytes, int out_rows,
+template <int QT, int R, int C, bool F>
+__device__ __forceinline__ void mm_body(int bid, const u8* __restrict__ W, long long row_bytes, int out_rows,
                                         int K, const float* __restrict__ X, int ldx, int n,
                                         float* __restrict__ Y, int ldy, const float* __restrict__ G,
                                         float eps, const float* __restrict__ Res, int ldr, int act,
@@ -61,7 +61,7 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
     constexpr int P = C > 1 ? C / 2 : 1;  // output columns per warp in the gated mode
     __shared__ float red[MM_WARPS][16][5];  // ksplit: per-warp totals (R <= 16, C <= 4, + ss)
     int warp = threadIdx.x >> 5;
-    int wg = ksplit ? blockIdx.x : blockIdx.x * MM_WARPS + warp;
+    int wg = ksplit ? bid : bid * MM_WARPS + warp;
     int col0 = act ? wg * P : wg * C;
     int lane = threadIdx.x & 31;
     // ksplit: the block's 4 warps share its columns, warp w taking chunks w*32 + lane
@@ -91,6 +91,70 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
         // U chunks per lane per pass: all U chunks' weights are loaded before any of
         // them is used (more bytes in flight at one row), then used in chunk order, so
         // each (row, column) still sees c, c + 32, c + 64, ... in sequence.
+        if constexpr (F && FactTraits<QT>::ok) {
+            // Factored chunks (quant.cuh codes8): per (row, column) and chunk c, in lane
+            // order: p = sum_i q_i * xs_i (8 products, fixed order), acc = fma(scale, p, acc),
+            // then acc = fma(mn, sum_i xs_i, acc) for types with a min; xs = x * G when the
+            // norm is fused (applied to x once per row, not to every column's weights).
+            // The same sequence for every R, C and n: batch-invariant.
+            constexpr bool HM = FactTraits<QT>::has_min;
+            for (int c = klane; c < nchunks; c += kstride) {
+                float q[C][8], sc[C], mn[C];
+#pragma unroll
+                for (int cc = 0; cc < C; ++cc)
+                    codes8<QT>(W + (long long)wcol[cc] * row_bytes, c, q[cc], sc[cc], mn[cc]);
+                float gv[8];
+                if (norm) {
+                    const float4* gp = reinterpret_cast<const float4*>(G) + 2 * c;
+                    float4 ga = gp[0], gb = gp[1];
+                    gv[0] = ga.x; gv[1] = ga.y; gv[2] = ga.z; gv[3] = ga.w;
+                    gv[4] = gb.x; gv[5] = gb.y; gv[6] = gb.z; gv[7] = gb.w;
+                }
+                constexpr int XB = R < (C == 1 ? 8 : 4) ? R : (C == 1 ? 8 : 4);
+#pragma unroll
+                for (int jb = 0; jb < R; jb += XB) {
+                    float4 xa[XB], xb[XB];
+#pragma unroll
+                    for (int t = 0; t < XB; ++t) {
+                        int row = min(r0 + jb + t, n - 1);  // past n: a valid row, never used
+                        const float4* xp = reinterpret_cast<const float4*>(X + (long long)row * ldx) + 2 * c;
+                        xa[t] = xp[0];
+                        xb[t] = xp[1];
+                    }
+#pragma unroll
+                    for (int t = 0; t < XB; ++t) {
+                        int j = jb + t;
+                        if (r0 + j < n) {
+                            float4 a = xa[t], b = xb[t];
+                            float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                            if (norm) {
+                                float s2 = ss[j];
+#pragma unroll
+                                for (int e = 0; e < 8; ++e) s2 = fmaf(xs[e], xs[e], s2);
+                                ss[j] = s2;
+#pragma unroll
+                                for (int e = 0; e < 8; ++e) xs[e] = __fmul_rn(xs[e], gv[e]);
+                            }
+                            float sx = 0.0f;
+                            if constexpr (HM) {
+                                sx = xs[0];
+#pragma unroll
+                                for (int e = 1; e < 8; ++e) sx = __fadd_rn(sx, xs[e]);
+                            }
+#pragma unroll
+                            for (int cc = 0; cc < C; ++cc) {
+                                float p = __fmul_rn(q[cc][0], xs[0]);
+#pragma unroll
+                                for (int e = 1; e < 8; ++e) p = fmaf(q[cc][e], xs[e], p);
+                                float s = fmaf(sc[cc], p, acc[j][cc]);
+                                if constexpr (HM) s = fmaf(mn[cc], sx, s);
+                                acc[j][cc] = s;
+                            }
+                        }
+                    }
+                }
+            }
+        } else {
         constexpr int U = 1;  // 2-4 measured no faster (H200, round 3)
         for (int cb = klane; cb < nchunks; cb += kstride * U) {
             float wu[U][C][8];
@@ -155,6 +219,7 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
             }
         }
         }
+        }  // F
 #pragma unroll
         for (int j = 0; j < R; ++j) {
 #pragma unroll
@@ -222,14 +287,33 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
     }
 }
 
-#define MM_KERNEL(NAME, QT, R, C)                                                              \
+#define MM_KERNEL_F(NAME, QT, R, C, F, SUF)                                                    \
     extern "C" __global__ void __launch_bounds__(MM_WARPS * 32)                               \
-        mm_##NAME##_r##R##_c##C(const u8* W, long long row_bytes, int out_rows, int K,          \
+        mm_##NAME##_r##R##_c##C##SUF(const u8* W, long long row_bytes, int out_rows, int K,     \
                                 const float* X, int ldx, int n, float* Y, int ldy,             \
                                 const float* G, float eps, const float* Res, int ldr, int act, \
                                 int half, int ksplit) {                                        \
-        mm_body<QT, R, C>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps, Res, ldr, act, \
-                          half, ksplit);                                                       \
+        mm_body<QT, R, C, F>(blockIdx.x, W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps,  \
+                             Res, ldr, act, half, ksplit);                                     \
+    }
+#define MM_KERNEL(NAME, QT, R, C) MM_KERNEL_F(NAME, QT, R, C, false, )
+
+// Two segments of one fused weight (different quant types, e.g. q|k Q4_K + v Q6_K) in
+// one launch: blocks [0, nblk_a) run segment a's columns, the rest segment b's. Each
+// column runs the very mm_body its own launch would (same R, C, F): bit-identical to
+// two launches, minus one launch and the small segment's latency tail.
+#define MM2_KERNEL(NA, QA, NB, QB, R, C, F, SUF)                                               \
+    extern "C" __global__ void __launch_bounds__(MM_WARPS * 32)                               \
+        mm2_##NA##_##NB##_r##R##_c##C##SUF(                                                    \
+            const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,  \
+            int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
+            const float* G, float eps, const float* Ra, const float* Rb, int ldr, int ksplit) { \
+        if ((int)blockIdx.x < nblk_a)                                                          \
+            mm_body<QA, R, C, F>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, Ra, \
+                                 ldr, 0, rows_a, ksplit);                                      \
+        else                                                                                   \
+            mm_body<QB, R, C, F>(blockIdx.x - nblk_a, Wb, rbb, rows_b, K, X, ldx, n, Yb, ldy, G, \
+                                 eps, Rb, ldr, 0, rows_b, ksplit);                             \
     }
 
 // C (columns per warp) only changes which warp computes a value, never its reduction
@@ -242,6 +326,25 @@ __device__ __forceinline__ void mm_body(const u8* __restrict__ W, long long row_
     MM_KERNEL(NAME, QT, 4, 1) MM_KERNEL(NAME, QT, 4, 2) MM_KERNEL(NAME, QT, 4, 4)               \
     MM_KERNEL(NAME, QT, 8, 1) MM_KERNEL(NAME, QT, 8, 2) MM_KERNEL(NAME, QT, 8, 4)               \
     MM_KERNEL(NAME, QT, 16, 1) MM_KERNEL(NAME, QT, 16, 2) MM_KERNEL(NAME, QT, 16, 4)
+
+// The factored (quant.cuh codes8) products, suffix _f, for the types that have them.
+#define MM_ALL_RF(NAME, QT)                                                                   \
+    MM_KERNEL_F(NAME, QT, 1, 1, true, _f) MM_KERNEL_F(NAME, QT, 1, 2, true, _f)                \
+    MM_KERNEL_F(NAME, QT, 1, 4, true, _f) MM_KERNEL_F(NAME, QT, 2, 1, true, _f)                \
+    MM_KERNEL_F(NAME, QT, 2, 2, true, _f) MM_KERNEL_F(NAME, QT, 2, 4, true, _f)                \
+    MM_KERNEL_F(NAME, QT, 4, 1, true, _f) MM_KERNEL_F(NAME, QT, 4, 2, true, _f)                \
+    MM_KERNEL_F(NAME, QT, 4, 4, true, _f) MM_KERNEL_F(NAME, QT, 8, 1, true, _f)                \
+    MM_KERNEL_F(NAME, QT, 8, 2, true, _f) MM_KERNEL_F(NAME, QT, 8, 4, true, _f)                \
+    MM_KERNEL_F(NAME, QT, 16, 1, true, _f) MM_KERNEL_F(NAME, QT, 16, 2, true, _f)              \
+    MM_KERNEL_F(NAME, QT, 16, 4, true, _f)
+
+// Two-segment launches for one pair of types, plain (F false) or factored (suffix _f).
+#define MM2_ALL_R(NA, QA, NB, QB, F, SUF)                                                     \
+    MM2_KERNEL(NA, QA, NB, QB, 1, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 1, 4, F, SUF)          \
+    MM2_KERNEL(NA, QA, NB, QB, 2, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 2, 4, F, SUF)          \
+    MM2_KERNEL(NA, QA, NB, QB, 4, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 4, 4, F, SUF)          \
+    MM2_KERNEL(NA, QA, NB, QB, 8, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 8, 4, F, SUF)          \
+    MM2_KERNEL(NA, QA, NB, QB, 16, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 16, 4, F, SUF)
 
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>

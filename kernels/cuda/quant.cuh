@@ -252,3 +252,56 @@ __device__ __forceinline__ void dq8<QT_Q6_K>(const u8* row, int c, float w[8]) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(ds, f[i]);
 }
+
+// ---- factored form: codes plus one scale (and min) per 8-weight chunk ----
+// A chunk's weights are w_i = scale * q_i + mn (q_i exact small integers as floats), so a
+// product can sum q_i * x_i first and apply scale and mn once per chunk: two fewer
+// instructions per weight than dequantizing each weight (the head is issue-bound).
+// Only the K-quants used by q4_k_m models have this form here (FACT_OK below).
+template <int QT>
+struct FactTraits { static constexpr bool ok = false; static constexpr bool has_min = false; };
+template <> struct FactTraits<QT_Q4_K> { static constexpr bool ok = true; static constexpr bool has_min = true; };
+template <> struct FactTraits<QT_Q6_K> { static constexpr bool ok = true; static constexpr bool has_min = false; };
+
+// Small non-negative integer (< 2^23) as a float: full-rate, no int-to-float conversion.
+__device__ __forceinline__ float small_f(u32 v) {
+    return __fsub_rn(__int_as_float(0x4B000000u | v), MAGIC);
+}
+
+template <int QT>
+__device__ __forceinline__ void codes8(const u8* row, int c, float q[8], float& scale, float& mn);
+
+template <>
+__device__ __forceinline__ void codes8<QT_Q4_K>(const u8* row, int c, float q[8], float& scale, float& mn) {
+    const u8* blk = row + (c >> 5) * 144;
+    int e0 = (c & 31) * 8;
+    int j = e0 >> 6, h = (e0 >> 5) & 1, l0 = e0 & 31;
+    u32 dd = *reinterpret_cast<const u32*>(blk);  // d | dmin << 16: blocks are 16-aligned
+    int sc, m;
+    scale_min_k4(2 * j + h, blk + 4, sc, m);
+    scale = __fmul_rn(h2f((u16)(dd & 0xFFFF)), small_f((u32)sc));
+    mn = -__fmul_rn(h2f((u16)(dd >> 16)), small_f((u32)m));  // w = scale * q - m1
+    uint2 v = *reinterpret_cast<const uint2*>(blk + 16 + 32 * j + l0);
+    int shift = h * 4;
+    bytes4_f((v.x >> shift) & 0x0F0F0F0Fu, MAGIC, q);
+    bytes4_f((v.y >> shift) & 0x0F0F0F0Fu, MAGIC, q + 4);
+}
+
+template <>
+__device__ __forceinline__ void codes8<QT_Q6_K>(const u8* row, int c, float q[8], float& scale, float& mn) {
+    const u8* blk = row + (c >> 5) * 210;
+    int e0 = (c & 31) * 8;
+    int half = e0 >> 7, r = e0 & 127;
+    int quarter = r >> 5, l0 = r & 31;
+    u32 sb = blk[192 + 8 * half + (l0 >> 4) + 2 * quarter] ^ 0x80u;  // signed scale + 128
+    scale = __fmul_rn(ldh(blk + 208), __fsub_rn(__int_as_float(0x4B000000u | sb), MAGIC + 128.0f));
+    mn = 0.0f;
+    const u8* ql = blk + 64 * half + l0 + ((quarter & 1) ? 32 : 0);
+    const u8* qh = blk + 128 + 32 * half + l0;
+    int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+    bytes4_f(((ld32u(ql) >> lshift) & 0x0F0F0F0Fu) | (((ld32u(qh) >> hshift) & 0x03030303u) << 4),
+             MAGIC + 32.0f, q);
+    bytes4_f(((ld32u(ql + 4) >> lshift) & 0x0F0F0F0Fu) |
+                 (((ld32u(qh + 4) >> hshift) & 0x03030303u) << 4),
+             MAGIC + 32.0f, q + 4);
+}
