@@ -95,18 +95,25 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def block_isums(xq: np.ndarray, block: int) -> np.ndarray:
-    """Exact int32 sum of each block of ``block`` quantized inputs, per row."""
+def block_terms(xq: np.ndarray, d: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row and weight block: (exact int32 Σ xq, float32 f32(Σ xq) · d), flat (n·nb).
+
+    The second is the offset term's activation sum: the exact integer sum of the
+    quantized block times its scale (one rounding), i.e. the sum of x̂ itself.
+    """
     n, cols = xq.shape
     nb = cols // block
-    out = np.empty((n, nb), dtype=np.int32)
+    ratio = QBLOCK // block
+    isum = np.empty(n * nb, dtype=np.int32)
+    xd = np.empty(n * nb, dtype=np.float32)
     for r in range(n):
         for b in range(nb):
             acc = np.int32(0)
             for i in range(block):
                 acc = np.int32(acc + np.int32(xq[r, b * block + i]))
-            out[r, b] = acc
-    return out
+            isum[r * nb + b] = acc
+            xd[r * nb + b] = np.float32(acc) * d[r, b // ratio]
+    return isum, xd
 
 
 # --------------------------------------------------------------------------- VNNI block dot
@@ -330,17 +337,15 @@ def matmul_q8(x: np.ndarray, w: Q8Matrix, row_chunk: int = ROW_CHUNK, out: np.nd
         r1 = min(n, r0 + row_chunk)
         xq, d = quantize_rows(x[r0:r1])
         per_block: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        d_f = d.reshape(-1)
         oc = out[r0:r1].reshape(-1)
         for p in w.parts:
             bs = p.kind.block
             if bs not in per_block:
-                isum = block_isums(xq, bs)
-                # the offset term's activation sum: exact integer sum × the block's scale
-                xd = (isum.astype(np.float32) * np.repeat(d, QBLOCK // bs, axis=1)).reshape(-1)
-                per_block[bs] = (isum.reshape(-1), xd)
+                per_block[bs] = block_terms(xq, d, bs)
             isum_f, xd_f = per_block[bs]
             KERNELS[(bs, p.kind.offset)](
-                xq.reshape(-1), isum_f, xd_f if p.kind.offset else dummy, d.reshape(-1),
+                xq.reshape(-1), isum_f, xd_f if p.kind.offset else dummy, d_f,
                 p.qv, p.s, p.m if p.kind.offset else dummy, oc,
                 r1 - r0, cols, w.padded_out, p.col0, p.nblocks, p.ngroups,
             )  # fmt: skip
