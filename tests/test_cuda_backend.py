@@ -511,3 +511,167 @@ def test_graph_forwards_queued_without_reads_stay_ordered(models, rng):
         b.graph_max_rows = graph_rows
     for k in (1, 2, 8, 16, 1):
         assert np.array_equal(rows(k), want), f"{k} rows after a queued prefix"
+
+
+# ---- tensor-core products (round 6: CupyBackend.tensor_products, kernels.cu mt_body) ----
+TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+
+
+@pytest.fixture
+def tensor_on(cb):
+    keep = cb.tensor_products
+    cb.tensor_products = True
+    cb.drop_graphs()
+    yield cb
+    cb.tensor_products = keep
+    cb.drop_graphs()
+
+
+def tc_round(x: np.ndarray) -> np.ndarray:
+    """x as the tensor-core kernels round it (float64): each (row, 32-group) scaled by the
+    power of two that puts its largest |x| in [2^14, 2^15), rounded to f16, scaled back."""
+    xs = np.asarray(x, dtype=np.float32)
+    grp = xs.reshape(xs.shape[0], -1, 32)
+    mx = np.abs(grp).max(axis=2, keepdims=True)
+    e = np.maximum((mx.view(np.int32) >> 23) & 0xFF, 15).astype(np.int64)
+    p = np.ldexp(1.0, 141 - e)
+    return ((grp * p).astype(np.float32).astype(np.float16).astype(np.float64) / p).reshape(xs.shape)
+
+
+def tc_check(w: np.ndarray, x: np.ndarray, got: np.ndarray, scale: np.ndarray | None = None) -> None:
+    """got against W·x with x rounded as the kernel does (elementwise, float32 accumulation
+    bound: 4·K·2^-24 Σ|w||x| for the per-group scale, min and warp sums), and against the
+    exact product within f16-input bounds (‖err‖/‖ref‖ < 1e-3; f16 inputs land near 3e-4)."""
+    got = np.asarray(got, dtype=np.float64)
+    assert np.isfinite(got).all(), "NaN/inf in output: an element was never written"
+    w64 = w.astype(np.float64)
+    s = np.ones((x.shape[0], 1)) if scale is None else scale[:, None]
+    want = s * (tc_round(x) @ w64.T)
+    mag = s * (np.abs(x).astype(np.float64) @ np.abs(w64).T)
+    bound = 4 * w.shape[1] * 2.0**-24 * mag + 1e-30
+    worst = float(np.max(np.abs(got - want) / bound))
+    assert worst <= 1.0, f"off the rounded-x reference by {worst:.2f}x its bound"
+    exact = s * (x.astype(np.float64) @ w64.T)
+    assert rel_err(got, exact) < 1e-3
+
+
+def wide_range_x(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    """Normal rows with some 32-groups scaled far beyond f16's range and some tiny ones."""
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    grp = x.reshape(n, -1, 32)
+    grp *= rng.choice([1.0, 1.0, 1.0, 3e5, 1e-6], size=(n, grp.shape[1], 1)).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+def test_tensor_products_match_reference(tensor_on, ref, rng, qtype):
+    cb = tensor_on
+    d = 1024
+    t = make_tensor(rng, 100, d, qtype)  # 100 columns: a partial 16-column tile
+    w, w_ref = cb.prepare_matrix([t]), ref.prepare_matrix([t])
+    assert cb._tensor(w)
+    g = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    gd = cb.prepare_vector(g)
+    for n in (1, 3, 16, 40):
+        x = wide_range_x(rng, n, d)
+        xd = cupy.asarray(x)
+        poison()
+        tc_check(w_ref, x, cb.to_host(cb.matmul(xd, w)))
+        # fused norm: x * g is what gets rounded; inv_rms(row) scales the total
+        inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1) + 1e-6)
+        poison()
+        normed = cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w))
+        tc_check(w_ref, (x * g).astype(np.float32), normed, scale=inv)
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+def test_tensor_products_batch_invariant(tensor_on, rng, qtype):
+    """The same mma kernels for every row count: rows 1, 2, 8, 16, 64 (and odd counts,
+    offsets, chunkings) bit-identical, plain and with norm, gate and residual epilogues."""
+    cb = tensor_on
+    d, n_ff = 512, 72
+    gate_up = cb.prepare_matrix([make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")])
+    assert cb._tensor(gate_up)
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    x = cupy.asarray(wide_range_x(rng, 64, d))
+    res = cupy.asarray(rng.standard_normal((64, 2 * n_ff)).astype(np.float32))
+    ops = {
+        "plain": lambda a: cb.matmul(a, gate_up),
+        "norm": lambda a: cb.norm_matmul(a, gd, 1e-5, gate_up),
+        "glu": lambda a: cb.norm_matmul_glu(a, gd, 1e-5, gate_up, n_ff, True),
+        "add": lambda a: cb.matmul_add(a, gate_up, res[: a.shape[0]]),
+    }
+    for name, op in ops.items():
+        poison()
+        full = cb.to_host(op(x))
+        assert np.isfinite(full).all()
+        for m in (1, 2, 3, 8, 9, 16, 17, 33):
+            poison()
+            assert np.array_equal(cb.to_host(op(x[:m])), full[:m]), f"{name}: {m} rows differ"
+        for i in (5, 63):
+            assert np.array_equal(cb.to_host(op(x[i : i + 1]))[0], full[i]), f"{name}: row {i} alone"
+        pieces = [cb.to_host(op(x[s : s + 7])) for s in range(0, 64, 7)]
+        assert np.array_equal(np.concatenate(pieces), full), f"{name}: chunks of 7"
+    # gated epilogue == product then activation (same act_glu), bit for bit
+    gate, up = cb.split(cb.norm_matmul(x, gd, 1e-5, gate_up), [n_ff, n_ff])
+    assert np.array_equal(cb.to_host(cb.gelu_tanh_mul(gate, up)), cb.to_host(ops["glu"](x)))
+    assert np.array_equal(cb.to_host(ops["add"](x)), cb.to_host(cb.add(res, ops["plain"](x))))
+
+
+def test_tensor_two_type_weight_one_launch(tensor_on, ref, rng):
+    """q|k (Q4_K) + v (Q6_K) in one mt2 launch == its two per-segment launches, bit for
+    bit, with norm and bias; within the f16 bounds; batch-invariant."""
+    cb = tensor_on
+    d = 768
+    parts = [make_tensor(rng, 96, d, Q.Q4_K, "qk"), make_tensor(rng, 40, d, Q.Q6_K, "v")]
+    w, w_ref = cb.prepare_matrix(parts), ref.prepare_matrix(parts)
+    g = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    bias = rng.standard_normal(136).astype(np.float32)
+    gd, bd = cb.prepare_vector(g), cb.prepare_vector(bias)
+    x = wide_range_x(rng, 40, d)
+    xd = cupy.asarray(x)
+    keep = cb.fuse_segment_pairs
+    try:
+        out = {}
+        for fused in (False, True):
+            cb.fuse_segment_pairs = fused
+            poison()
+            out[fused] = cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w, bd))
+        assert np.array_equal(out[True], out[False])
+        inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1) + 1e-6)
+        tc_check(w_ref, (x * g).astype(np.float32), out[True] - bias, scale=inv)
+        for m in (1, 2, 8, 16, 17):
+            assert np.array_equal(cb.to_host(cb.norm_matmul(xd[:m], gd, 1e-6, w, bd)), out[True][:m])
+    finally:
+        cb.fuse_segment_pairs = keep
+
+
+def test_tensor_products_propagate_nan(tensor_on, rng):
+    """A NaN in x must reach its row's outputs (never hidden by the power-of-two scaling)."""
+    cb = tensor_on
+    w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[1, 77] = np.nan
+    got = cb.to_host(cb.matmul(cupy.asarray(x), w))
+    assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tensor_model_decode_equals_verify(models, arch, rng):
+    """Whole forwards with tensor-core products: one row at a time == k at a time == odd
+    chunks (graph and eager paths), and close to the numpy model."""
+    gpu, cpu = models[arch]
+    b = gpu.backend
+    keep = b.tensor_products
+    b.tensor_products = True
+    b.drop_graphs()
+    try:
+        ids = rng.integers(0, 300, size=40)
+        whole = b.to_host(gpu.forward(ids, gpu.new_cache(64)))
+        assert rel_err(whole, cpu.forward(ids, cpu.new_cache(64))) < 2e-2
+        cache = gpu.new_cache(64)
+        parts = [b.to_host(gpu.forward(ids[s:e], cache)) for s, e in ((0, 1), (1, 2), (2, 18), (18, 19), (19, 40))]
+        assert np.array_equal(np.concatenate(parts), whole)
+    finally:
+        b.tensor_products = keep
+        b.drop_graphs()

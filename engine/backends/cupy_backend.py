@@ -27,7 +27,7 @@ import numpy as np
 from engine.backends.base import Array, Backend
 from engine.errors import EcholineError
 from engine.gguf_file import QuantTensor
-from kernels.cuda import FACTORED, load_module
+from kernels.cuda import FACTORED, TENSOR, load_module
 
 Q = gguf.GGMLQuantizationType
 _KERNEL_NAMES: dict[Q, str] = {
@@ -126,6 +126,13 @@ class CupyBackend(Backend):
     factored_max_cols = 4096
     #: a fused weight of two quant types (Qwen q|k Q4_K + v Q6_K) runs as one launch
     fuse_segment_pairs = True
+    #: tensor-core products (kernels.cu mt_body, round 6): mma.sync with x rounded to f16
+    #: per (row, 32-group) after a power-of-two scaling; the same kernels for every row
+    #: count, one row included, so decode and verify stay bit-identical. Per weight: all
+    #: its segments must be TENSOR types (else the CUDA-core kernels run it)
+    tensor_products = False
+    #: ... two 16-column tiles per warp once a launch has this many blocks per SM
+    tensor_wide_min_blocks = 4
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split = 32
 
@@ -309,6 +316,9 @@ class CupyBackend(Backend):
                 res = residual if residual.dtype == cupy.float32 else residual.astype(cupy.float32)
             else:
                 res, ldr = self._rows(residual, w.out_features)
+        if self._tensor(w):
+            self._tensor_product(w, x2, ldx, n, out, width, norm, eps, res, ldr, act)
+            return out
         tile = _row_tile(n)
         # by weight and op only, never by row count: batch-invariant
         ksplit = w.in_features >= self.ksplit_min_k or (bool(act) and self.ksplit_gated)
@@ -350,6 +360,59 @@ class CupyBackend(Backend):
                 ),
             )
         return out
+
+    def _tensor(self, w: CudaWeight) -> bool:
+        """Whether ``w`` runs on the tensor-core kernels: by flag and quant types only, so
+        every row count of one weight runs the same kernels (batch-invariant)."""
+        return self.tensor_products and all(seg.kernel in TENSOR for seg in w.segments)
+
+    def _tensor_product(
+        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
+        norm: Any, eps: float, res: Any, ldr: int, act: int,
+    ) -> None:
+        """mt_body launches: 8-row tiles per pass (NT) and 16-column tiles per warp (MT) are
+        speed choices only; a block's 4 warps split K the same way for every launch."""
+        nt = 1 if n <= 8 else 2 if n <= 16 else 4
+
+        def part(seg: Segment) -> Any:
+            if res is None:
+                return None
+            return res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
+
+        def tiles(seg: Segment) -> tuple[int, int]:
+            cols = seg.rows // 2 if act else seg.rows
+            per_tile = 8 if act else 16
+            mt = 2 if cols // (2 * per_tile) >= self.tensor_wide_min_blocks * self._sm_count else 1
+            return mt, (cols + mt * per_tile - 1) // (mt * per_tile)
+
+        if len(w.segments) == 2 and not act and self.fuse_segment_pairs:
+            a, b = w.segments
+            mt, nblk_a = tiles(a)
+            nblk_b = (b.rows + mt * 16 - 1) // (mt * 16)
+            self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}", f"{a.kernel}+{b.kernel}")(
+                (nblk_a + nblk_b,),
+                (32 * _MM_WARPS,),
+                (
+                    a.data, np.int64(a.row_bytes), _i32(a.rows), _i32(nblk_a),
+                    b.data, np.int64(b.row_bytes), _i32(b.rows),
+                    _i32(w.in_features), x2, _i32(ldx), _i32(n),
+                    out[:, a.col_offset :], out[:, b.col_offset :], _i32(width),
+                    norm, np.float32(eps), part(a), part(b), _i32(ldr),
+                ),
+            )
+            return
+        for seg in w.segments:
+            mt, blocks = tiles(seg)
+            out_cols = seg.rows // 2 if act else seg.rows
+            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}", seg.kernel)(
+                (blocks,),
+                (32 * _MM_WARPS,),
+                (
+                    seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features),
+                    x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
+                    norm, np.float32(eps), part(seg), _i32(ldr), _i32(act), _i32(out_cols),
+                ),
+            )
 
     def _factored(self, w: CudaWeight) -> bool:
         """Whether ``w``'s products use the factored kernels: by weight shape only, so

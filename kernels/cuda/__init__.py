@@ -39,6 +39,9 @@ QUANT_TYPES = {
 #: types with factored product kernels (quant.cuh codes8, kernel suffix _f)
 FACTORED = frozenset({"q4_k", "q6_k"})
 
+#: types with tensor-core product kernels (quant.cuh tc_frag, kernels mt_<q>_n<NT>_m<MT>)
+TENSOR = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"})
+
 
 def kernel_source(qtype: str | None = None) -> str:
     """kernels.cu with quant.cuh inlined; ``qtype`` None → the common kernels, "a+b" →
@@ -52,12 +55,15 @@ def kernel_source(qtype: str | None = None) -> str:
     if "+" in qtype:  # a pair "a+b": one launch for a two-type fused weight (mm2_a_b_*)
         a, b = qtype.split("+")
         qa, qb = QUANT_TYPES[a], QUANT_TYPES[b]
+        tensor = f"MT2_ALL({a}, {qa}, {b}, {qb})\n" if a in TENSOR and b in TENSOR else ""
         return (
             src
             + f"\nMM2_ALL_R({a}, {qa}, {b}, {qb}, false, )\nMM2_ALL_R({a}, {qa}, {b}, {qb}, true, _f)\n"
+            + tensor
         )
     qt = QUANT_TYPES[qtype]
     extra = f"MM_ALL_RF({qtype}, {qt})\n" if qtype in FACTORED else ""
+    extra += f"MT_ALL({qtype}, {qt})\n" if qtype in TENSOR else ""
     return src + f"\nMM_ALL_R({qtype}, {qt})\n{extra}EMBED_KERNEL({qtype}, {qt})\n"
 
 

@@ -186,6 +186,8 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     b.drop_graphs()
     if AB:
         lines += ab_decode(b, model, cache, context, prompt, reps)
+    if TC:
+        lines += ab_tensor(b, model, cache, context, prompt, reps, ks)
     lines += op_breakdown(b, model, cache, context)
     return lines
 
@@ -234,6 +236,46 @@ def ab_decode(b, model, cache, context: int, prompt, reps: int, rounds: int = 3)
     return lines
 
 
+#: round-6 A/B (--tc): CUDA-core products (round 5 default) vs tensor-core products
+TC = False
+
+
+def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3) -> list[str]:
+    """Engine path (forward + argmax) at each k for both product policies, interleaved
+    ``rounds`` times with fresh graphs each switch; median of the round medians."""
+    keep = b.tensor_products
+    configs = {"cuda-core": False, "tensor": True}
+    times = {(c, k): [] for c in configs for k in ks}
+    picks: dict[str, set[int]] = {c: set() for c in configs}
+    for _ in range(rounds):
+        for name, flag in configs.items():
+            b.tensor_products = flag
+            b.drop_graphs()
+            for k in ks:
+                ids = prompt[-k:]
+
+                def run(ids=ids) -> np.ndarray:
+                    cache.truncate(context)
+                    return b.argmax(model.forward(ids, cache, all_logits=True))
+
+                run()
+                picks[name].add(int(run()[-1]))
+                times[(name, k)].append(median_time(run, reps))
+    b.tensor_products = keep
+    b.drop_graphs()
+    med = {key: statistics.median(v) for key, v in times.items()}
+    base = med[("cuda-core", ks[0])]
+    lines = []
+    for name in configs:
+        t1 = med[(name, ks[0])]
+        parts = " ".join(f"k={k}:{med[(name, k)] * 1e3:.3f}ms(x{med[(name, k)] / t1:.2f})" for k in ks)
+        lines.append(
+            f"  tc {name:<9s} decode {t1 * 1e3:7.3f} ms {1 / t1:7.1f} tok/s x{t1 / base:5.3f} vs cuda-core | "
+            f"{parts} | ids {sorted(picks[name])}"
+        )
+    return lines
+
+
 def graph_op_time(b, fn, reps: int = 20, iters: int = 20) -> float:
     """Seconds per call of ``fn`` inside a CUDA graph of ``reps`` back-to-back calls."""
     import cupy
@@ -260,7 +302,7 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
     lw = model.layers[0]
     lines = []
     logits = cupy.asarray(np.random.default_rng(3).standard_normal((16, c.vocab_size)).astype(np.float32))
-    for n in (1, 16):
+    for n in (1, 2, 4, 8, 16) if TC else (1, 16):
         x = cupy.asarray(
             np.random.default_rng(2).standard_normal((n, c.d_model)).astype(np.float32)
         )
@@ -283,6 +325,13 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
         }
         parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in ops.items()]
         lines.append(f"  ops n={n:<2d} (us): " + ", ".join(parts))
+        if TC:  # the products on the tensor cores
+            keep_tc = b.tensor_products
+            b.tensor_products = True
+            mm = {k: v for k, v in ops.items() if "," in k or "+" in k}
+            parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
+            lines.append(f"  ops n={n:<2d} tensor (us): " + ", ".join(parts))
+            b.tensor_products = keep_tc
         if AB:  # the products with round-4 kernels (plain, two launches) for comparison
             keep = b.factored_products, b.fuse_segment_pairs
             b.factored_products = b.fuse_segment_pairs = False
@@ -324,10 +373,11 @@ def main() -> int:
     ap.add_argument("--ks", default="1,2,4,8,16")
     ap.add_argument("--out", default="/tmp/echoline-bench")
     ap.add_argument("--ab", action="store_true", help="interleaved A/B of the round-5 product policies")
+    ap.add_argument("--tc", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core products")
     ap.add_argument("--quick", action="store_true", help="skip the split / columns / split-K sweeps")
     args = ap.parse_args()
-    global AB, QUICK
-    AB, QUICK = args.ab, args.quick
+    global AB, QUICK, TC
+    AB, QUICK, TC = args.ab, args.quick, args.tc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]

@@ -14,6 +14,11 @@ if [ "$1" = kernels ]; then
   timeout 240 python3 -m kernels.cuda.bench_device --reps 30 > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"
 fi
+if [ "$1" = tc ]; then  # round 6: tensor-core products (kernel tests, then the A/B bench)
+  timeout 300 python3 -m pytest -q -x -p no:cacheprovider --durations=6 tests/test_cuda_backend.py -k "${TC_TESTS:-tensor}" 2>&1 | tee "$OUT/tc_tests.log" | grep -E "passed|failed|^E |Error|s call" | head -40
+  [ -n "$TC_BENCH" ] && timeout ${TC_BENCH} python3 -m kernels.cuda.bench_device --reps 30 --tc --quick > "$OUT/bench.log" 2>&1
+  [ -n "$TC_BENCH" ] && sed -n '/== summary ==/,$p' "$OUT/bench.log"
+fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M

@@ -346,6 +346,303 @@ __device__ __forceinline__ void mm_body(int bid, const u8* __restrict__ W, long 
     MM2_KERNEL(NA, QA, NB, QB, 8, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 8, 4, F, SUF)          \
     MM2_KERNEL(NA, QA, NB, QB, 16, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 16, 4, F, SUF)
 
+// ---- tensor-core products (round 6, backend flag tensor_products) ----
+//
+// Y[r, col] = epilogue(sum_k X[r, k] W[col, k]) with mma.sync m16n8k16 (f16 inputs, f32
+// accumulation) for ANY row count, one row included: A = the codes of 16 weight columns
+// (exact small integers in f16, dequantized in registers from the stored blocks), B = 8
+// input rows (x rounded to f16), so each output element is its own dot product inside
+// the instruction and rows never mix. x is rounded per (row, 32-group) after scaling by
+// a power of two that puts the group's largest |x| in [2^14, 2^15): no overflow, no
+// subnormals, the same relative rounding as plain f16; the power is undone exactly with
+// the group's weight scale. Per (row, column) and group g, in this order:
+//     D = codes . x'  (two k16 mma chained; types with a scale per 16 weights: two D)
+//     acc = fma(scale * 2^-e, D, acc);  types with a min: acc = fma(min * 2^-e, S, acc)
+// with S = sum x' of the group (an mma with A = 1). The block's MT_WARPS warps split K by
+// groups (warp w takes g = w, w + MT_WARPS, ...) and their totals are added in warp
+// order. None of this depends on the row count, NT (8-row tiles per pass) or MT
+// (16-column tiles per warp): batch-invariant, decode == verify bit for bit.
+//
+// mma k-slots: a lane (gq = lane / 4, t = lane % 4) owns slots {2t, 2t+1, 2t+8, 2t+9};
+// for the group's first mma they hold elements 32g + 4t + {0, 2, 1, 3} (codes_h2 splits a
+// word of four code bytes into bytes 0,2 and 1,3), for the second 32g + 16 + 4t + {...}.
+#define MT_WARPS 4
+
+__device__ __forceinline__ u32 h2_pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Four offset code bytes (code + OFF) of w as two f16 pairs of exact codes: bytes 0,2
+// and bytes 1,3 (1024 + byte is exact in f16; subtracting 1024 + OFF is exact too).
+template <int OFF>
+__device__ __forceinline__ void codes_h2(u32 w, u32& lo, u32& hi) {
+    constexpr u32 sub = (u32)(0x6400 + OFF) * 0x10001u;
+    u32 a = (w & 0x00FF00FFu) | 0x64006400u;
+    u32 b = ((w >> 8) & 0x00FF00FFu) | 0x64006400u;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(lo) : "r"(a), "r"(sub));
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(b), "r"(sub));
+}
+
+__device__ __forceinline__ void mma16816(float d[4], const u32 a[4], u32 b0, u32 b1, const float c[4]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]),
+          "f"(c[2]), "f"(c[3]));
+}
+
+// Fused options as in mm_body: G (RMSNorm weight: x * G is rounded, inv_rms(row) scales
+// the total; the sum of squares comes from the unrounded x the lanes load anyway), act
+// (gated: a tile's rows 0..7 are gate columns, rows 8..15 the matching up columns), Res.
+template <int QT, int NT, int MT>
+__device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long long row_bytes,
+                                        int out_rows, int K, const float* __restrict__ X, int ldx,
+                                        int n, float* __restrict__ Y, int ldy,
+                                        const float* __restrict__ G, float eps,
+                                        const float* __restrict__ Res, int ldr, int act, int half) {
+    using T = TcTraits<QT>;
+    constexpr int NV = NT * MT * 4;  // accumulators per lane
+    constexpr int U = 2;             // groups whose weights are loaded before any math
+    __shared__ float red[MT_WARPS - 1][NV][32];
+    __shared__ float ssr[MT_WARPS][NT][8];
+    const unsigned full = 0xffffffffu;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int gq = lane >> 2, t = lane & 3;
+    int per_tile = act ? 8 : 16;  // output columns of one 16-row A tile
+    int col0 = bid * MT * per_tile;
+    if (col0 >= out_rows) return;  // whole block
+    const u8* wr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        int base = col0 + mt * per_tile + gq;
+        int lo = min(base, out_rows - 1);  // past the end: a valid column, never stored
+        int hi = act ? half + lo : min(base + 8, out_rows - 1);
+        wr[mt][0] = W + (long long)lo * row_bytes;
+        wr[mt][1] = W + (long long)hi * row_bytes;
+    }
+    bool norm = G != nullptr;
+    int ngrp = K >> 5;
+    const u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int r0 = 0; r0 < n; r0 += 8 * NT) {
+        float acc[NT][MT][4];
+        float ss[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            ss[nt] = 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[nt][mt][c] = 0.0f;
+        }
+        for (int gb = warp; gb < ngrp; gb += MT_WARPS * U) {
+            u32 a0[U][MT][4], a1[U][MT][4];
+            float s0[U][MT][2], s1[U][MT][2], mn[U][MT][2];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                int g = gb + MT_WARPS * u;
+                if (g >= ngrp) break;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        u32 w0, w1, l0, h0, l1, h1;
+                        tc_frag<QT>(wr[mt][h], g, t, w0, w1, s0[u][mt][h], s1[u][mt][h], mn[u][mt][h]);
+                        codes_h2<T::off>(w0, l0, h0);
+                        codes_h2<T::off>(w1, l1, h1);
+                        a0[u][mt][h] = l0;
+                        a0[u][mt][2 + h] = h0;
+                        a1[u][mt][h] = l1;
+                        a1[u][mt][2 + h] = h1;
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                int g = gb + MT_WARPS * u;
+                if (g >= ngrp) break;
+                int k0 = 32 * g + 4 * t;
+                float gv[8];
+                if (norm) {
+                    float4 ga = *reinterpret_cast<const float4*>(G + k0);
+                    float4 gb2 = *reinterpret_cast<const float4*>(G + k0 + 16);
+                    gv[0] = ga.x; gv[1] = ga.y; gv[2] = ga.z; gv[3] = ga.w;
+                    gv[4] = gb2.x; gv[5] = gb2.y; gv[6] = gb2.z; gv[7] = gb2.w;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int row = r0 + nt * 8 + gq;
+                    float xv[8];
+                    if (row < n) {
+                        const float* xp = X + (long long)row * ldx + k0;
+                        float4 xa = *reinterpret_cast<const float4*>(xp);
+                        float4 xb = *reinterpret_cast<const float4*>(xp + 16);
+                        xv[0] = xa.x; xv[1] = xa.y; xv[2] = xa.z; xv[3] = xa.w;
+                        xv[4] = xb.x; xv[5] = xb.y; xv[6] = xb.z; xv[7] = xb.w;
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) xv[e] = 0.0f;
+                    }
+                    if (norm) {
+                        float q = ss[nt];
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) q = fmaf(xv[e], xv[e], q);
+                        ss[nt] = q;
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) xv[e] = __fmul_rn(xv[e], gv[e]);
+                    }
+                    float mx = fabsf(xv[0]);
+#pragma unroll
+                    for (int e = 1; e < 8; ++e) mx = fmaxf(mx, fabsf(xv[e]));
+                    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
+                    int E = max((__float_as_int(mx) >> 23) & 0xFF, 15);
+                    float P = __int_as_float((268 - E) << 23);     // 2^(141 - E)
+                    float Pinv = __int_as_float((E - 14) << 23);   // 2^(E - 141)
+                    u32 b00 = h2_pack(__fmul_rn(xv[0], P), __fmul_rn(xv[2], P));
+                    u32 b01 = h2_pack(__fmul_rn(xv[1], P), __fmul_rn(xv[3], P));
+                    u32 b10 = h2_pack(__fmul_rn(xv[4], P), __fmul_rn(xv[6], P));
+                    u32 b11 = h2_pack(__fmul_rn(xv[5], P), __fmul_rn(xv[7], P));
+                    // D's columns are rows 2t and 2t+1 of the tile: their lanes gq = 2t, 2t+1
+                    float pv[2] = {__shfl_sync(full, Pinv, 8 * t), __shfl_sync(full, Pinv, 8 * t + 4)};
+                    float sx[4];
+                    if constexpr (T::has_min) {
+                        mma16816(sx, ones, b00, b01, zero);
+                        mma16816(sx, ones, b10, b11, sx);
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        if constexpr (T::split) {
+                            float d0[4], d1[4];
+                            mma16816(d0, a0[u][mt], b00, b01, zero);
+                            mma16816(d1, a1[u][mt], b10, b11, zero);
+#pragma unroll
+                            for (int c = 0; c < 4; ++c) {
+                                float p = pv[c & 1];
+                                float v = fmaf(__fmul_rn(s0[u][mt][c >> 1], p), d0[c], acc[nt][mt][c]);
+                                acc[nt][mt][c] = fmaf(__fmul_rn(s1[u][mt][c >> 1], p), d1[c], v);
+                            }
+                        } else {
+                            float d[4];
+                            mma16816(d, a0[u][mt], b00, b01, zero);
+                            mma16816(d, a1[u][mt], b10, b11, d);
+#pragma unroll
+                            for (int c = 0; c < 4; ++c) {
+                                float p = pv[c & 1];
+                                float v = fmaf(__fmul_rn(s0[u][mt][c >> 1], p), d[c], acc[nt][mt][c]);
+                                if constexpr (T::has_min) v = fmaf(__fmul_rn(mn[u][mt][c >> 1], p), sx[c], v);
+                                acc[nt][mt][c] = v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // totals: warps in order (warp 0 + warp 1 + ...), norm sums of squares likewise
+        if (norm) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float q = __fadd_rn(ss[nt], __shfl_xor_sync(full, ss[nt], 1));
+                ss[nt] = __fadd_rn(q, __shfl_xor_sync(full, q, 2));
+                if (t == 0) ssr[warp][nt][gq] = ss[nt];
+            }
+        }
+        if (warp > 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) red[warp - 1][(nt * MT + mt) * 4 + c][lane] = acc[nt][mt][c];
+        }
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float inv[2] = {1.0f, 1.0f};
+                if (norm) {
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        float q = ssr[0][nt][2 * t + i];
+#pragma unroll
+                        for (int w = 1; w < MT_WARPS; ++w) q = __fadd_rn(q, ssr[w][nt][2 * t + i]);
+                        float ms = __fdiv_rn(q, (float)K);
+                        inv[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    float v[4];
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        float s = acc[nt][mt][c];
+#pragma unroll
+                        for (int w = 1; w < MT_WARPS; ++w) s = __fadd_rn(s, red[w - 1][(nt * MT + mt) * 4 + c][lane]);
+                        v[c] = norm ? __fmul_rn(s, inv[c & 1]) : s;
+                    }
+                    int base = col0 + mt * per_tile + gq;
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        int r = r0 + nt * 8 + 2 * t + i;
+                        if (r >= n) continue;
+                        if (act) {
+                            if (base < out_rows) {
+                                float y = act_glu(act, v[i], v[2 + i]);
+                                if (Res) y = __fadd_rn(Res[(long long)r * ldr + base], y);
+                                Y[(long long)r * ldy + base] = y;
+                            }
+                        } else {
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                int col = base + 8 * h;
+                                if (col >= out_rows) continue;
+                                float y = v[2 * h + i];
+                                if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
+                                Y[(long long)r * ldy + col] = y;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();  // red / ssr are rewritten by the next row pass
+    }
+}
+
+#define MT_KERNEL(NAME, QT, NT, MT)                                                             \
+    extern "C" __global__ void __launch_bounds__(MT_WARPS * 32)                                \
+        mt_##NAME##_n##NT##_m##MT(const u8* W, long long row_bytes, int out_rows, int K,       \
+                                  const float* X, int ldx, int n, float* Y, int ldy,           \
+                                  const float* G, float eps, const float* Res, int ldr,        \
+                                  int act, int half) {                                         \
+        mt_body<QT, NT, MT>(blockIdx.x, W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps,  \
+                            Res, ldr, act, half);                                              \
+    }
+
+// Two segments of one fused weight in one launch (as MM2_KERNEL): blocks [0, nblk_a) run
+// segment a's columns with a's mt_body, the rest segment b's.
+#define MT2_KERNEL(NA, QA, NB, QB, NT, MT)                                                      \
+    extern "C" __global__ void __launch_bounds__(MT_WARPS * 32) mt2_##NA##_##NB##_n##NT##_m##MT( \
+        const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,      \
+        int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,      \
+        const float* G, float eps, const float* Ra, const float* Rb, int ldr) {                \
+        if ((int)blockIdx.x < nblk_a)                                                          \
+            mt_body<QA, NT, MT>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, Ra, \
+                                ldr, 0, rows_a);                                               \
+        else                                                                                   \
+            mt_body<QB, NT, MT>(blockIdx.x - nblk_a, Wb, rbb, rows_b, K, X, ldx, n, Yb, ldy, G, \
+                                eps, Rb, ldr, 0, rows_b);                                      \
+    }
+
+#define MT_ALL(NAME, QT)                                                                        \
+    MT_KERNEL(NAME, QT, 1, 1) MT_KERNEL(NAME, QT, 1, 2) MT_KERNEL(NAME, QT, 2, 1)               \
+    MT_KERNEL(NAME, QT, 2, 2) MT_KERNEL(NAME, QT, 4, 1) MT_KERNEL(NAME, QT, 4, 2)
+#define MT2_ALL(NA, QA, NB, QB)                                                                 \
+    MT2_KERNEL(NA, QA, NB, QB, 1, 1) MT2_KERNEL(NA, QA, NB, QB, 1, 2)                           \
+    MT2_KERNEL(NA, QA, NB, QB, 2, 1) MT2_KERNEL(NA, QA, NB, QB, 2, 2)                           \
+    MT2_KERNEL(NA, QA, NB, QB, 4, 1) MT2_KERNEL(NA, QA, NB, QB, 4, 2)
+
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>
 __device__ __forceinline__ void embed_body(const u8* table, long long row_bytes, int K, const int* ids,

@@ -305,3 +305,86 @@ __device__ __forceinline__ void codes8<QT_Q6_K>(const u8* row, int c, float q[8]
                  (((ld32u(qh + 4) >> hshift) & 0x03030303u) << 4),
              MAGIC + 32.0f, q + 4);
 }
+
+// ---- tensor-core fragments (kernels.cu mt_body) ----
+// One 32-weight group g of a row (elements [32g, 32g + 32)) as two words of four code
+// bytes each, in "offset" form (byte = code + TcTraits::off, 0..255) for the mma k-slots
+// a lane owns: w0 holds elements 32g + 4t .. +3, w1 elements 32g + 16 + 4t .. +3
+// (t = lane & 3). s0 scales w0's codes, s1 w1's (equal unless the type has a scale per
+// 16 weights), mn is the group's min (w = s * code + mn) for the types that have one.
+template <int QT>
+struct TcTraits { static constexpr bool ok = false; };
+template <> struct TcTraits<QT_Q4_0> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 8; };
+template <> struct TcTraits<QT_Q4_1> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
+template <> struct TcTraits<QT_Q8_0> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 128; };
+template <> struct TcTraits<QT_Q4_K> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
+template <> struct TcTraits<QT_Q6_K> { static constexpr bool ok = true, split = true, has_min = false; static constexpr int off = 32; };
+
+template <int QT>
+__device__ __forceinline__ void tc_frag(const u8* row, int g, int t, u32& w0, u32& w1, float& s0,
+                                        float& s1, float& mn);
+
+template <>
+__device__ __forceinline__ void tc_frag<QT_Q4_0>(const u8* row, int g, int t, u32& w0, u32& w1,
+                                                 float& s0, float& s1, float& mn) {
+    const u8* blk = row + (long long)g * 18;
+    u32 v = ld32u(blk + 2 + 4 * t);  // elements j < 16: low nibble of byte j, j >= 16: high
+    w0 = v & 0x0F0F0F0Fu;
+    w1 = (v >> 4) & 0x0F0F0F0Fu;
+    s0 = s1 = ldh(blk);
+    mn = 0.0f;
+}
+
+template <>
+__device__ __forceinline__ void tc_frag<QT_Q4_1>(const u8* row, int g, int t, u32& w0, u32& w1,
+                                                 float& s0, float& s1, float& mn) {
+    const u8* blk = row + (long long)g * 20;  // 4-aligned
+    u32 dm = *reinterpret_cast<const u32*>(blk);
+    u32 v = *reinterpret_cast<const u32*>(blk + 4 + 4 * t);
+    w0 = v & 0x0F0F0F0Fu;
+    w1 = (v >> 4) & 0x0F0F0F0Fu;
+    s0 = s1 = h2f((u16)(dm & 0xFFFF));
+    mn = h2f((u16)(dm >> 16));
+}
+
+template <>
+__device__ __forceinline__ void tc_frag<QT_Q8_0>(const u8* row, int g, int t, u32& w0, u32& w1,
+                                                 float& s0, float& s1, float& mn) {
+    const u8* blk = row + (long long)g * 34;
+    w0 = ld32u(blk + 2 + 4 * t) ^ 0x80808080u;  // signed codes + 128
+    w1 = ld32u(blk + 18 + 4 * t) ^ 0x80808080u;
+    s0 = s1 = ldh(blk);
+    mn = 0.0f;
+}
+
+template <>
+__device__ __forceinline__ void tc_frag<QT_Q4_K>(const u8* row, int g, int t, u32& w0, u32& w1,
+                                                 float& s0, float& s1, float& mn) {
+    const u8* blk = row + (long long)(g >> 3) * 144;  // 16-aligned
+    int sub = g & 7, j = sub >> 1, shift = (sub & 1) * 4;
+    u32 dd = *reinterpret_cast<const u32*>(blk);
+    int sc, m;
+    scale_min_k4(sub, blk + 4, sc, m);
+    const u8* qs = blk + 16 + 32 * j + 4 * t;
+    w0 = (*reinterpret_cast<const u32*>(qs) >> shift) & 0x0F0F0F0Fu;
+    w1 = (*reinterpret_cast<const u32*>(qs + 16) >> shift) & 0x0F0F0F0Fu;
+    s0 = s1 = __fmul_rn(h2f((u16)(dd & 0xFFFF)), small_f((u32)sc));
+    mn = -__fmul_rn(h2f((u16)(dd >> 16)), small_f((u32)m));
+}
+
+template <>
+__device__ __forceinline__ void tc_frag<QT_Q6_K>(const u8* row, int g, int t, u32& w0, u32& w1,
+                                                 float& s0, float& s1, float& mn) {
+    const u8* blk = row + (long long)(g >> 3) * 210;  // 2-aligned
+    int gi = g & 7, half = gi >> 2, quarter = gi & 3;
+    const u8* ql = blk + 64 * half + ((quarter & 1) ? 32 : 0) + 4 * t;
+    const u8* qh = blk + 128 + 32 * half + 4 * t;
+    int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
+    w0 = ((ld32u(ql) >> lshift) & 0x0F0F0F0Fu) | (((ld32u(qh) >> hshift) & 0x03030303u) << 4);
+    w1 = ((ld32u(ql + 16) >> lshift) & 0x0F0F0F0Fu) | (((ld32u(qh + 16) >> hshift) & 0x03030303u) << 4);
+    u32 sb = (u32)*reinterpret_cast<const u16*>(blk + 192 + 8 * half + 2 * quarter) ^ 0x8080u;  // two signed scales + 128
+    float d = ldh(blk + 208);
+    s0 = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | (sb & 0xFF)), MAGIC + 128.0f));
+    s1 = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> 8) & 0xFF)), MAGIC + 128.0f));
+    mn = 0.0f;
+}
