@@ -528,10 +528,10 @@ def tensor_on(cb):
 
 
 def tc_round(x: np.ndarray) -> np.ndarray:
-    """x as the tensor-core kernels round it (float64): each (row, 32-group) scaled by the
+    """x as the tensor-core kernels round it (float64): each (row, 64-unit) scaled by the
     power of two that puts its largest |x| in [2^14, 2^15), rounded to f16, scaled back."""
     xs = np.asarray(x, dtype=np.float32)
-    grp = xs.reshape(xs.shape[0], -1, 32)
+    grp = xs.reshape(xs.shape[0], -1, 64)
     mx = np.abs(grp).max(axis=2, keepdims=True)
     e = np.maximum((mx.view(np.int32) >> 23) & 0xFF, 15).astype(np.int64)
     p = np.ldexp(1.0, 141 - e)
@@ -556,15 +556,32 @@ def tc_check(w: np.ndarray, x: np.ndarray, got: np.ndarray, scale: np.ndarray | 
 
 
 def wide_range_x(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
-    """Normal rows with some 32-groups scaled far beyond f16's range and some tiny ones."""
+    """Normal rows with some 64-units scaled far beyond f16's range and some tiny ones."""
     x = rng.standard_normal((n, d)).astype(np.float32)
-    grp = x.reshape(n, -1, 32)
+    grp = x.reshape(n, -1, 64)
     grp *= rng.choice([1.0, 1.0, 1.0, 3e5, 1e-6], size=(n, grp.shape[1], 1)).astype(np.float32)
     return x
 
 
+#: (tensor_wide_min_blocks, tensor_min_warps_per_sm) -> the (MT, KW) they give small test weights
+TC_POLICIES = {"m2w4": (0, 8), "m1w4": (10**6, 0), "m1w8-16": (10**6, 8), "m1w16": (10**6, 10**6)}
+
+
+@pytest.fixture
+def tc_policy(cb):
+    keep = cb.tensor_wide_min_blocks, cb.tensor_min_warps_per_sm
+    yield lambda name: setattr_pair(cb, TC_POLICIES[name])
+    cb.tensor_wide_min_blocks, cb.tensor_min_warps_per_sm = keep
+
+
+def setattr_pair(cb, policy: tuple[int, int]) -> None:
+    cb.tensor_wide_min_blocks, cb.tensor_min_warps_per_sm = policy
+
+
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-def test_tensor_products_match_reference(tensor_on, ref, rng, qtype):
+def test_tensor_products_match_reference(tensor_on, tc_policy, ref, rng, qtype):
+    """Every (MT, KW) launch shape within the f16 bounds; MT (columns per warp) changes
+    no bits."""
     cb = tensor_on
     d = 1024
     t = make_tensor(rng, 100, d, qtype)  # 100 columns: a partial 16-column tile
@@ -575,47 +592,54 @@ def test_tensor_products_match_reference(tensor_on, ref, rng, qtype):
     for n in (1, 3, 16, 40):
         x = wide_range_x(rng, n, d)
         xd = cupy.asarray(x)
-        poison()
-        tc_check(w_ref, x, cb.to_host(cb.matmul(xd, w)))
-        # fused norm: x * g is what gets rounded; inv_rms(row) scales the total
         inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1) + 1e-6)
-        poison()
-        normed = cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w))
-        tc_check(w_ref, (x * g).astype(np.float32), normed, scale=inv)
+        got = {}
+        for policy in TC_POLICIES:
+            tc_policy(policy)
+            poison()
+            got[policy] = cb.to_host(cb.matmul(xd, w))
+            tc_check(w_ref, x, got[policy])
+            # fused norm: x * g is what gets rounded; inv_rms(row) scales the total
+            poison()
+            normed = cb.to_host(cb.norm_matmul(xd, gd, 1e-6, w))
+            tc_check(w_ref, (x * g).astype(np.float32), normed, scale=inv)
+        assert np.array_equal(got["m2w4"], got["m1w4"])
 
 
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-def test_tensor_products_batch_invariant(tensor_on, rng, qtype):
+@pytest.mark.parametrize("policy", ["m2w4", "m1w8-16"])
+def test_tensor_products_batch_invariant(tensor_on, tc_policy, rng, qtype, policy):
     """The same mma kernels for every row count: rows 1, 2, 8, 16, 64 (and odd counts,
     offsets, chunkings) bit-identical, plain and with norm, gate and residual epilogues."""
     cb = tensor_on
+    tc_policy(policy)
     d, n_ff = 512, 72
     gate_up = cb.prepare_matrix([make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")])
     assert cb._tensor(gate_up)
     gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
     x = cupy.asarray(wide_range_x(rng, 64, d))
     res = cupy.asarray(rng.standard_normal((64, 2 * n_ff)).astype(np.float32))
-    ops = {
-        "plain": lambda a: cb.matmul(a, gate_up),
-        "norm": lambda a: cb.norm_matmul(a, gd, 1e-5, gate_up),
-        "glu": lambda a: cb.norm_matmul_glu(a, gd, 1e-5, gate_up, n_ff, True),
-        "add": lambda a: cb.matmul_add(a, gate_up, res[: a.shape[0]]),
+    ops = {  # rows [s, e) of x (and of the residual)
+        "plain": lambda s, e: cb.matmul(x[s:e], gate_up),
+        "norm": lambda s, e: cb.norm_matmul(x[s:e], gd, 1e-5, gate_up),
+        "glu": lambda s, e: cb.norm_matmul_glu(x[s:e], gd, 1e-5, gate_up, n_ff, True),
+        "add": lambda s, e: cb.matmul_add(x[s:e], gate_up, res[s:e]),
     }
     for name, op in ops.items():
         poison()
-        full = cb.to_host(op(x))
+        full = cb.to_host(op(0, 64))
         assert np.isfinite(full).all()
         for m in (1, 2, 3, 8, 9, 16, 17, 33):
             poison()
-            assert np.array_equal(cb.to_host(op(x[:m])), full[:m]), f"{name}: {m} rows differ"
+            assert np.array_equal(cb.to_host(op(0, m)), full[:m]), f"{name}: {m} rows differ"
         for i in (5, 63):
-            assert np.array_equal(cb.to_host(op(x[i : i + 1]))[0], full[i]), f"{name}: row {i} alone"
-        pieces = [cb.to_host(op(x[s : s + 7])) for s in range(0, 64, 7)]
+            assert np.array_equal(cb.to_host(op(i, i + 1))[0], full[i]), f"{name}: row {i} alone"
+        pieces = [cb.to_host(op(s, s + 7)) for s in range(0, 64, 7)]
         assert np.array_equal(np.concatenate(pieces), full), f"{name}: chunks of 7"
     # gated epilogue == product then activation (same act_glu), bit for bit
     gate, up = cb.split(cb.norm_matmul(x, gd, 1e-5, gate_up), [n_ff, n_ff])
-    assert np.array_equal(cb.to_host(cb.gelu_tanh_mul(gate, up)), cb.to_host(ops["glu"](x)))
-    assert np.array_equal(cb.to_host(ops["add"](x)), cb.to_host(cb.add(res, ops["plain"](x))))
+    assert np.array_equal(cb.to_host(cb.gelu_tanh_mul(gate, up)), cb.to_host(ops["glu"](0, 64)))
+    assert np.array_equal(cb.to_host(ops["add"](0, 64)), cb.to_host(cb.add(res, ops["plain"](0, 64))))
 
 
 def test_tensor_two_type_weight_one_launch(tensor_on, ref, rng):

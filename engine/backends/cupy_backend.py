@@ -133,6 +133,8 @@ class CupyBackend(Backend):
     tensor_products = False
     #: ... two 16-column tiles per warp once a launch has this many blocks per SM
     tensor_wide_min_blocks = 4
+    #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
+    tensor_min_warps_per_sm = 8
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split = 32
 
@@ -362,36 +364,56 @@ class CupyBackend(Backend):
         return out
 
     def _tensor(self, w: CudaWeight) -> bool:
-        """Whether ``w`` runs on the tensor-core kernels: by flag and quant types only, so
-        every row count of one weight runs the same kernels (batch-invariant)."""
-        return self.tensor_products and all(seg.kernel in TENSOR for seg in w.segments)
+        """Whether ``w`` runs on the tensor-core kernels: by flag, quant types and shape
+        only, so every row count of one weight runs the same kernels (batch-invariant)."""
+        return (
+            self.tensor_products
+            and w.in_features % 64 == 0
+            and all(seg.kernel in TENSOR for seg in w.segments)
+        )
+
+    def _tensor_shape(self, w: CudaWeight, act: int) -> tuple[int, int]:
+        """(MT, KW) for ``w``: 16-column tiles per warp and warps splitting K per block.
+
+        Both depend on the weight's shape only. KW sets the order in which a row's
+        partial sums are added (warp order), so it must never follow the row count; MT
+        only moves columns between warps. Narrow weights get more warps per block (KW 8
+        or 16, each taking every KW-th 64-weight unit) so the chip has enough warps.
+        """
+        per_tile = 8 if act else 16
+        cols = w.out_features // 2 if act else w.out_features
+        tiles = (cols + per_tile - 1) // per_tile
+        need = self.tensor_min_warps_per_sm * self._sm_count
+        if tiles // 2 >= self.tensor_wide_min_blocks * self._sm_count:
+            return 2, 4
+        units = w.in_features // 64
+        for kw in (4, 8):
+            if tiles * kw >= need or 2 * kw > units:
+                return 1, kw
+        return 1, 16
 
     def _tensor_product(
         self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
         norm: Any, eps: float, res: Any, ldr: int, act: int,
     ) -> None:
-        """mt_body launches: 8-row tiles per pass (NT) and 16-column tiles per warp (MT) are
-        speed choices only; a block's 4 warps split K the same way for every launch."""
+        """mt_body launches: 8-row tiles per pass (NT) follow the row count (values do not
+        depend on it); MT and KW follow the weight (``_tensor_shape``)."""
         nt = 1 if n <= 8 else 2 if n <= 16 else 4
+        mt, kw = self._tensor_shape(w, act)
+        per_block = mt * (8 if act else 16)
 
         def part(seg: Segment) -> Any:
             if res is None:
                 return None
             return res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
 
-        def tiles(seg: Segment) -> tuple[int, int]:
-            cols = seg.rows // 2 if act else seg.rows
-            per_tile = 8 if act else 16
-            mt = 2 if cols // (2 * per_tile) >= self.tensor_wide_min_blocks * self._sm_count else 1
-            return mt, (cols + mt * per_tile - 1) // (mt * per_tile)
-
         if len(w.segments) == 2 and not act and self.fuse_segment_pairs:
             a, b = w.segments
-            mt, nblk_a = tiles(a)
-            nblk_b = (b.rows + mt * 16 - 1) // (mt * 16)
-            self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}", f"{a.kernel}+{b.kernel}")(
+            nblk_a = (a.rows + per_block - 1) // per_block
+            nblk_b = (b.rows + per_block - 1) // per_block
+            self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")(
                 (nblk_a + nblk_b,),
-                (32 * _MM_WARPS,),
+                (32 * kw,),
                 (
                     a.data, np.int64(a.row_bytes), _i32(a.rows), _i32(nblk_a),
                     b.data, np.int64(b.row_bytes), _i32(b.rows),
@@ -402,11 +424,10 @@ class CupyBackend(Backend):
             )
             return
         for seg in w.segments:
-            mt, blocks = tiles(seg)
             out_cols = seg.rows // 2 if act else seg.rows
-            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}", seg.kernel)(
-                (blocks,),
-                (32 * _MM_WARPS,),
+            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)(
+                ((out_cols + per_block - 1) // per_block,),
+                (32 * kw,),
                 (
                     seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features),
                     x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),

@@ -350,23 +350,22 @@ __device__ __forceinline__ void mm_body(int bid, const u8* __restrict__ W, long 
 //
 // Y[r, col] = epilogue(sum_k X[r, k] W[col, k]) with mma.sync m16n8k16 (f16 inputs, f32
 // accumulation) for ANY row count, one row included: A = the codes of 16 weight columns
-// (exact small integers in f16, dequantized in registers from the stored blocks), B = 8
-// input rows (x rounded to f16), so each output element is its own dot product inside
-// the instruction and rows never mix. x is rounded per (row, 32-group) after scaling by
-// a power of two that puts the group's largest |x| in [2^14, 2^15): no overflow, no
-// subnormals, the same relative rounding as plain f16; the power is undone exactly with
-// the group's weight scale. Per (row, column) and group g, in this order:
+// (exact small integers in f16, decoded in registers from the stored blocks), B = 8 input
+// rows (x rounded to f16), so each output element is its own dot product inside the
+// instruction and rows never mix. x is rounded per (row, 64-element unit) after scaling by
+// the power of two that puts the unit's largest |x| in [2^14, 2^15): no overflow, no
+// subnormals, plain f16 relative rounding; the power is undone exactly with the weight
+// scale. Per (row, column) and 32-group of a unit, in this order:
 //     D = codes . x'  (two k16 mma chained; types with a scale per 16 weights: two D)
 //     acc = fma(scale * 2^-e, D, acc);  types with a min: acc = fma(min * 2^-e, S, acc)
-// with S = sum x' of the group (an mma with A = 1). The block's MT_WARPS warps split K by
-// groups (warp w takes g = w, w + MT_WARPS, ...) and their totals are added in warp
-// order. None of this depends on the row count, NT (8-row tiles per pass) or MT
-// (16-column tiles per warp): batch-invariant, decode == verify bit for bit.
+// with S = sum x' of the group (an mma with A = 1). A block's KW warps split K by units
+// (warp w takes u = w, w + KW, ...), totals added in warp order; KW is chosen per weight
+// shape. Nothing depends on the row count, NT (8-row tiles per pass) or MT (16-column
+// tiles per warp): batch-invariant, decode == verify bit for bit.
 //
 // mma k-slots: a lane (gq = lane / 4, t = lane % 4) owns slots {2t, 2t+1, 2t+8, 2t+9};
-// for the group's first mma they hold elements 32g + 4t + {0, 2, 1, 3} (codes_h2 splits a
-// word of four code bytes into bytes 0,2 and 1,3), for the second 32g + 16 + 4t + {...}.
-#define MT_WARPS 4
+// for a group's first mma they hold elements 4t + {0, 2, 1, 3} (codes_h2 splits a word
+// of four code bytes into bytes 0,2 and 1,3), for its second mma 16 + 4t + {...}.
 
 __device__ __forceinline__ u32 h2_pack(float lo, float hi) {
     u32 r;
@@ -393,20 +392,22 @@ __device__ __forceinline__ void mma16816(float d[4], const u32 a[4], u32 b0, u32
           "f"(c[2]), "f"(c[3]));
 }
 
-// Fused options as in mm_body: G (RMSNorm weight: x * G is rounded, inv_rms(row) scales
-// the total; the sum of squares comes from the unrounded x the lanes load anyway), act
-// (gated: a tile's rows 0..7 are gate columns, rows 8..15 the matching up columns), Res.
-template <int QT, int NT, int MT>
+// Fused options as in mm_body: G (RMSNorm weight: x * G is what gets rounded, inv_rms(row)
+// scales the total; the sum of squares comes from the unrounded x the lanes load anyway),
+// act (gated: a tile's rows 0..7 are gate columns, rows 8..15 the matching up columns), Res.
+template <int QT, int NT, int MT, int KW>
 __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long long row_bytes,
                                         int out_rows, int K, const float* __restrict__ X, int ldx,
                                         int n, float* __restrict__ Y, int ldy,
                                         const float* __restrict__ G, float eps,
-                                        const float* __restrict__ Res, int ldr, int act, int half) {
+                                        const float* __restrict__ Res, int ldr, int act, int half,
+                                        float* smem) {
     using T = TcTraits<QT>;
     constexpr int NV = NT * MT * 4;  // accumulators per lane
-    constexpr int U = 2;             // groups whose weights are loaded before any math
-    __shared__ float red[MT_WARPS - 1][NV][32];
-    __shared__ float ssr[MT_WARPS][NT][8];
+    constexpr int U = 1;             // units whose weights are loaded before any math
+    // smem (MT_SMEM floats, declared by the kernel so a pair launch shares it):
+    float (*red)[NV][32] = reinterpret_cast<float (*)[NV][32]>(smem);  // [KW - 1][NV][32]
+    float (*ssr)[NT][8] = reinterpret_cast<float (*)[NT][8]>(smem + (KW - 1) * NV * 32);  // [KW]
     const unsigned full = 0xffffffffu;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int gq = lane >> 2, t = lane & 3;
@@ -423,7 +424,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
         wr[mt][1] = W + (long long)hi * row_bytes;
     }
     bool norm = G != nullptr;
-    int ngrp = K >> 5;
+    int nunits = K >> 6;
     const u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
     const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int r0 = 0; r0 < n; r0 += 8 * NT) {
@@ -437,102 +438,117 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[nt][mt][c] = 0.0f;
         }
-        for (int gb = warp; gb < ngrp; gb += MT_WARPS * U) {
-            u32 a0[U][MT][4], a1[U][MT][4];
-            float s0[U][MT][2], s1[U][MT][2], mn[U][MT][2];
+        for (int ub = warp; ub < nunits; ub += KW * U) {
+            u32 a[U][2][2][MT][4];  // [unit][group][mma][tile][reg]
+            float s0[U][2][MT][2], s1[U][2][MT][2], mn[U][2][MT][2];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                int g = gb + MT_WARPS * u;
-                if (g >= ngrp) break;
+            for (int v = 0; v < U; ++v) {
+                int u = ub + KW * v;
+                if (u >= nunits) break;
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        u32 w0, w1, l0, h0, l1, h1;
-                        tc_frag<QT>(wr[mt][h], g, t, w0, w1, s0[u][mt][h], s1[u][mt][h], mn[u][mt][h]);
-                        codes_h2<T::off>(w0, l0, h0);
-                        codes_h2<T::off>(w1, l1, h1);
-                        a0[u][mt][h] = l0;
-                        a0[u][mt][2 + h] = h0;
-                        a1[u][mt][h] = l1;
-                        a1[u][mt][2 + h] = h1;
+                        u32 w[2][2];
+                        float ts0[2], ts1[2], tmn[2];
+                        tc_unit<QT>(wr[mt][h], u, t, w, ts0, ts1, tmn);
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            s0[v][i][mt][h] = ts0[i];
+                            s1[v][i][mt][h] = ts1[i];
+                            mn[v][i][mt][h] = tmn[i];
+#pragma unroll
+                            for (int j = 0; j < 2; ++j) {
+                                u32 lo, hi;
+                                codes_h2<T::off>(w[i][j], lo, hi);
+                                a[v][i][j][mt][h] = lo;      // a0 (row g) / a1 (row g + 8)
+                                a[v][i][j][mt][2 + h] = hi;  // a2 / a3
+                            }
+                        }
                     }
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                int g = gb + MT_WARPS * u;
-                if (g >= ngrp) break;
-                int k0 = 32 * g + 4 * t;
-                float gv[8];
+            for (int v = 0; v < U; ++v) {
+                int u = ub + KW * v;
+                if (u >= nunits) break;
+                int k0 = 64 * u + 4 * t;
+                float gv[16];
                 if (norm) {
-                    float4 ga = *reinterpret_cast<const float4*>(G + k0);
-                    float4 gb2 = *reinterpret_cast<const float4*>(G + k0 + 16);
-                    gv[0] = ga.x; gv[1] = ga.y; gv[2] = ga.z; gv[3] = ga.w;
-                    gv[4] = gb2.x; gv[5] = gb2.y; gv[6] = gb2.z; gv[7] = gb2.w;
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        float4 gg = *reinterpret_cast<const float4*>(G + k0 + 16 * q);
+                        gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
+                    }
                 }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     int row = r0 + nt * 8 + gq;
-                    float xv[8];
+                    float xv[16];  // elements k0 + 16q + e: group q >> 1, its mma q & 1
                     if (row < n) {
                         const float* xp = X + (long long)row * ldx + k0;
-                        float4 xa = *reinterpret_cast<const float4*>(xp);
-                        float4 xb = *reinterpret_cast<const float4*>(xp + 16);
-                        xv[0] = xa.x; xv[1] = xa.y; xv[2] = xa.z; xv[3] = xa.w;
-                        xv[4] = xb.x; xv[5] = xb.y; xv[6] = xb.z; xv[7] = xb.w;
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            float4 xx = *reinterpret_cast<const float4*>(xp + 16 * q);
+                            xv[4 * q] = xx.x; xv[4 * q + 1] = xx.y; xv[4 * q + 2] = xx.z; xv[4 * q + 3] = xx.w;
+                        }
                     } else {
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) xv[e] = 0.0f;
+                        for (int e = 0; e < 16; ++e) xv[e] = 0.0f;
                     }
                     if (norm) {
                         float q = ss[nt];
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) q = fmaf(xv[e], xv[e], q);
+                        for (int e = 0; e < 16; ++e) q = fmaf(xv[e], xv[e], q);
                         ss[nt] = q;
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) xv[e] = __fmul_rn(xv[e], gv[e]);
+                        for (int e = 0; e < 16; ++e) xv[e] = __fmul_rn(xv[e], gv[e]);
                     }
                     float mx = fabsf(xv[0]);
 #pragma unroll
-                    for (int e = 1; e < 8; ++e) mx = fmaxf(mx, fabsf(xv[e]));
+                    for (int e = 1; e < 16; ++e) mx = fmaxf(mx, fabsf(xv[e]));
                     mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
                     mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
                     int E = max((__float_as_int(mx) >> 23) & 0xFF, 15);
-                    float P = __int_as_float((268 - E) << 23);     // 2^(141 - E)
-                    float Pinv = __int_as_float((E - 14) << 23);   // 2^(E - 141)
-                    u32 b00 = h2_pack(__fmul_rn(xv[0], P), __fmul_rn(xv[2], P));
-                    u32 b01 = h2_pack(__fmul_rn(xv[1], P), __fmul_rn(xv[3], P));
-                    u32 b10 = h2_pack(__fmul_rn(xv[4], P), __fmul_rn(xv[6], P));
-                    u32 b11 = h2_pack(__fmul_rn(xv[5], P), __fmul_rn(xv[7], P));
+                    float P = __int_as_float((268 - E) << 23);    // 2^(141 - E)
+                    float Pinv = __int_as_float((E - 14) << 23);  // 2^(E - 141)
+                    u32 b[4][2];
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        b[q][0] = h2_pack(__fmul_rn(xv[4 * q], P), __fmul_rn(xv[4 * q + 2], P));
+                        b[q][1] = h2_pack(__fmul_rn(xv[4 * q + 1], P), __fmul_rn(xv[4 * q + 3], P));
+                    }
                     // D's columns are rows 2t and 2t+1 of the tile: their lanes gq = 2t, 2t+1
                     float pv[2] = {__shfl_sync(full, Pinv, 8 * t), __shfl_sync(full, Pinv, 8 * t + 4)};
-                    float sx[4];
-                    if constexpr (T::has_min) {
-                        mma16816(sx, ones, b00, b01, zero);
-                        mma16816(sx, ones, b10, b11, sx);
-                    }
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        if constexpr (T::split) {
-                            float d0[4], d1[4];
-                            mma16816(d0, a0[u][mt], b00, b01, zero);
-                            mma16816(d1, a1[u][mt], b10, b11, zero);
+                    for (int i = 0; i < 2; ++i) {
+                        float sx[4];
+                        if constexpr (T::has_min) {
+                            mma16816(sx, ones, b[2 * i][0], b[2 * i][1], zero);
+                            mma16816(sx, ones, b[2 * i + 1][0], b[2 * i + 1][1], sx);
+                        }
 #pragma unroll
-                            for (int c = 0; c < 4; ++c) {
-                                float p = pv[c & 1];
-                                float v = fmaf(__fmul_rn(s0[u][mt][c >> 1], p), d0[c], acc[nt][mt][c]);
-                                acc[nt][mt][c] = fmaf(__fmul_rn(s1[u][mt][c >> 1], p), d1[c], v);
-                            }
-                        } else {
-                            float d[4];
-                            mma16816(d, a0[u][mt], b00, b01, zero);
-                            mma16816(d, a1[u][mt], b10, b11, d);
+                        for (int mt = 0; mt < MT; ++mt) {
+                            if constexpr (T::split) {
+                                float d0[4], d1[4];
+                                mma16816(d0, a[v][i][0][mt], b[2 * i][0], b[2 * i][1], zero);
+                                mma16816(d1, a[v][i][1][mt], b[2 * i + 1][0], b[2 * i + 1][1], zero);
 #pragma unroll
-                            for (int c = 0; c < 4; ++c) {
-                                float p = pv[c & 1];
-                                float v = fmaf(__fmul_rn(s0[u][mt][c >> 1], p), d[c], acc[nt][mt][c]);
-                                if constexpr (T::has_min) v = fmaf(__fmul_rn(mn[u][mt][c >> 1], p), sx[c], v);
-                                acc[nt][mt][c] = v;
+                                for (int c = 0; c < 4; ++c) {
+                                    float p = pv[c & 1];
+                                    float y = fmaf(__fmul_rn(s0[v][i][mt][c >> 1], p), d0[c], acc[nt][mt][c]);
+                                    acc[nt][mt][c] = fmaf(__fmul_rn(s1[v][i][mt][c >> 1], p), d1[c], y);
+                                }
+                            } else {
+                                float d[4];
+                                mma16816(d, a[v][i][0][mt], b[2 * i][0], b[2 * i][1], zero);
+                                mma16816(d, a[v][i][1][mt], b[2 * i + 1][0], b[2 * i + 1][1], d);
+#pragma unroll
+                                for (int c = 0; c < 4; ++c) {
+                                    float p = pv[c & 1];
+                                    float y = fmaf(__fmul_rn(s0[v][i][mt][c >> 1], p), d[c], acc[nt][mt][c]);
+                                    if constexpr (T::has_min) y = fmaf(__fmul_rn(mn[v][i][mt][c >> 1], p), sx[c], y);
+                                    acc[nt][mt][c] = y;
+                                }
                             }
                         }
                     }
@@ -566,7 +582,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                     for (int i = 0; i < 2; ++i) {
                         float q = ssr[0][nt][2 * t + i];
 #pragma unroll
-                        for (int w = 1; w < MT_WARPS; ++w) q = __fadd_rn(q, ssr[w][nt][2 * t + i]);
+                        for (int w = 1; w < KW; ++w) q = __fadd_rn(q, ssr[w][nt][2 * t + i]);
                         float ms = __fdiv_rn(q, (float)K);
                         inv[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
                     }
@@ -578,7 +594,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                     for (int c = 0; c < 4; ++c) {
                         float s = acc[nt][mt][c];
 #pragma unroll
-                        for (int w = 1; w < MT_WARPS; ++w) s = __fadd_rn(s, red[w - 1][(nt * MT + mt) * 4 + c][lane]);
+                        for (int w = 1; w < KW; ++w) s = __fadd_rn(s, red[w - 1][(nt * MT + mt) * 4 + c][lane]);
                         v[c] = norm ? __fmul_rn(s, inv[c & 1]) : s;
                     }
                     int base = col0 + mt * per_tile + gq;
@@ -610,38 +626,47 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
     }
 }
 
-#define MT_KERNEL(NAME, QT, NT, MT)                                                             \
-    extern "C" __global__ void __launch_bounds__(MT_WARPS * 32)                                \
-        mt_##NAME##_n##NT##_m##MT(const u8* W, long long row_bytes, int out_rows, int K,       \
-                                  const float* X, int ldx, int n, float* Y, int ldy,           \
-                                  const float* G, float eps, const float* Res, int ldr,        \
-                                  int act, int half) {                                         \
-        mt_body<QT, NT, MT>(blockIdx.x, W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps,  \
-                            Res, ldr, act, half);                                              \
+#define MT_SMEM(NT, MT, KW) ((KW - 1) * NT * MT * 4 * 32 + KW * NT * 8)
+#define MT_KERNEL(NAME, QT, NT, MT, KW)                                                         \
+    extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
+        mt_##NAME##_n##NT##_m##MT##_w##KW(const u8* W, long long row_bytes, int out_rows, int K, \
+                                          const float* X, int ldx, int n, float* Y, int ldy,   \
+                                          const float* G, float eps, const float* Res, int ldr, \
+                                          int act, int half) {                                 \
+        __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
+        mt_body<QT, NT, MT, KW>(blockIdx.x, W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G,   \
+                                eps, Res, ldr, act, half, smem);                               \
     }
 
 // Two segments of one fused weight in one launch (as MM2_KERNEL): blocks [0, nblk_a) run
 // segment a's columns with a's mt_body, the rest segment b's.
-#define MT2_KERNEL(NA, QA, NB, QB, NT, MT)                                                      \
-    extern "C" __global__ void __launch_bounds__(MT_WARPS * 32) mt2_##NA##_##NB##_n##NT##_m##MT( \
-        const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,      \
-        int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,      \
-        const float* G, float eps, const float* Ra, const float* Rb, int ldr) {                \
+#define MT2_KERNEL(NA, QA, NB, QB, NT, MT, KW)                                                  \
+    extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
+        mt2_##NA##_##NB##_n##NT##_m##MT##_w##KW(                                                \
+            const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,  \
+            int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
+            const float* G, float eps, const float* Ra, const float* Rb, int ldr) {            \
+        __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
         if ((int)blockIdx.x < nblk_a)                                                          \
-            mt_body<QA, NT, MT>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, Ra, \
-                                ldr, 0, rows_a);                                               \
+            mt_body<QA, NT, MT, KW>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, \
+                                    Ra, ldr, 0, rows_a, smem);                                 \
         else                                                                                   \
-            mt_body<QB, NT, MT>(blockIdx.x - nblk_a, Wb, rbb, rows_b, K, X, ldx, n, Yb, ldy, G, \
-                                eps, Rb, ldr, 0, rows_b);                                      \
+            mt_body<QB, NT, MT, KW>(blockIdx.x - nblk_a, Wb, rbb, rows_b, K, X, ldx, n, Yb, ldy, \
+                                    G, eps, Rb, ldr, 0, rows_b, smem);                         \
     }
 
+// KW (warps splitting K) 4 with one or two 16-column tiles per warp; 8 and 16 (narrow
+// weights with long rows) with one tile. NT 1, 2, 4 eight-row tiles per pass.
+#define MT_ALL_NT(K_, NAME, QT, NT)                                                             \
+    K_(NAME, QT, NT, 1, 4) K_(NAME, QT, NT, 2, 4) K_(NAME, QT, NT, 1, 8) K_(NAME, QT, NT, 1, 16)
 #define MT_ALL(NAME, QT)                                                                        \
-    MT_KERNEL(NAME, QT, 1, 1) MT_KERNEL(NAME, QT, 1, 2) MT_KERNEL(NAME, QT, 2, 1)               \
-    MT_KERNEL(NAME, QT, 2, 2) MT_KERNEL(NAME, QT, 4, 1) MT_KERNEL(NAME, QT, 4, 2)
+    MT_ALL_NT(MT_KERNEL, NAME, QT, 1) MT_ALL_NT(MT_KERNEL, NAME, QT, 2)                          \
+    MT_ALL_NT(MT_KERNEL, NAME, QT, 4)
+#define MT2_ALL_NT(NA, QA, NB, QB, NT)                                                          \
+    MT2_KERNEL(NA, QA, NB, QB, NT, 1, 4) MT2_KERNEL(NA, QA, NB, QB, NT, 2, 4)                   \
+    MT2_KERNEL(NA, QA, NB, QB, NT, 1, 8) MT2_KERNEL(NA, QA, NB, QB, NT, 1, 16)
 #define MT2_ALL(NA, QA, NB, QB)                                                                 \
-    MT2_KERNEL(NA, QA, NB, QB, 1, 1) MT2_KERNEL(NA, QA, NB, QB, 1, 2)                           \
-    MT2_KERNEL(NA, QA, NB, QB, 2, 1) MT2_KERNEL(NA, QA, NB, QB, 2, 2)                           \
-    MT2_KERNEL(NA, QA, NB, QB, 4, 1) MT2_KERNEL(NA, QA, NB, QB, 4, 2)
+    MT2_ALL_NT(NA, QA, NB, QB, 1) MT2_ALL_NT(NA, QA, NB, QB, 2) MT2_ALL_NT(NA, QA, NB, QB, 4)
 
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>

@@ -307,11 +307,14 @@ __device__ __forceinline__ void codes8<QT_Q6_K>(const u8* row, int c, float q[8]
 }
 
 // ---- tensor-core fragments (kernels.cu mt_body) ----
-// One 32-weight group g of a row (elements [32g, 32g + 32)) as two words of four code
-// bytes each, in "offset" form (byte = code + TcTraits::off, 0..255) for the mma k-slots
-// a lane owns: w0 holds elements 32g + 4t .. +3, w1 elements 32g + 16 + 4t .. +3
-// (t = lane & 3). s0 scales w0's codes, s1 w1's (equal unless the type has a scale per
-// 16 weights), mn is the group's min (w = s * code + mn) for the types that have one.
+// One 64-weight unit u of a row (elements [64u, 64u + 64)) = two 32-weight groups i = 0, 1,
+// each as two words of four code bytes in "offset" form (byte = code + TcTraits::off,
+// 0..255) for the mma k-slots lane t (= lane & 3) owns: w[i][0] holds elements
+// 64u + 32i + 4t .. +3, w[i][1] elements 64u + 32i + 16 + 4t .. +3. s0[i] scales w[i][0]'s
+// codes, s1[i] w[i][1]'s (equal unless the type has a scale per 16 weights); mn[i] is the
+// group's min (w = s * code + mn) for the types that have one. A unit's loads are shared
+// by its two groups where the layout allows (Q4_K: one word holds both sub-blocks'
+// nibbles; Q6_K: the high bits of quarters q and q+1 share bytes).
 template <int QT>
 struct TcTraits { static constexpr bool ok = false; };
 template <> struct TcTraits<QT_Q4_0> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 8; };
@@ -321,70 +324,92 @@ template <> struct TcTraits<QT_Q4_K> { static constexpr bool ok = true, split = 
 template <> struct TcTraits<QT_Q6_K> { static constexpr bool ok = true, split = true, has_min = false; static constexpr int off = 32; };
 
 template <int QT>
-__device__ __forceinline__ void tc_frag(const u8* row, int g, int t, u32& w0, u32& w1, float& s0,
-                                        float& s1, float& mn);
+__device__ __forceinline__ void tc_unit(const u8* row, int u, int t, u32 w[2][2], float s0[2],
+                                        float s1[2], float mn[2]);
 
 template <>
-__device__ __forceinline__ void tc_frag<QT_Q4_0>(const u8* row, int g, int t, u32& w0, u32& w1,
-                                                 float& s0, float& s1, float& mn) {
-    const u8* blk = row + (long long)g * 18;
-    u32 v = ld32u(blk + 2 + 4 * t);  // elements j < 16: low nibble of byte j, j >= 16: high
-    w0 = v & 0x0F0F0F0Fu;
-    w1 = (v >> 4) & 0x0F0F0F0Fu;
-    s0 = s1 = ldh(blk);
-    mn = 0.0f;
+__device__ __forceinline__ void tc_unit<QT_Q4_0>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u8* blk = row + (long long)(2 * u + i) * 18;
+        u32 v = ld32u(blk + 2 + 4 * t);  // element j < 16: low nibble of byte j, j >= 16: high
+        w[i][0] = v & 0x0F0F0F0Fu;
+        w[i][1] = (v >> 4) & 0x0F0F0F0Fu;
+        s0[i] = s1[i] = ldh(blk);
+        mn[i] = 0.0f;
+    }
 }
 
 template <>
-__device__ __forceinline__ void tc_frag<QT_Q4_1>(const u8* row, int g, int t, u32& w0, u32& w1,
-                                                 float& s0, float& s1, float& mn) {
-    const u8* blk = row + (long long)g * 20;  // 4-aligned
-    u32 dm = *reinterpret_cast<const u32*>(blk);
-    u32 v = *reinterpret_cast<const u32*>(blk + 4 + 4 * t);
-    w0 = v & 0x0F0F0F0Fu;
-    w1 = (v >> 4) & 0x0F0F0F0Fu;
-    s0 = s1 = h2f((u16)(dm & 0xFFFF));
-    mn = h2f((u16)(dm >> 16));
+__device__ __forceinline__ void tc_unit<QT_Q4_1>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u8* blk = row + (long long)(2 * u + i) * 20;  // 4-aligned
+        u32 dm = *reinterpret_cast<const u32*>(blk);
+        u32 v = *reinterpret_cast<const u32*>(blk + 4 + 4 * t);
+        w[i][0] = v & 0x0F0F0F0Fu;
+        w[i][1] = (v >> 4) & 0x0F0F0F0Fu;
+        s0[i] = s1[i] = h2f((u16)(dm & 0xFFFF));
+        mn[i] = h2f((u16)(dm >> 16));
+    }
 }
 
 template <>
-__device__ __forceinline__ void tc_frag<QT_Q8_0>(const u8* row, int g, int t, u32& w0, u32& w1,
-                                                 float& s0, float& s1, float& mn) {
-    const u8* blk = row + (long long)g * 34;
-    w0 = ld32u(blk + 2 + 4 * t) ^ 0x80808080u;  // signed codes + 128
-    w1 = ld32u(blk + 18 + 4 * t) ^ 0x80808080u;
-    s0 = s1 = ldh(blk);
-    mn = 0.0f;
+__device__ __forceinline__ void tc_unit<QT_Q8_0>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u8* blk = row + (long long)(2 * u + i) * 34;
+        w[i][0] = ld32u(blk + 2 + 4 * t) ^ 0x80808080u;  // signed codes + 128
+        w[i][1] = ld32u(blk + 18 + 4 * t) ^ 0x80808080u;
+        s0[i] = s1[i] = ldh(blk);
+        mn[i] = 0.0f;
+    }
 }
 
 template <>
-__device__ __forceinline__ void tc_frag<QT_Q4_K>(const u8* row, int g, int t, u32& w0, u32& w1,
-                                                 float& s0, float& s1, float& mn) {
-    const u8* blk = row + (long long)(g >> 3) * 144;  // 16-aligned
-    int sub = g & 7, j = sub >> 1, shift = (sub & 1) * 4;
+__device__ __forceinline__ void tc_unit<QT_Q4_K>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+    const u8* blk = row + (long long)(u >> 2) * 144;  // 16-aligned
+    int j = u & 3;  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles) of 32 bytes
     u32 dd = *reinterpret_cast<const u32*>(blk);
-    int sc, m;
-    scale_min_k4(sub, blk + 4, sc, m);
     const u8* qs = blk + 16 + 32 * j + 4 * t;
-    w0 = (*reinterpret_cast<const u32*>(qs) >> shift) & 0x0F0F0F0Fu;
-    w1 = (*reinterpret_cast<const u32*>(qs + 16) >> shift) & 0x0F0F0F0Fu;
-    s0 = s1 = __fmul_rn(h2f((u16)(dd & 0xFFFF)), small_f((u32)sc));
-    mn = -__fmul_rn(h2f((u16)(dd >> 16)), small_f((u32)m));
+    u32 v0 = *reinterpret_cast<const u32*>(qs), v1 = *reinterpret_cast<const u32*>(qs + 16);
+    w[0][0] = v0 & 0x0F0F0F0Fu;
+    w[0][1] = v1 & 0x0F0F0F0Fu;
+    w[1][0] = (v0 >> 4) & 0x0F0F0F0Fu;
+    w[1][1] = (v1 >> 4) & 0x0F0F0F0Fu;
+    float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int sc, m;
+        scale_min_k4(2 * j + i, blk + 4, sc, m);
+        s0[i] = s1[i] = __fmul_rn(d, small_f((u32)sc));
+        mn[i] = -__fmul_rn(dmin, small_f((u32)m));
+    }
 }
 
 template <>
-__device__ __forceinline__ void tc_frag<QT_Q6_K>(const u8* row, int g, int t, u32& w0, u32& w1,
-                                                 float& s0, float& s1, float& mn) {
-    const u8* blk = row + (long long)(g >> 3) * 210;  // 2-aligned
-    int gi = g & 7, half = gi >> 2, quarter = gi & 3;
-    const u8* ql = blk + 64 * half + ((quarter & 1) ? 32 : 0) + 4 * t;
+__device__ __forceinline__ void tc_unit<QT_Q6_K>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+    const u8* blk = row + (long long)(u >> 2) * 210;  // 2-aligned
+    int half = (u >> 1) & 1, q0 = 2 * (u & 1);        // quarters q0, q0 + 1 of this half
+    const u8* ql = blk + 64 * half + 4 * t;
     const u8* qh = blk + 128 + 32 * half + 4 * t;
-    int lshift = (quarter >> 1) * 4, hshift = quarter * 2;
-    w0 = ((ld32u(ql) >> lshift) & 0x0F0F0F0Fu) | (((ld32u(qh) >> hshift) & 0x03030303u) << 4);
-    w1 = ((ld32u(ql + 16) >> lshift) & 0x0F0F0F0Fu) | (((ld32u(qh + 16) >> hshift) & 0x03030303u) << 4);
-    u32 sb = (u32)*reinterpret_cast<const u16*>(blk + 192 + 8 * half + 2 * quarter) ^ 0x8080u;  // two signed scales + 128
+    int lshift = (q0 >> 1) * 4;
+    u32 h0 = ld32u(qh), h1 = ld32u(qh + 16);  // both quarters' high bits
+    u32 sb = ld32u(blk + 192 + 8 * half + 2 * q0) ^ 0x80808080u;  // 4 signed scales + 128
     float d = ldh(blk + 208);
-    s0 = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | (sb & 0xFF)), MAGIC + 128.0f));
-    s1 = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> 8) & 0xFF)), MAGIC + 128.0f));
-    mn = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int q = q0 + i, hshift = 2 * q;
+        const u8* l = ql + ((q & 1) ? 32 : 0);
+        w[i][0] = ((ld32u(l) >> lshift) & 0x0F0F0F0Fu) | (((h0 >> hshift) & 0x03030303u) << 4);
+        w[i][1] = ((ld32u(l + 16) >> lshift) & 0x0F0F0F0Fu) | (((h1 >> hshift) & 0x03030303u) << 4);
+        s0[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i)) & 0xFF)), MAGIC + 128.0f));
+        s1[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i + 8)) & 0xFF)), MAGIC + 128.0f));
+        mn[i] = 0.0f;
+    }
 }
