@@ -121,6 +121,29 @@ def test_online_cost_updates_change_choice() -> None:
     assert c.choose(d, 100, 500) == 0
 
 
+def test_contention_burst_does_not_stop_drafting_for_good() -> None:
+    """A burst of slow multi-row forwards talks the controller out of drafting; once the
+    burst is over and only one-row steps are observed (it no longer drafts, so nothing
+    else is), the inflated cells go back to their start-up values and drafting resumes."""
+    cost = linear_cost(0.05, t1=0.01)
+    c = DraftController(cost)
+    d = draft(16, 24)
+    k0 = c.choose(d, 100, 500)
+    assert k0 >= 8
+    for _ in range(10):  # contention: every multi-row forward takes a full step per row
+        for r in range(2, 18):
+            c.observe_cost(r, 100, 0.01 * r)
+    assert c.choose(d, 100, 500) == 0
+    stuck = 0
+    for step in range(VerifyCost.STALE_AFTER + 64):  # quiet again: plain steps only
+        c.observe_cost(1, 100, 0.01)
+        if step < VerifyCost.STALE_AFTER - 64:
+            stuck += c.choose(d, 100, 500) == 0
+    assert stuck == VerifyCost.STALE_AFTER - 64  # the burst did stick while it was recent
+    assert cost.ratio(17, 100) == pytest.approx(1.0 + 0.05 * 16)
+    assert c.choose(d, 100, 500) == k0
+
+
 def test_verify_cost_measure_interpolates_and_is_robust() -> None:
     calls = []
 

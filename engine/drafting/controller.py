@@ -67,8 +67,11 @@ class VerifyCost:
         # The start-up measurement counts as a few observations: one stray online timing
         # cannot move the median, a sustained change replaces it after ~window/2 rounds.
         seed = max(1, window // 3)
+        self._seed_count = seed
+        self._seed = [[float(t) for t in row] for row in times]
         self._obs = [[deque([float(t)] * seed, maxlen=window) for t in row] for row in times]
         self._t = [[float(t) for t in row] for row in times]
+        self._last_seen = [[0] * len(row) for row in times]
         self._t_used = [row[:] for row in self._t]  # the values the caches were built from
         self._cache: dict[int, list[float]] = {}
         self._ratio_cache: dict[tuple[int, int], list[float]] = {}
@@ -123,6 +126,13 @@ class VerifyCost:
             self._ratio_cache[key] = out
         return out
 
+    #: Observations (of any cell) after which a cell nobody measured goes back to its
+    #: start-up value. Why: a burst of contention (a build, another process on the second
+    #: core) slows multi-row forwards most, the cells it inflated make the controller stop
+    #: choosing those row counts, and a cell that is never chosen is never re-measured —
+    #: seen: Gemma copy traffic stuck at 1.9x instead of 3.3x for a whole benchmark run.
+    STALE_AFTER = 256
+
     # ----- online updates -----
     def observe(self, rows: int, ctx: int, seconds: float) -> None:
         """Record one measured whole forward of ``rows`` rows at context ``ctx``."""
@@ -139,12 +149,30 @@ class VerifyCost:
         m = median(cell)
         self._t[ri][ci] = m
         self.observations += 1
+        self._last_seen[ri][ci] = self.observations
+        if self.observations % 64 == 0:
+            self._revert_stale()
         # Every round observes; rebuild the cached curves only on a real move (> 1%).
         used = self._t_used[ri][ci]
         if abs(m - used) > 0.01 * used:
             self._cache.clear()
             self._ratio_cache.clear()
             self._t_used = [row[:] for row in self._t]
+
+    def _revert_stale(self) -> None:
+        """Cells unobserved for STALE_AFTER observations forget their online values."""
+        moved = False
+        for ri, row in enumerate(self._t):
+            for ci, t in enumerate(row):
+                seed = self._seed[ri][ci]
+                if t != seed and self.observations - self._last_seen[ri][ci] >= self.STALE_AFTER:
+                    self._obs[ri][ci] = deque([seed] * self._seed_count, maxlen=self.window)
+                    row[ci] = seed
+                    moved = True
+        if moved:
+            self._cache.clear()
+            self._ratio_cache.clear()
+            self._t_used = [r[:] for r in self._t]
 
     # ----- internals -----
     def _times_at(self, ctx: int) -> list[float]:
