@@ -35,7 +35,11 @@ REL_TOL = 2e-6
 
 @pytest.fixture(scope="module")
 def cb() -> CupyBackend:
-    return CupyBackend()
+    """The CUDA-core (fp32) kernels: the tensor-core products (f16 inputs, own bounds) are
+    tested by the tests that use ``tensor_on`` below."""
+    b = CupyBackend()
+    b.tensor_products = False
+    return b
 
 
 @pytest.fixture(scope="module")

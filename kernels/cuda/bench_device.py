@@ -243,13 +243,17 @@ TC = False
 def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3) -> list[str]:
     """Engine path (forward + argmax) at each k for both product policies, interleaved
     ``rounds`` times with fresh graphs each switch; median of the round medians."""
-    keep = b.tensor_products
-    configs = {"cuda-core": False, "tensor": True}
+    keep = b.tensor_products, b.tensor_max_in, b.tensor_max_cols
+    configs = {  # (flag, max_in, max_cols)
+        "cuda-core": (False, 0, 0),
+        "tensor": (True, 10**9, 10**9),  # every supported weight
+        "default": (True, keep[1], keep[2]),  # the backend's shape limits
+    }
     times = {(c, k): [] for c in configs for k in ks}
     picks: dict[str, set[int]] = {c: set() for c in configs}
     for _ in range(rounds):
-        for name, flag in configs.items():
-            b.tensor_products = flag
+        for name, policy in configs.items():
+            b.tensor_products, b.tensor_max_in, b.tensor_max_cols = policy
             b.drop_graphs()
             for k in ks:
                 ids = prompt[-k:]
@@ -261,7 +265,7 @@ def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], r
                 run()
                 picks[name].add(int(run()[-1]))
                 times[(name, k)].append(median_time(run, reps))
-    b.tensor_products = keep
+    b.tensor_products, b.tensor_max_in, b.tensor_max_cols = keep
     b.drop_graphs()
     med = {key: statistics.median(v) for key, v in times.items()}
     base = med[("cuda-core", ks[0])]
@@ -325,13 +329,14 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
         }
         parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in ops.items()]
         lines.append(f"  ops n={n:<2d} (us): " + ", ".join(parts))
-        if TC:  # the products on the tensor cores
-            keep_tc = b.tensor_products
-            b.tensor_products = True
+        if TC:  # the products on the tensor cores (every supported weight) / CUDA cores
+            keep_tc = b.tensor_products, b.tensor_max_in, b.tensor_max_cols
             mm = {k: v for k, v in ops.items() if "," in k or "+" in k}
-            parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
-            lines.append(f"  ops n={n:<2d} tensor (us): " + ", ".join(parts))
-            b.tensor_products = keep_tc
+            for label, policy in (("tensor", (True, 10**9, 10**9)), ("cuda-core", (False, 0, 0))):
+                b.tensor_products, b.tensor_max_in, b.tensor_max_cols = policy
+                parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
+                lines.append(f"  ops n={n:<2d} {label} (us): " + ", ".join(parts))
+            b.tensor_products, b.tensor_max_in, b.tensor_max_cols = keep_tc
         if AB:  # the products with round-4 kernels (plain, two launches) for comparison
             keep = b.factored_products, b.fuse_segment_pairs
             b.factored_products = b.fuse_segment_pairs = False
