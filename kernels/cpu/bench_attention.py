@@ -109,7 +109,7 @@ def key_store_ab(model: str, reps: int = 40) -> None:
 
     m = Engine.load(model).model
     b = m.backend
-    ids = [int(i) for i in np.random.default_rng(0).integers(100, 1000, 1100)]
+    ids = [int(i) for i in np.random.default_rng(0).integers(100, 1000, 2100)]
 
     def cache(store: bool) -> KVCache:
         if not store:  # the row-major storage the backend used before the key store
