@@ -351,6 +351,31 @@ def test_attention_batch_invariant(cb, ref, rng, hd, window):
     assert np.array_equal(again, full)
 
 
+@pytest.mark.parametrize("heads,kvh,hd,window", [(9, 3, 64, 0), (12, 2, 128, 300)])
+def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, window):
+    """Items per attention block (warps looping over several (row, head) items) is a speed
+    choice: any value gives the same bits, and matches numpy."""
+    cap, length, k = 1024, 1000, 16
+    kc, vc, kr, vr = _fill_cache(cb, ref, rng, cap, kvh, hd, length)
+    positions = np.arange(length - k, length)
+    qh = rng.standard_normal((k, heads, hd)).astype(np.float32)
+    q = cupy.asarray(qh)
+    scale = 1.0 / math.sqrt(hd)
+    keep = cb.attn_items
+    try:
+        out = {}
+        for items in (8, 1, 5, 16, 24, 48, 64):
+            cb.attn_items = items
+            poison()
+            out[items] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
+            assert np.array_equal(out[items], out[8]), f"{items} items per block differ"
+            one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
+            assert np.array_equal(one[0], out[8][3])
+        assert rel_err(out[8], ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
+    finally:
+        cb.attn_items = keep
+
+
 def test_rms_norm_rope_and_elementwise(cb, ref, rng):
     x = rng.standard_normal((7, 6, 64)).astype(np.float32) * 3
     wv = rng.standard_normal(64).astype(np.float32)

@@ -47,7 +47,6 @@ _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
 _ROW_TILES = (1, 2, 4, 8, 16)  # rows per pass the matmul kernels are built for
 _COLS_PER_WARP = 4  # output columns per warp for wide launches (kernels.cu MM_KERNEL)
 _ACT = {"silu": 1, "gelu": 2}  # kernels.cu act_glu
-_ATTN_ITEMS = 8  # (row, head) items per attention block: kernels.cu ATTN_ITEMS
 
 
 @dataclass
@@ -140,6 +139,9 @@ class CupyBackend(Backend):
     tensor_wide_min_blocks = 4
     #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
     tensor_min_warps_per_sm = 8
+    #: (row, head) items of one GQA group per attention block (its 8 warps loop over
+    #: them): a speed choice only, each item computes alike in any block (round 6 sweep)
+    attn_items = 8
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split = 32
 
@@ -586,8 +588,9 @@ class CupyBackend(Backend):
         lpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
         group = heads // kvh
         items = n * group
-        chunks = (items + _ATTN_ITEMS - 1) // _ATTN_ITEMS
-        smem = (split * (2 * hd + 1) + min(items, _ATTN_ITEMS) * hd) * 4
+        per_block = self.attn_items
+        chunks = (items + per_block - 1) // per_block
+        smem = (split * (2 * hd + 1) + min(items, per_block) * hd) * 4
         part = self._k(f"attn_partial_d{hd // 32}")
         if part.max_dynamic_shared_size_bytes < smem:
             part.max_dynamic_shared_size_bytes = smem
@@ -610,6 +613,7 @@ class CupyBackend(Backend):
                 opart,
                 mpart,
                 lpart,
+                _i32(per_block),
             ),
             shared_mem=smem,
         )

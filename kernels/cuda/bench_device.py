@@ -267,9 +267,9 @@ def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], r
                 times[(name, k)].append(median_time(run, reps))
     b.tensor_products, b.tensor_max_in, b.tensor_max_cols = keep
     b.drop_graphs()
+    lines = attn_items_ab(b, model, cache, context, prompt, reps, rounds)
     med = {key: statistics.median(v) for key, v in times.items()}
     base = med[("cuda-core", ks[0])]
-    lines = []
     for name in configs:
         t1 = med[(name, ks[0])]
         parts = " ".join(f"k={k}:{med[(name, k)] * 1e3:.3f}ms(x{med[(name, k)] / t1:.2f})" for k in ks)
@@ -278,6 +278,33 @@ def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], r
             f"{parts} | ids {sorted(picks[name])}"
         )
     return lines
+
+
+def attn_items_ab(b, model, cache, context: int, prompt, reps: int, rounds: int) -> list[str]:
+    """Engine path at k = 1, 8, 16 with 8 vs 48 attention items per block, interleaved."""
+    keep = b.attn_items
+    ks = (1, 8, 16)
+    times: dict[tuple[int, int], list[float]] = {(a, k): [] for a in (8, 48) for k in ks}
+    for _ in range(rounds):
+        for items in (8, 48):
+            b.attn_items = items
+            b.drop_graphs()
+            for k in ks:
+                ids = prompt[-k:]
+
+                def run(ids=ids) -> np.ndarray:
+                    cache.truncate(context)
+                    return b.argmax(model.forward(ids, cache, all_logits=True))
+
+                run()
+                times[(items, k)].append(median_time(run, reps))
+    b.attn_items = keep
+    b.drop_graphs()
+    med = {key: statistics.median(v) for key, v in times.items()}
+    return [
+        f"  attn items {a:<2d}: " + " ".join(f"k={k}:{med[(a, k)] * 1e3:.3f}ms" for k in ks)
+        for a in (8, 48)
+    ]
 
 
 def graph_op_time(b, fn, reps: int = 20, iters: int = 20) -> float:
@@ -344,6 +371,14 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
             parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in mm.items()]
             lines.append(f"  ops n={n:<2d} plain,2-launch (us): " + ", ".join(parts))
             b.factored_products, b.fuse_segment_pairs = keep
+        if TC:  # attention (row, head) items per block: a speed choice only
+            keep_items = b.attn_items
+            parts = []
+            for items in (8, 16, 24, 48):
+                b.attn_items = items
+                parts.append(f"{items} {graph_op_time(b, ops['attention']) * 1e6:.1f}")
+            b.attn_items = keep_items
+            lines.append(f"  attention n={n:<2d} items per block (us): " + ", ".join(parts))
         if QUICK:
             continue
         keep_split = b.attn_split

@@ -805,21 +805,23 @@ extern "C" __global__ void write_cache(float* cache, const float* rows, int ldr,
 // z*8 .. z*8+7; warp w takes item z*8+w and writes that split's unnormalized output,
 // max and sum. S (keys per split) is fixed per backend. A row's arithmetic does not
 // depend on which block or warp computes it: the same for every row count.
-// Shared: K tile S x (hd+1) (padded: lanes read different keys), V tile S x hd, q 8 x hd.
+// Shared: K tile S x (hd+1) (padded: lanes read different keys), V tile S x hd, q per_block x hd.
 // DPL = hd / 32 dims per lane, a compile-time constant (no predicated-off work).
-#define ATTN_ITEMS 8
+// A block stages one split's K/V for up to `per_block` (row, head) items of one GQA group
+// (chosen by the backend); its 8 warps take items w, w + 8, ... Each item's arithmetic is
+// the same whichever block or warp runs it, so per_block changes no bits.
 template <int DPL>
 __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const float* Kc,
                                                   const float* Vc, const int* pos, int n, int H,
                                                   int KVH, int S, int window, float scale,
                                                   int nsplit, float* Opart, float* Mpart,
-                                                  float* Lpart) {
+                                                  float* Lpart, int per_block) {
     constexpr int hd = DPL * 32;
     extern __shared__ float smem[];
     int s = blockIdx.x, g = blockIdx.y;
     int group = H / KVH;
-    int item0 = blockIdx.z * ATTN_ITEMS;
-    int items = min(ATTN_ITEMS, n * group - item0);
+    int item0 = blockIdx.z * per_block;
+    int items = min(per_block, n * group - item0);
     int j0 = s * S;
     int pmax = -1;
     for (int it = 0; it < items; ++it) pmax = max(pmax, pos[(item0 + it) / group]);
@@ -847,80 +849,81 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
         *reinterpret_cast<float4*>(Vs + jj * hd + d) = vv;
     }
     __syncthreads();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp >= items) return;
-    int item = item0 + warp;
-    int i = item / group, h = g * group + item % group;
-    int p = pos[i];
-    int lo = window > 0 ? max(0, p - window + 1) : 0;
-    if (j0 > p || j0 + S <= lo) return;  // this split is outside row i's range
-    const float* q = Qs + warp * hd;
-    int kpl = S >> 5;  // keys per lane, <= 4
-    float sc[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    float m = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        if (u >= kpl) break;
-        int jj = lane + 32 * u, j = j0 + jj;
-        float v = -INFINITY;
-        if (j >= lo && j <= p) {
-            // four independent chains (dims d % 4), summed in a fixed order
-            const float* kr = Ks + jj * (hd + 1);
-            const float4* q4 = reinterpret_cast<const float4*>(q);
-            float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-#pragma unroll 8
-            for (int e = 0; e < hd4; ++e) {
-                float4 qq = q4[e];
-                d0 = fmaf(qq.x, kr[4 * e], d0);
-                d1 = fmaf(qq.y, kr[4 * e + 1], d1);
-                d2 = fmaf(qq.z, kr[4 * e + 2], d2);
-                d3 = fmaf(qq.w, kr[4 * e + 3], d3);
+    int lane = threadIdx.x & 31;
+    for (int w = threadIdx.x >> 5; w < items; w += 8) {
+        int item = item0 + w;
+        int i = item / group, h = g * group + item % group;
+        int p = pos[i];
+        int lo = window > 0 ? max(0, p - window + 1) : 0;
+        if (j0 > p || j0 + S <= lo) continue;  // this split is outside row i's range
+        const float* q = Qs + w * hd;
+        int kpl = S >> 5;  // keys per lane, <= 4
+        float sc[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        float m = -INFINITY;
+    #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (u >= kpl) break;
+            int jj = lane + 32 * u, j = j0 + jj;
+            float v = -INFINITY;
+            if (j >= lo && j <= p) {
+                // four independent chains (dims d % 4), summed in a fixed order
+                const float* kr = Ks + jj * (hd + 1);
+                const float4* q4 = reinterpret_cast<const float4*>(q);
+                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+    #pragma unroll 8
+                for (int e = 0; e < hd4; ++e) {
+                    float4 qq = q4[e];
+                    d0 = fmaf(qq.x, kr[4 * e], d0);
+                    d1 = fmaf(qq.y, kr[4 * e + 1], d1);
+                    d2 = fmaf(qq.z, kr[4 * e + 2], d2);
+                    d3 = fmaf(qq.w, kr[4 * e + 3], d3);
+                }
+                float dot = __fadd_rn(__fadd_rn(d0, d1), __fadd_rn(d2, d3));
+                v = __fmul_rn(dot, scale);
             }
-            float dot = __fadd_rn(__fadd_rn(d0, d1), __fadd_rn(d2, d3));
-            v = __fmul_rn(dot, scale);
+            sc[u] = v;
+            m = fmaxf(m, v);
         }
-        sc[u] = v;
-        m = fmaxf(m, v);
-    }
-    m = warp_max(m);
-    float l = 0.0f;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        if (u >= kpl) break;
-        sc[u] = sc[u] == -INFINITY ? 0.0f : expf(__fsub_rn(sc[u], m));
-        l = __fadd_rn(l, sc[u]);
-    }
-    l = warp_sum(l);
-    long long base = ((long long)i * H + h) * nsplit + s;
-    float acc[DPL];
-#pragma unroll
-    for (int e = 0; e < DPL; ++e) acc[e] = 0.0f;
-    int jlast = min(jn, p + 1 - j0);
-#pragma unroll 4
-    for (int jj = max(0, lo - j0); jj < jlast; ++jj) {
-        // weight of key jj lives in lane jj % 32, slot jj / 32 (no dynamic register index)
-        int slot = jj >> 5;
-        float mine = slot == 0 ? sc[0] : slot == 1 ? sc[1] : slot == 2 ? sc[2] : sc[3];
-        float pj = __shfl_sync(0xffffffffu, mine, jj & 31);
-        const float* vr = Vs + jj * hd + lane;
-#pragma unroll
-        for (int e = 0; e < DPL; ++e) acc[e] = fmaf(pj, vr[32 * e], acc[e]);
-    }
-#pragma unroll
-    for (int e = 0; e < DPL; ++e) Opart[base * hd + lane + 32 * e] = acc[e];
-    if (lane == 0) {
-        Mpart[base] = m;
-        Lpart[base] = l;
-    }
+        m = warp_max(m);
+        float l = 0.0f;
+    #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (u >= kpl) break;
+            sc[u] = sc[u] == -INFINITY ? 0.0f : expf(__fsub_rn(sc[u], m));
+            l = __fadd_rn(l, sc[u]);
+        }
+        l = warp_sum(l);
+        long long base = ((long long)i * H + h) * nsplit + s;
+        float acc[DPL];
+    #pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[e] = 0.0f;
+        int jlast = min(jn, p + 1 - j0);
+    #pragma unroll 4
+        for (int jj = max(0, lo - j0); jj < jlast; ++jj) {
+            // weight of key jj lives in lane jj % 32, slot jj / 32 (no dynamic register index)
+            int slot = jj >> 5;
+            float mine = slot == 0 ? sc[0] : slot == 1 ? sc[1] : slot == 2 ? sc[2] : sc[3];
+            float pj = __shfl_sync(0xffffffffu, mine, jj & 31);
+            const float* vr = Vs + jj * hd + lane;
+    #pragma unroll
+            for (int e = 0; e < DPL; ++e) acc[e] = fmaf(pj, vr[32 * e], acc[e]);
+        }
+    #pragma unroll
+        for (int e = 0; e < DPL; ++e) Opart[base * hd + lane + 32 * e] = acc[e];
+        if (lane == 0) {
+            Mpart[base] = m;
+            Lpart[base] = l;
+        }
+    }  // items
 }
 
 #define ATTN_PARTIAL(DPL)                                                                        \
     extern "C" __global__ void __launch_bounds__(256) attn_partial_d##DPL(                      \
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int S, int window, float scale, int nsplit, float* Opart, float* Mpart,         \
-        float* Lpart) {                                                                          \
+        float* Lpart, int per_block) {                                                           \
         attn_partial_body<DPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, S, window, scale, nsplit, Opart,  \
-                               Mpart, Lpart);                                                    \
+                               Mpart, Lpart, per_block);                                         \
     }
 ATTN_PARTIAL(1) ATTN_PARTIAL(2) ATTN_PARTIAL(3) ATTN_PARTIAL(4)
 ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
