@@ -49,7 +49,7 @@ def test_extrapolated_grid_stays_monotone_in_rows(tmp_path, monkeypatch):
     cache_file = calibration._cache_file(path, model.backend.name)
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     cache_file.write_text(json.dumps(table))
-    cost = measure_verify_cost(model, path)
+    cost = measure_verify_cost(model, path, recheck=False)  # this very table, not a fresh one
     for ctx in (0, 1024, 2048, 8192):
         ratios = cost.ratios(17, ctx)
         assert all(ratios[k] >= ratios[k - 1] for k in range(2, 18)), (ctx, ratios)
@@ -65,3 +65,27 @@ def test_cached_curve_is_keyed_by_the_kernel_sources(tmp_path, monkeypatch):
     assert calibration._cache_file(path, "cpu") == before
     monkeypatch.setattr(calibration, "_code_stamp", lambda: "another-kernel-build")
     assert calibration._cache_file(path, "cpu") != before
+
+
+def test_contended_cached_curve_is_measured_again(tmp_path, monkeypatch):
+    """A cached curve whose wide verify is far dearer than a quick check now finds (a first
+    calibration under contention) is replaced by a fresh measurement, also on disk."""
+    import json
+
+    from engine import calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "m.gguf", "llama", context=1024)
+    _, model = load_model(path, NumpyBackend())
+    measure_verify_cost(model, path, recheck=False)
+    cache_file = calibration._cache_file(path, model.backend.name)
+    table = {int(c): {int(r): t for r, t in v.items()} for c, v in json.loads(cache_file.read_text()).items()}
+    wide = max(calibration.CAL_ROWS)
+    lo = min(table)
+    contended = {c: {r: t * (1 + r) for r, t in v.items()} for c, v in table.items()}  # k rows cost ~k steps
+    cache_file.write_text(json.dumps(contended))
+    assert calibration.cached_curve_is_pessimistic(model, contended, lo)
+    again = measure_verify_cost(model, path)
+    assert again.ratio(wide, 64) < 0.6 * (contended[lo][wide] / contended[lo][1])
+    rewritten = json.loads(cache_file.read_text())
+    assert rewritten[str(lo)][str(wide)] / rewritten[str(lo)]["1"] < 0.6 * (contended[lo][wide] / contended[lo][1])
