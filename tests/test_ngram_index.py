@@ -236,3 +236,66 @@ def test_lookup_speed_benchmark() -> None:
         f"p99 {lat[int(0.99 * len(lat))] * 1e6:.1f} us over 203k indexed tokens; "
         f"memory {idx.memory_bytes() / 1e6:.2f} MB"
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), nfiles=st.integers(1, 12), alphabet=st.sampled_from([4, 50, 3000]))
+def test_many_files_with_the_gram_filter_match_brute_force(data, nfiles: int, alphabet: int) -> None:
+    """Extra sources are skipped by their n-gram filter only when they cannot hold a longer
+    match: lookups over many files (built at once or extended piecewise, then replaced)
+    still equal the brute-force search."""
+    tok = st.integers(0, alphabet - 1)
+    idx = NgramIndex(max_n=8)
+    srcs: dict[str, list[int]] = {}
+    base = data.draw(st.lists(tok, min_size=1, max_size=60))
+    idx.set_source("prompt", base)
+    srcs["prompt"] = base
+    for i in range(nfiles):
+        toks = data.draw(st.lists(tok, max_size=120))
+        if data.draw(st.booleans()) and len(toks) > 1:
+            cut = data.draw(st.integers(1, len(toks) - 1))
+            idx.extend_source(f"file:{i}", toks[:cut])
+            idx.extend_source(f"file:{i}", toks[cut:])
+        else:
+            idx.set_source(f"file:{i}", toks)
+        srcs[f"file:{i}"] = list(toks)
+    if nfiles > 1:  # a replaced file must be filtered by its new tokens only
+        new = data.draw(st.lists(tok, max_size=80))
+        idx.set_source("file:0", new)
+        srcs["file:0"] = list(new)
+    for _ in range(10):
+        pick = data.draw(st.sampled_from(sorted(srcs)))
+        stream = srcs[pick]
+        if len(stream) > 2 and data.draw(st.booleans()):  # a tail that does occur somewhere
+            end = data.draw(st.integers(1, len(stream)))
+            ctx = stream[max(0, end - data.draw(st.integers(1, 12))) : end]
+        else:
+            ctx = data.draw(st.lists(tok, min_size=1, max_size=12))
+        _check(idx, srcs, ctx)
+
+
+def test_gram_filter_skips_files_that_cannot_match(monkeypatch) -> None:
+    """With many workspace files, a lookup whose last four tokens occur in one file asks only
+    that file (and the pinned sources) for a match, not all of them."""
+    from engine.drafting import ngram_index
+
+    rng = random.Random(3)
+    idx = NgramIndex()
+    target = [rng.randrange(100_000) for _ in range(40)]
+    # The needle is the oldest file, so the search order reaches it last.
+    idx.set_source("file:/needle", [rng.randrange(100_000) for _ in range(500)] + target + [7, 8, 9])
+    for i in range(60):
+        idx.set_source(f"file:/{i}", [rng.randrange(100_000) for _ in range(2_000)])
+    assert idx.sources()[-1] == "file:/needle"
+    idx.set_source("prompt", target[:30])
+    calls: list[str] = []
+    real = ngram_index._Source.best
+
+    def counting(self, q, min_len):
+        calls.append(self.sid)
+        return real(self, q, min_len)
+
+    monkeypatch.setattr(ngram_index._Source, "best", counting)
+    d = idx.draft(target, 3)  # only the needle holds the context's tail (32 tokens, max_n)
+    assert d.source == "file:/needle" and d.match_len == 32 and d.tokens == [7, 8, 9]
+    assert "file:/needle" in calls and len(calls) <= 8, calls  # of 62 sources
