@@ -110,11 +110,11 @@ def _cache_file(model_path: Path, backend: str) -> Path:
 
 #: A cached curve is re-measured when a quick check at load finds the widest verify this
 #: much cheaper, relative to one row, than the cache says.
-RECHECK_SLACK = 0.10
+RECHECK_SLACK = 0.15
 
 
 def cached_curve_is_pessimistic(model: Transformer, table: dict[int, dict[int, float]], context: int) -> bool:
-    """Whether T(17)/T(1) measured now (2 reps, ~0.1 s) is clearly below the cached ratio.
+    """Whether T(17)/T(1) measured now (3 reps, ~0.1 s) is clearly below the cached ratio.
 
     Why: the first calibration may run while the editor indexes or a build holds a core;
     contention slows parallel multi-row forwards most, so the cached curve overprices
@@ -124,7 +124,7 @@ def cached_curve_is_pessimistic(model: Transformer, table: dict[int, dict[int, f
     dearer one (contention now) changes nothing.
     """
     wide = max(CAL_ROWS)
-    fresh = row_times(model, context, (1, wide), reps=2, stat=min)
+    fresh = row_times(model, context, (1, wide), reps=3, stat=min)
     cached = table[context][wide] / table[context][1]
     return fresh[wide] / fresh[1] < cached * (1.0 - RECHECK_SLACK)
 

@@ -144,6 +144,20 @@ def test_contention_burst_does_not_stop_drafting_for_good() -> None:
     assert c.choose(d, 100, 500) == k0
 
 
+def test_online_curve_stays_physical_when_cells_move_apart() -> None:
+    """Slow one-row steps (contention) must not make a verify look cheaper than a plain
+    step, and slow wide verifies must not cost more than one step per row."""
+    cost = linear_cost(0.1, t1=0.01)
+    for _ in range(10):
+        cost.observe(1, 100, 0.05)  # five times slower, one-row cell only
+    assert all(cost.ratio(r, 100) >= 1.0 for r in range(1, 18))
+    assert all(cost.ratios(17, 100)[r] >= cost.ratios(17, 100)[r - 1] for r in range(2, 18))
+    cost = linear_cost(0.1, t1=0.01)
+    for _ in range(10):
+        cost.observe(17, 100, 1.0)  # a 17-row forward at 100 steps' cost
+    assert cost.ratio(17, 100) <= 17.0 + 1e-9
+
+
 def test_verify_cost_measure_interpolates_and_is_robust() -> None:
     calls = []
 
@@ -163,8 +177,11 @@ def test_verify_cost_measure_interpolates_and_is_robust() -> None:
     cost.observe(2, 1000, 50 * before)  # one stray slow step barely moves the median
     assert cost.time(2, 1000) < 1.5 * before
     for _ in range(9):
-        cost.observe(2, 1000, 2 * before)  # a sustained change takes over
-    assert cost.time(2, 1000) == pytest.approx(2 * before)
+        cost.observe(2, 1000, 1.5 * before)  # a sustained change takes over
+    assert cost.time(2, 1000) == pytest.approx(1.5 * before)
+    for _ in range(9):  # ... but never past one step per row (two rows <= two plain steps)
+        cost.observe(2, 1000, 3 * before)
+    assert cost.time(2, 1000) == pytest.approx(2 * cost.time(1, 1000))
 
 
 def _simulate(

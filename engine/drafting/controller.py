@@ -99,12 +99,8 @@ class VerifyCost:
 
     # ----- queries -----
     def time(self, rows: int, ctx: int) -> float:
-        """Interpolated T(rows, ctx) in seconds (exact interpolation, no caching)."""
-        xs = self.rows
-        i = min(max(bisect.bisect_right(xs, rows), 1), len(xs) - 1) if len(xs) > 1 else 0
-        picks = (i - 1, i) if len(xs) > 1 else (0,)
-        ys = [max(_interp(self.ctxs, self._t[j], ctx), 1e-12) for j in picks]
-        return _interp([xs[j] for j in picks], ys, rows)
+        """Interpolated T(rows, ctx) in seconds (exact context), on the physical curve."""
+        return _interp(self.rows, self._column(float(ctx)), rows)
 
     def ratio(self, rows: int, ctx: int) -> float:
         """T(rows, ctx) / T(1, ctx): the cost of a verify round in plain-decode steps."""
@@ -175,12 +171,23 @@ class VerifyCost:
             self._t_used = [r[:] for r in self._t]
 
     # ----- internals -----
+    def _column(self, c: float) -> list[float]:
+        """T(rows) for every grid row count at context c, kept physical.
+
+        Cells are updated one at a time, so a few slow one-row steps (contention) can leave
+        T(3) < T(1) — a draft that looks cheaper than no draft. So: never cheaper than fewer
+        rows, never dearer than one plain step per row.
+        """
+        ts = [max(_interp(self.ctxs, row, c), 1e-12) for row in self._t]
+        for i in range(1, len(ts)):
+            ts[i] = min(max(ts[i], ts[i - 1]), self.rows[i] * ts[0])
+        return ts
+
     def _times_at(self, ctx: int) -> list[float]:
         key = max(0, int(ctx)) >> 5  # 32-position granularity is plenty for interpolation
         ts = self._cache.get(key)
         if ts is None:
-            c = float(key << 5)
-            ts = [max(_interp(self.ctxs, row, c), 1e-12) for row in self._t]
+            ts = self._column(float(key << 5))
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[key] = ts

@@ -1,0 +1,90 @@
+"""Where a speculative round's time goes on the GPU: the forward vs everything around it.
+
+Run on the device: ``python3 -m kernels.cuda.spec_probe --model PATH [--backend cuda]``.
+Copy traffic (the `bench spec` requests), one warm-up pass, then plain and speculative
+passes. Prints, per mode, the decode time split into forward passes (run_rows + argmax,
+as the generation loop times them) and the rest of the loop, and the forward time per row
+count relative to a one-row step *inside the loop* next to the calibrated curve. Why:
+on the H200 the controller reaches 90 % of the oracle in an offline replay but 67 % live;
+this says whether the missing time is in the forwards or around them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+from engine import generate
+from engine.api import Engine
+from engine.bench import traffic
+from engine.bench.spec import _prompts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    args = ap.parse_args()
+    eng = Engine.load(args.model, backend=args.backend)
+    prompts = _prompts(eng, "copy", traffic.source_paths([]))
+    log: list[tuple[int, int, float]] = []
+    backend = eng.model.backend
+    run_rows, argmax = generate.run_rows, backend.argmax
+    pending: list[tuple[int, int, float]] = []
+
+    # The loop times run_rows + argmax as one forward; so does this (plain mode has no
+    # controller to report it). Prefill chunks call run_rows too but never argmax alone.
+    def timed_rows(model, cache, rows, all_logits=True):
+        # Prefill chunks (all_logits=False) are not decode rounds: forget any pending start.
+        pending[:] = [(len(rows), cache.length, time.perf_counter())] if all_logits else []
+        return run_rows(model, cache, rows, all_logits=all_logits)
+
+    def timed_argmax(logits):
+        out = argmax(logits)
+        if pending:
+            rows, ctx, t0 = pending.pop()
+            log.append((rows, ctx, time.perf_counter() - t0))
+        return out
+
+    generate.run_rows = timed_rows
+    backend.argmax = timed_argmax
+    for p in prompts:  # warm-up: graphs for every row count, calibration cells
+        eng.generate(p, max_tokens=args.max_tokens, spec=True)
+        eng.generate(p, max_tokens=args.max_tokens, spec=False)
+    t1_loop = None
+    for mode in ("plain", "spec", "plain", "spec"):
+        log.clear()
+        decode = tokens = rounds = 0
+        t0 = time.perf_counter()
+        for p in prompts:
+            r = eng.generate(p, max_tokens=args.max_tokens, spec=mode == "spec")
+            decode += r.stats.decode_s
+            tokens += r.stats.generated_tokens - 1
+            rounds += r.stats.rounds
+        wall = time.perf_counter() - t0
+        fwd = sum(s for _, _, s in log)
+        by = defaultdict(list)
+        for rows, _, s in log:
+            by[rows].append(s)
+        if mode == "plain" and by[1]:
+            t1_loop = statistics.median(by[1])
+        print(
+            f"{mode}: {tokens} tokens in {rounds} rounds, decode {decode * 1e3:.1f} ms "
+            f"({tokens / decode:.1f} tok/s), forwards {fwd * 1e3:.1f} ms, outside the forwards "
+            f"{(decode - fwd) * 1e3:.1f} ms = {(decode - fwd) / max(rounds, 1) * 1e6:.1f} us/round; "
+            f"wall incl. prefill {wall:.2f} s",
+            flush=True,
+        )
+        if mode == "spec" and t1_loop:
+            ctx = int(statistics.median(c for _, c, _ in log)) if log else 1024
+            cal = eng.controller.cost.ratios(17, ctx)
+            rel = {r: (len(v), round(statistics.median(v) / t1_loop, 3), round(cal[r], 3)) for r, v in sorted(by.items())}
+            print(f"  rows: (rounds, in-loop T(rows)/T(1), curve at ctx {ctx}) {rel}", flush=True)
+    print(f"controller overhead estimate: {eng.controller.overhead_s * 1e6:.1f} us/round", flush=True)
+
+
+if __name__ == "__main__":
+    main()
