@@ -68,3 +68,36 @@ def test_bench_spec_reports_the_oracle_bound(smollm2_path) -> None:
     result = spec.run(args)
     assert result["identical"] is True and result["replies"] == 1
     assert 1.0 <= result["oracle_ratio"] <= result["limit_ratio"] + 0.5
+
+
+def test_draft_study_baseline_rule_is_the_index_rule() -> None:
+    """The study's "recent" tie-break reproduces the index's own drafts position by position
+    (so the rules it compares differ from the product only in the tie-break), and the
+    hindsight rule is never worse than any causal rule at any position."""
+    import random
+
+    from engine.bench.draft_study import RULES, confirmed_by_rule
+
+    rng = random.Random(7)
+    for _ in range(40):
+        prompt = [rng.randrange(4) for _ in range(rng.randrange(5, 60))]
+        reply = [rng.randrange(4) for _ in range(rng.randrange(2, 40))]
+        if rng.random() < 0.5:  # a reply that copies a stretch of the prompt
+            a = rng.randrange(len(prompt))
+            reply = prompt[a : a + 25] + reply
+        assert confirmed_by_rule(prompt, reply, "recent") == confirmed_draft_lengths(prompt, reply, 16)
+        best = confirmed_by_rule(prompt, reply, "hindsight")
+        for rule in RULES:
+            got = confirmed_by_rule(prompt, reply, rule)
+            assert all(b >= g for b, g in zip(best, got, strict=True)), rule
+
+
+def test_draft_study_controller_replay_is_bounded_by_its_oracle() -> None:
+    from engine.bench.draft_study import controller_replay, parse_curve
+
+    curve = parse_curve("1:1,2:1.1,4:1.3,8:1.8,17:3.0")
+    ratios = interpolated_ratios(curve, 33)
+    prompt = list(range(100, 160)) * 2
+    pairs = [(prompt, list(range(100, 150)) + [7, 8] + list(range(120, 150)))]
+    got, best = controller_replay(pairs, ratios, 16)
+    assert 1.0 <= got <= best + 1e-9 and best > 2.0

@@ -1,0 +1,191 @@
+"""Offline studies of the drafter and the controller on recorded replies.
+
+Run: ``python -m engine.bench.draft_study --model NAME --traffic copy|edit
+[--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47]``. It records the plain replies of the `bench
+spec` requests, then replays them (no model involved):
+
+* **tie-break rules**: when several earlier places match the context's tail equally long,
+  which one's continuation to draft. For each rule, the oracle ratio (best draft lengths
+  in hindsight, `engine.bench.oracle`) — "recent" is the index's own rule, "hindsight"
+  picks the candidate the reply confirms longest (an upper bound no causal rule reaches);
+* **controller replay**: the draft-length controller fed the positions' drafts and the
+  reply's confirmations, against the oracle, for several maximum draft lengths.
+
+Why it exists: `docs/benchmarks.md` quotes these studies; this is the command that
+reproduces them. The cost curve is the engine's measured one at context 1024 unless
+``--curve`` gives another (e.g. the H200's, to study the controller at GPU costs).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.bench.oracle import interpolated_ratios, oracle_cost
+from engine.drafting.controller import DraftController, VerifyCost
+from engine.drafting.ngram_index import Draft, NgramIndex
+from engine.generate import DRAFT_CONTEXT
+
+MAX_N = 32  # the index's match-length cap
+RULES = ("recent", "oldest", "cursor", "vote", "cursor+vote", "hindsight")
+
+
+def candidates(prompt: Sequence[int], stream: Sequence[int], end: int, max_n: int = MAX_N) -> tuple[int, list[int]]:
+    """Longest match of ``stream[:end]``'s tail and every place it ends, as the index sees them.
+
+    ``stream`` is prompt + reply. An end e means stream[e-L:e] equals the tail and stream[e]
+    would be drafted; ends at the prompt's last token are excluded (the prompt is its own
+    source, whose continuation stops there) and so is the tail itself.
+    """
+    arr = np.asarray(stream[: end - 1])
+    last = stream[end - 1]
+    best, out = 0, []
+    for e in (np.flatnonzero(arr == last) + 1).tolist():
+        if e == len(prompt):
+            continue
+        n = 0
+        lo = len(prompt) if e > len(prompt) else 0  # a match never crosses into another source
+        while n < max_n and e - 1 - n >= lo and stream[e - 1 - n] == stream[end - 1 - n]:
+            n += 1
+        if n > best:
+            best, out = n, [e]
+        elif n == best and n > 0:
+            out.append(e)
+    return best, out
+
+
+def _confirmed(prompt, stream, e: int, i: int, reply: Sequence[int], end: int, max_draft: int) -> int:
+    """How many tokens of the continuation at e the reply confirms after its position i."""
+    stop = len(prompt) if e < len(prompt) else end
+    a = 0
+    while a < max_draft and i + 1 + a < len(reply) and e + a < stop and stream[e + a] == reply[i + 1 + a]:
+        a += 1
+    return a
+
+
+def confirmed_by_rule(prompt: Sequence[int], reply: Sequence[int], rule: str, max_draft: int = 16) -> list[int]:
+    """Per reply position: draft tokens the reply confirms when ties are broken by ``rule``."""
+    stream = list(prompt) + list(reply)
+    out: list[int] = []
+    cursor: tuple[int, int] | None = None  # (chosen end, reply position) of the last draft
+    for i in range(len(reply)):
+        end = len(prompt) + i + 1
+        _, ends = candidates(prompt, stream, end)
+        if not ends:
+            out.append(0)
+            continue
+
+        if rule == "recent":
+            e = max(ends)
+        elif rule == "oldest":
+            e = min(ends)
+        elif rule == "vote":
+            e = _most_voted(stream, ends, end)
+        elif rule == "hindsight":
+            e = max(ends, key=lambda x, i=i, end=end: _confirmed(prompt, stream, x, i, reply, end, max_draft))
+        elif rule in ("cursor", "cursor+vote"):
+            want = cursor[0] + (i - cursor[1]) if cursor is not None else None
+            if want in ends:
+                e = want
+            else:
+                e = max(ends) if rule == "cursor" else _most_voted(stream, ends, end)
+            cursor = (e, i)
+        else:
+            raise ValueError(f"unknown rule {rule!r}")
+        out.append(_confirmed(prompt, stream, e, i, reply, end, max_draft))
+    return out
+
+
+def _most_voted(stream: Sequence[int], ends: list[int], end: int, k: int = 4) -> int:
+    """The end whose next k tokens most candidates share (the latest among equals)."""
+    conts = {e: tuple(stream[e : min(e + k, end)]) for e in ends}
+    votes = Counter(conts.values())
+    return max(ends, key=lambda e: (votes[conts[e]], e))
+
+
+def draft_records(prompt: Sequence[int], reply: Sequence[int], max_draft: int) -> list[tuple[Draft, int]]:
+    """Per reply position: the index's draft and how many of its tokens the reply confirms."""
+    idx = NgramIndex()
+    idx.set_source("prompt", list(prompt))
+    idx.set_source("reply", [])
+    context = list(prompt)
+    out = []
+    for i, tok in enumerate(reply):
+        idx.extend_source("reply", [tok])
+        context.append(tok)
+        d = idx.draft(context[-DRAFT_CONTEXT:], max_draft)
+        a = 0
+        while a < len(d.tokens) and i + 1 + a < len(reply) and d.tokens[a] == reply[i + 1 + a]:
+            a += 1
+        out.append((d, a))
+    return out
+
+
+def controller_replay(pairs, ratios: Sequence[float], max_draft: int) -> tuple[float, float]:
+    """(controller ratio, oracle ratio) on recorded replies at a context-free cost curve."""
+    ctl = DraftController(VerifyCost.from_ratios(list(ratios[1:])), max_draft=max_draft)
+    steps = cost = best = 0.0
+    for prompt, reply in pairs:
+        recs = draft_records(prompt, reply, max_draft)
+        n = len(reply) - 1
+        if n <= 0:
+            continue
+        i = 0
+        while i < n:
+            d, a = recs[i]
+            k = ctl.choose(d, 1024, n - i + 1) if d.tokens else 0
+            got = min(k, a)
+            cost += ratios[k + 1]
+            if k:
+                ctl.observe(d.source, d.match_len, k, got)
+            i += got + 1
+        steps += n
+        best += oracle_cost([a for _, a in recs], ratios)
+    return steps / cost, steps / best
+
+
+def parse_curve(text: str) -> dict[int, float]:
+    """"1:1,2:1.05,17:1.47" → {1: 1.0, 2: 1.05, 17: 1.47} (rows: T(rows)/T(1))."""
+    out = {}
+    for part in text.split(","):
+        rows, value = part.split(":")
+        out[int(rows)] = float(value)
+    if 1 not in out:
+        raise ValueError("the curve must give 1 row")
+    return out
+
+
+def main() -> None:
+    from engine.api import Engine
+    from engine.bench import traffic
+    from engine.bench.common import row_costs
+    from engine.bench.spec import _prompts
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--traffic", choices=("copy", "edit"), default="copy")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--curve", help="rows:T(rows)/T(1),… instead of this machine's curve")
+    args = ap.parse_args()
+    engine = Engine.load(args.model)
+    prompts = _prompts(engine, args.traffic, traffic.source_paths([]))
+    pairs = [(p, engine.generate(p, max_tokens=args.max_tokens, spec=False).token_ids) for p in prompts]
+    curve = parse_curve(args.curve) if args.curve else row_costs(engine, context=1024, ks=(1, 2, 4, 8, 17), reps=3)
+    ratios = interpolated_ratios(curve, 65)
+    steps = sum(len(r) - 1 for _, r in pairs)
+    print(f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, curve {curve}")
+    print("tie-break rule -> oracle ratio (max draft 16)")
+    for rule in RULES:
+        cost = sum(oracle_cost(confirmed_by_rule(p, r, rule), ratios) for p, r in pairs)
+        print(f"  {rule:<12s} {steps / cost:.2f}x", flush=True)
+    print("max draft -> controller replay / oracle")
+    for kmax in (16, 32, 64):
+        got, best = controller_replay(pairs, ratios, kmax)
+        print(f"  {kmax:<3d} {got:.2f}x / {best:.2f}x ({got / best:.0%})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
