@@ -8,13 +8,14 @@ host, and refined online by every real step.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from engine.drafting.controller import VerifyCost
@@ -129,6 +130,43 @@ def cached_curve_is_pessimistic(model: Transformer, table: dict[int, dict[int, f
     return fresh[wide] / fresh[1] < cached * (1.0 - RECHECK_SLACK)
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path | None) -> Iterator[None]:
+    """Hold a machine-wide lock on ``path``'s calibration while it is read, checked or measured.
+
+    Why: two sidecars starting together (two editor windows, or a test's pair of servers)
+    would otherwise time their forwards against each other. Each then reads the other's
+    load as its own cost, and on a 2-core machine with OpenMP threads spinning in both,
+    the pair took over two minutes to calibrate instead of two seconds. With the lock the
+    second process waits, then finds the first one's fresh curve on disk.
+    """
+    if path is None:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; calibrations may overlap there
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_table(path: Path | None) -> dict[int, dict[int, float]] | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        return {int(c): _sane({int(r): t for r, t in v.items()}) for c, v in raw.items()}
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def measure_verify_cost(model: Transformer, model_path: Path | None = None, recheck: bool = True) -> VerifyCost:
     """Measure (or load from cache) T(rows) at two contexts; extrapolate the larger grid points.
 
@@ -136,24 +174,21 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None, rech
     ``cached_curve_is_pessimistic``) and measure afresh when it looks contended.
     """
     path = _cache_file(model_path, model.backend.name) if model_path is not None else None
-    table = None
-    if path is not None and path.is_file():
-        try:
-            raw = json.loads(path.read_text())
-            table = {int(c): _sane({int(r): t for r, t in v.items()}) for c, v in raw.items()}
-        except (ValueError, OSError):
-            table = None
     limit = model.config.context_length - max(CAL_ROWS) - 16
     contexts = tuple(min(c, max(0, limit)) for c in CAL_CONTEXTS)
-    if table is not None and sorted(table) == sorted(set(contexts)) and recheck:
-        if cached_curve_is_pessimistic(model, table, min(contexts)):
-            table = None
-    if table is None or sorted(table) != sorted(set(contexts)):
-        # The fastest of the reps: noise only ever adds time.
-        table = {c: _sane(row_times(model, c, CAL_ROWS, reps=5, stat=min)) for c in sorted(set(contexts))}
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(table))
+    with _exclusive(path):
+        table = _read_table(path)
+        if table is not None and sorted(table) == sorted(set(contexts)) and recheck:
+            if cached_curve_is_pessimistic(model, table, min(contexts)):
+                table = None
+        if table is None or sorted(table) != sorted(set(contexts)):
+            # The fastest of the reps: noise only ever adds time.
+            table = {c: _sane(row_times(model, c, CAL_ROWS, reps=5, stat=min)) for c in sorted(set(contexts))}
+            if path is not None:
+                # Written whole, then renamed: a reader never sees half a file.
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(table))
+                tmp.replace(path)
     c0, c1 = contexts
     columns = []
     for c in GRID_CONTEXTS:

@@ -89,3 +89,55 @@ def test_contended_cached_curve_is_measured_again(tmp_path, monkeypatch):
     assert again.ratio(wide, 64) < 0.6 * (contended[lo][wide] / contended[lo][1])
     rewritten = json.loads(cache_file.read_text())
     assert rewritten[str(lo)][str(wide)] / rewritten[str(lo)]["1"] < 0.6 * (contended[lo][wide] / contended[lo][1])
+
+
+def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_path, monkeypatch):
+    """Two sidecars starting together must not time their forwards against each other:
+    while one holds the calibration lock, the other waits, then reads the curve it wrote."""
+    import fcntl
+    import json
+    import subprocess
+    import sys
+    import threading
+
+    from engine import calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "m.gguf", "llama", context=1024)
+    _, model = load_model(path, NumpyBackend())
+    cache_file = calibration._cache_file(path, model.backend.name)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    lo, hi = calibration.CAL_CONTEXTS
+    theirs = {c: {r: 0.01 * (1 + 0.05 * r) * (1 + c / 1000) for r in calibration.CAL_ROWS} for c in (lo, hi)}
+    # Another process holds the lock, as a calibrating sidecar would, until told to write.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys\n"
+            f"h = open({str(cache_file.with_suffix('.lock'))!r}, 'a')\n"
+            "fcntl.flock(h, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.readline()\n"
+            f"open({str(cache_file)!r}, 'w').write(sys.argv[1])\n",
+            json.dumps(theirs),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    result: dict = {}
+    waiter = threading.Thread(target=lambda: result.update(cost=measure_verify_cost(model, path, recheck=False)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive(), "calibration ran while another process held the lock"
+    holder.communicate("go\n", timeout=30)
+    waiter.join(60)
+    assert not waiter.is_alive()
+    expected = measure_verify_cost(model, path, recheck=False).ratios(17, lo)
+    assert result["cost"].ratios(17, lo) == expected
+    on_disk = {int(c): {int(r): t for r, t in v.items()} for c, v in json.loads(cache_file.read_text()).items()}
+    assert on_disk == theirs  # the waiter reused the other process's curve rather than measuring its own
+    with open(cache_file.with_suffix(".lock"), "a") as h:  # and let go of the lock when done
+        fcntl.flock(h, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -73,7 +73,10 @@ async def servers(tmp_path_factory: pytest.TempPathFactory):
 
     resolve_model("smollm2")
     on_root, off_root = tmp_path_factory.mktemp("on"), tmp_path_factory.mktemp("off")
-    on, off = await asyncio.gather(_server(on_root, True), _server(off_root, False))
+    # One after the other: two servers loading at once on a 2-core machine time their
+    # forwards against each other (numba's OpenMP threads spin in both processes).
+    on = await _server(on_root, True)
+    off = await _server(off_root, False)
     yield on, on_root, off, off_root
     for client in (on, off):
         await client.shutdown_session()
