@@ -344,6 +344,25 @@ def test_exp_nonpositive_accurate_and_lane_independent() -> None:
 
 
 @SETTINGS
+@given(n=st.integers(1, 300), lo=st.integers(0, 20), seed=st.integers(0, 999))
+def test_softmax_lane_max_is_the_maximum(n: int, lo: int, seed: int) -> None:
+    """The 16-lane maximum equals the plain maximum for any span, so softmax bits cannot move."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(lo + n) * 10).astype(np.float32)
+    special = rng.integers(0, lo + n, size=3)
+    row[special] = rng.choice(np.array([0.0, -0.0, -np.inf, 88.0], dtype=np.float32), size=3)
+    assert ops._span_max(row, lo, lo + n) == np.max(row[lo : lo + n])
+    # the softmax sum over the span is the reference sum of exp(s - max) to float32 rounding
+    if np.isfinite(np.max(row[lo : lo + n])):
+        ref = np.exp(row[lo : lo + n].astype(np.float64) - float(np.max(row[lo : lo + n]))).sum()
+        total = ops._softmax_span(row.copy(), np.empty(lo + n, np.int32), lo, lo + n)
+        assert abs(total - ref) <= 1e-5 * ref
+    poisoned = row.copy()
+    poisoned[lo + int(rng.integers(0, n))] = np.nan
+    assert np.isnan(ops._softmax_span(poisoned, np.empty(lo + n, np.int32), lo, lo + n))
+
+
+@SETTINGS
 @given(n=st.integers(1, 12), d=st.integers(1, 300), seed=st.integers(0, 99))
 def test_elementwise_ops_rows_invariant(n: int, d: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
