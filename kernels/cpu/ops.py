@@ -787,53 +787,83 @@ def attention(
 
 
 # ---- gated activations -------------------------------------------------------------------------
-# One element's arithmetic lives in one scalar function; the serial and the row-parallel
-# loops both call it, so a row's bits cannot depend on which loop ran (libm's expf/tanhf
-# are scalar calls either way: numba here has no SVML).
+# Both activations are x * sigmoid(z) (SiLU: z = x; tanh-GELU: 0.5 * (1 + tanh(y)) is
+# sigmoid(2y)), and sigmoid runs on ``exp_nonpositive`` of -|z|, whose vector and scalar
+# lanes give the same bits. Why not libm: numba here has no SVML, so expf/tanhf are one
+# scalar call per element — 4.3 ms of a 17-row Gemma 3 forward (11 %), 6.8 ns an element;
+# this runs at ~0.3 ns. The serial and row-parallel loops call the same row function, so a
+# row's bits cannot depend on which loop ran or on its neighbours.
 
 #: From this many rows the activations run one row per thread (a parallel launch costs
 #: about what 2-3 rows of SmolLM2's 1536-wide activation do).
 PARALLEL_ACTIVATION_ROWS = 4
+_SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+_GELU_CUBIC = np.float32(0.044715)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _silu_times(g, u):
-    return g / (np.float32(1.0) + np.exp(-g)) * u
+@njit(cache=True, nogil=True, boundscheck=False)
+def _times_sigmoid_row(x, z, u, out, t, bits):
+    """out = x * sigmoid(z) * u over one row; ``z`` is overwritten (scratch ``t``, ``bits``).
+
+    sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) below, with e = exp(-|z|) <= 1:
+    no overflow either side, and a very negative z gives the exact -0 (e == 0).
+    """
+    one = np.float32(1.0)
+    n = x.shape[0]
+    for i in range(_U(0), _U(n)):
+        t[i] = -abs(z[i])
+    exp_nonpositive(t, bits, 0, n)
+    for i in range(_U(0), _U(n)):
+        e = t[i]
+        num = one if z[i] >= np.float32(0.0) else e
+        out[i] = x[i] * (num / (one + e)) * u[i]
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _gelu_tanh_times(x, u):
-    c = np.float32(0.7978845608028654)  # sqrt(2 / pi) in float32
-    inner = c * (x + np.float32(0.044715) * x * x * x)
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner)) * u
+@njit(cache=True, nogil=True, boundscheck=False)
+def _silu_row(gate, up, out, t, bits):
+    _times_sigmoid_row(gate, gate, up, out, t, bits)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _gelu_row(gate, up, out, t, bits):
+    z = np.empty_like(gate)
+    two_c = np.float32(2.0) * _SQRT_2_OVER_PI
+    for i in range(_U(0), _U(gate.shape[0])):
+        x = gate[i]
+        z[i] = two_c * (x + _GELU_CUBIC * x * x * x)
+    _times_sigmoid_row(gate, z, up, out, t, bits)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _silu_serial(gate, up, out):
+    t = np.empty(gate.shape[1], dtype=np.float32)
+    bits = np.empty(gate.shape[1], dtype=np.int32)
     for r in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            out[r, i] = _silu_times(gate[r, i], up[r, i])
+        _silu_row(gate[r], up[r], out[r], t, bits)
 
 
 @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
 def _silu_parallel(gate, up, out):
     for r in prange(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            out[r, i] = _silu_times(gate[r, i], up[r, i])
+        t = np.empty(gate.shape[1], dtype=np.float32)
+        bits = np.empty(gate.shape[1], dtype=np.int32)
+        _silu_row(gate[r], up[r], out[r], t, bits)
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _gelu_serial(gate, up, out):
+    t = np.empty(gate.shape[1], dtype=np.float32)
+    bits = np.empty(gate.shape[1], dtype=np.int32)
     for r in range(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            out[r, i] = _gelu_tanh_times(gate[r, i], up[r, i])
+        _gelu_row(gate[r], up[r], out[r], t, bits)
 
 
 @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
 def _gelu_parallel(gate, up, out):
     for r in prange(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            out[r, i] = _gelu_tanh_times(gate[r, i], up[r, i])
+        t = np.empty(gate.shape[1], dtype=np.float32)
+        bits = np.empty(gate.shape[1], dtype=np.int32)
+        _gelu_row(gate[r], up[r], out[r], t, bits)
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
