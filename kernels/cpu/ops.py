@@ -550,7 +550,7 @@ def _softmax_span(row, bits, lo, hi):
 
 @njit(cache=True, nogil=True, boundscheck=False)
 def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task):
-    """One tile of rows x one share (of ``hsplit``) of the query heads of KV head ``task % nkv``.
+    """One tile of rows x one share (of ``hsplit``) of the query heads of one KV head.
 
     ``kt[kv, d, j - gb]`` is key j (so ``gb`` may be negative when ``kt`` holds keys before
     the view). Splitting a group's heads over tasks changes only which vectors share a
@@ -560,16 +560,20 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task)
     n, nh, hd = q.shape
     nkv = v.shape[1]
     group = nh // nkv
-    kv = task % nkv
-    share = (task // nkv) % hsplit
-    t = task // nkv // hsplit
+    ntiles = (n + row_tile - 1) // row_tile
+    # A KV head's tasks (its row tiles x head shares) are neighbours in task order, so
+    # prange's contiguous chunks keep its keys and values on one core, in that core's L2,
+    # instead of streaming them through both cores.
+    per_kv = hsplit * ntiles
+    kv = task // per_kv
+    share = task % per_kv % hsplit
+    t = task % per_kv // hsplit
     per = (group + hsplit - 1) // hsplit
     g0 = min(group, share * per)
     g1 = min(group, g0 + per)
     ng = g1 - g0
     if ng == 0:
         return
-    ntiles = (n + row_tile - 1) // row_tile
     # Alternate tiles from both ends: prange splits tasks into contiguous chunks, and
     # later rows (higher positions) see more keys.
     tile = t // 2 if t % 2 == 0 else ntiles - 1 - t // 2
