@@ -259,12 +259,11 @@ def matmul(
     for r0 in range(0, n, row_chunk):
         r1 = min(n, r0 + row_chunk)
         xc = x[r0:r1]
-        xt = np.ascontiguousarray(xc.T).reshape(-1)
         xs = block_sums(xc, 32).reshape(-1) if need_xs else dummy
         oc = out[r0:r1].reshape(-1)
         rows, ldo = _U(r1 - r0), _U(w.padded_out)
         for p in w.parts:
-            p.kernel(xt, xs, p.q, p.s, p.m, oc, rows, ldo, _U(p.col0), _U(p.nblocks), _U(p.ngroups))
+            p.kernel(xc.reshape(-1), xs, p.q, p.s, p.m, oc, rows, ldo, _U(p.col0), _U(p.nblocks), _U(p.ngroups))
     if w.valid_cols is not None:
         return np.ascontiguousarray(out[:, w.valid_cols])
     return out
