@@ -489,3 +489,18 @@ def test_production_tiles_on_real_weights() -> None:
     for n in range(1, 17):
         assert np.array_equal(cb.matmul(x[:n], w), full[:n]), n
         assert np.array_equal(cb.matmul(x[16 - n :], w), full[16 - n :]), n
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.F16])
+def test_input_layout_changes_no_bit(qtype, monkeypatch) -> None:
+    """The kernels read x as rows or transposed (``TRANSPOSE_ROWS``, chosen by speed per
+    row count); the arithmetic is the same chain either way, so the bits are too."""
+    from kernels.cpu import matmul as mm
+
+    w = prepare([make_tensor(qtype, 96, 256, 2)])
+    x = (np.random.default_rng(4).standard_normal((19, 256)) * 3).astype(np.float32)
+    got = {}
+    for name, rows in (("transposed", (1, 64)), ("rows", (0, -1))):
+        monkeypatch.setattr(mm, "TRANSPOSE_ROWS", rows)
+        got[name] = [matmul(x[:n], w).tobytes() for n in (1, 2, 8, 19)]
+    assert got["transposed"] == got["rows"]

@@ -26,7 +26,7 @@ from numba import njit, prange  # noqa: E402,F401  (re-exported: import numba th
 _config.SLP_VECTORIZE = 1
 
 #: Bump when the generated source changes meaning, so stale caches are never reused.
-CODEGEN_VERSION = 5
+CODEGEN_VERSION = 6
 
 
 def _cpu_name() -> str:

@@ -86,9 +86,9 @@ def _tile_body(spec: KernelSpec, rows: int, width: int, ind: str, u: _Consts) ->
     add(i2 + f"iu = ii * {u(P)}")
     for p in range(P):
         add(i2 + f"qi = qb + (iu + {u(p)}) * {u(G)}")
-        add(i2 + f"xi = r0 * ldx + xb + iu + {u(p)}")
+        add(i2 + f"xi = r0 * rs + (xb + iu + {u(p)}) * cs")
         for r in R:
-            add(i2 + f"xv{r} = x[xi + {u(r)} * ldx]")
+            add(i2 + f"xv{r} = x[xi + {u(r)} * rs]")
         for o in W:
             add(i2 + f"w{o} = f32(q[qi + {u(o)}])")
         for r in R:
@@ -124,11 +124,12 @@ def _tile_body(spec: KernelSpec, rows: int, width: int, ind: str, u: _Consts) ->
 
 
 def matmul_source(spec: KernelSpec) -> str:
-    """Python source of ``kernel(x, xs, q, s, m, out, n, ldo, col0, nblocks, ngroups)``.
+    """Python source of ``kernel(x, xs, q, s, m, out, n, ldo, col0, nblocks, ngroups, rs, cs)``.
 
-    All arrays are flat: x (n*nin) the input rows as they are (a tile reads its rows'
-    values at one input with scalar broadcasts, which need no adjacency: transposing x
-    first cost 3 µs a call at 16 rows), xs (n*nblocks) block sums of x, q the weights
+    All arrays are flat: x holds input (row r, column c) at ``r * rs + c * cs`` (rows as
+    they are, or transposed: ``matmul.TRANSPOSE_ROWS`` says when and why; the strides are
+    run-time values because a build specialised to row-major x ran 2-row products 20 %
+    slower), xs (n*nblocks) block sums of x, q the weights
     laid out (group, block, i, output-in-group), s and m (group, block,
     output-in-group), out (n*ldo) written at columns [col0, col0 + ngroups*G).
     The integer arguments must be numpy uint64.
@@ -143,8 +144,7 @@ def matmul_source(spec: KernelSpec) -> str:
     u(0)
     body = [
         "@njit(parallel=True, fastmath={'contract'}, cache=True, nogil=True, boundscheck=False)",
-        "def kernel(x, xs, q, s, m, out, n, ldo, col0, nblocks, ngroups):",
-        f"    ldx = nblocks * {u(spec.block)}",
+        "def kernel(x, xs, q, s, m, out, n, ldo, col0, nblocks, ngroups, rs, cs):",
         "    for g in prange(ngroups):",
         "        gu = U0 + g",
         "        r0 = U0",
