@@ -22,7 +22,7 @@ from kernels.cpu.relayout import KINDS, Kind, unpack
 #: Outputs per weight group (layout) and the default register tiles (rows, outputs).
 GROUP = 64
 DEFAULT_TILES: tuple[tuple[int, int], ...] = ((8, 32), (4, 32), (2, 64), (1, 64))
-#: Rows per kernel call: keeps the transposed input small and in cache.
+#: Rows per kernel call: keeps the slice of x a call reads small and in cache.
 ROW_CHUNK = 64
 #: Row counts (inclusive range) that hand the kernels x transposed rather than as rows.
 #: Why a choice at all: a tile broadcasts one x value per row and input, which needs no
