@@ -824,12 +824,11 @@ def _times_sigmoid_row(x, z, u, out, t, bits):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _silu_row(gate, up, out, t, bits):
-    _times_sigmoid_row(gate, gate, up, out, t, bits)
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _gelu_row(gate, up, out, t, bits):
+def _gated_row(gelu, gate, up, out, t, bits):
+    """One row of silu(gate) * up, or of gelu_tanh(gate) * up when ``gelu``."""
+    if not gelu:
+        _times_sigmoid_row(gate, gate, up, out, t, bits)
+        return
     z = np.empty_like(gate)
     two_c = np.float32(2.0) * _SQRT_2_OVER_PI
     for i in range(_U(0), _U(gate.shape[0])):
@@ -839,46 +838,32 @@ def _gelu_row(gate, up, out, t, bits):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _silu_serial(gate, up, out):
+def _gated_serial(gelu, gate, up, out):
     t = np.empty(gate.shape[1], dtype=np.float32)
     bits = np.empty(gate.shape[1], dtype=np.int32)
     for r in range(gate.shape[0]):
-        _silu_row(gate[r], up[r], out[r], t, bits)
+        _gated_row(gelu, gate[r], up[r], out[r], t, bits)
 
 
 @njit(cache=True, nogil=True, parallel=True, boundscheck=False)
-def _silu_parallel(gate, up, out):
+def _gated_parallel(gelu, gate, up, out):
     for r in prange(gate.shape[0]):
         t = np.empty(gate.shape[1], dtype=np.float32)
         bits = np.empty(gate.shape[1], dtype=np.int32)
-        _silu_row(gate[r], up[r], out[r], t, bits)
+        _gated_row(gelu, gate[r], up[r], out[r], t, bits)
 
 
-@njit(cache=True, nogil=True, boundscheck=False)
-def _gelu_serial(gate, up, out):
-    t = np.empty(gate.shape[1], dtype=np.float32)
-    bits = np.empty(gate.shape[1], dtype=np.int32)
-    for r in range(gate.shape[0]):
-        _gelu_row(gate[r], up[r], out[r], t, bits)
-
-
-@njit(cache=True, nogil=True, parallel=True, boundscheck=False)
-def _gelu_parallel(gate, up, out):
-    for r in prange(gate.shape[0]):
-        t = np.empty(gate.shape[1], dtype=np.float32)
-        bits = np.empty(gate.shape[1], dtype=np.int32)
-        _gelu_row(gate[r], up[r], out[r], t, bits)
+def _gated(gelu: bool, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    out = np.empty(gate.shape, dtype=np.float32)
+    (_gated_parallel if gate.shape[0] >= PARALLEL_ACTIVATION_ROWS else _gated_serial)(gelu, gate, up, out)
+    return out
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up for (m, d) float32; exp overflow gives the correct -0."""
-    out = np.empty(gate.shape, dtype=np.float32)
-    (_silu_parallel if gate.shape[0] >= PARALLEL_ACTIVATION_ROWS else _silu_serial)(gate, up, out)
-    return out
+    return _gated(False, gate, up)
 
 
 def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """gelu_tanh(gate) * up for (m, d) float32."""
-    out = np.empty(gate.shape, dtype=np.float32)
-    (_gelu_parallel if gate.shape[0] >= PARALLEL_ACTIVATION_ROWS else _gelu_serial)(gate, up, out)
-    return out
+    return _gated(True, gate, up)
