@@ -1,6 +1,7 @@
 """Micro-benchmark: per-token matmul time of a real GGUF's weights (not a test).
 
     python -m kernels.cpu.bench [model.gguf ...] [--rows 1,2,4,8,16] [--reps 3]
+    python -m kernels.cpu.bench [model.gguf ...] --layout-ab [--rows 1,2,...,17] [--reps 15]
 
 Fuses q|k|v and gate|up as the models do, includes the (tied) output head,
 and prints one table per model: prepare time, int8 layout size vs GGUF bytes,
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.gguf_file import GGUFFile
+from kernels.cpu import matmul as matmul_module
 from kernels.cpu.matmul import matmul, prepare
 
 DEFAULT_MODELS = [
@@ -73,15 +75,55 @@ def bench_model(path: Path, rows: list[int], reps: int) -> None:
         print(f"{n:>5} {best * 1e3:>9.2f} {best / base:>8.2f} {head_best * 1e3:>8.2f} {cpu_best * 1e3:>8.2f}")
 
 
+def layout_ab(path: Path, rows: list[int], reps: int) -> None:
+    """All of a model's products per row count, x as rows vs x transposed, interleaved.
+
+    The evidence behind ``matmul.TRANSPOSE_ROWS``: both layouts give the same bits, so the
+    choice per row count is speed alone.
+    """
+    prepared = [prepare(ts) for _, ts in model_matrices(GGUFFile(path))]
+    rng = np.random.default_rng(0)
+    saved = matmul_module.TRANSPOSE_ROWS
+    layouts = {"transposed": (1, 1 << 30), "rows": (0, -1)}
+
+    def run(n: int, layout: str) -> float:
+        matmul_module.TRANSPOSE_ROWS = layouts[layout]
+        xs = {w.in_features: rng.standard_normal((n, w.in_features)).astype(np.float32) for w in prepared}
+        t = time.perf_counter()
+        for w in prepared:
+            matmul(xs[w.in_features], w)
+        return time.perf_counter() - t
+
+    cases = [(n, layout) for n in rows for layout in layouts]
+    try:
+        for case in cases:
+            run(*case)  # warm-up
+        times: dict[tuple[int, str], list[float]] = {c: [] for c in cases}
+        for rep in range(reps):
+            for case in cases if rep % 2 == 0 else cases[::-1]:
+                times[case].append(run(*case))
+    finally:
+        matmul_module.TRANSPOSE_ROWS = saved
+    print(f"\n{path.name}: all products per forward, median of {reps} interleaved reps")
+    print(f"{'rows':>5} {'transposed ms':>14} {'rows ms':>9} {'rows/transposed':>16}")
+    for n in rows:
+        t, r = (float(np.median(times[(n, layout)])) for layout in layouts)
+        print(f"{n:>5} {t * 1e3:>14.2f} {r * 1e3:>9.2f} {r / t:>16.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", type=Path)
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--layout-ab", action="store_true", help="x as rows vs transposed, per row count")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     for path in args.models or [p for p in DEFAULT_MODELS if p.exists()]:
-        bench_model(path, rows, args.reps)
+        if args.layout_ab:
+            layout_ab(path, rows, args.reps)
+        else:
+            bench_model(path, rows, args.reps)
 
 
 if __name__ == "__main__":

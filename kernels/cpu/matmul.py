@@ -27,9 +27,10 @@ ROW_CHUNK = 64
 #: Row counts (inclusive range) that hand the kernels x transposed rather than as rows.
 #: Why a choice at all: a tile broadcasts one x value per row and input, which needs no
 #: adjacency, and the transposed copy cost 3 µs a call at 16 rows; but the one-tile case of
-#: 8 rows ran 5 % faster transposed (SmolLM2's products, interleaved in one process:
-#: rows/transposed 0.96-0.99 at 2-7 rows, 1.05 at 8, 0.94-0.98 at 9-17). Same bits either
-#: way (the arithmetic is the same chain; tested).
+#: 8 rows was never faster as rows (SmolLM2's products, interleaved in one process,
+#: ``python -m kernels.cpu.bench MODEL --layout-ab``: rows/transposed 0.96-0.99 at 2-7
+#: rows, 1.005-1.055 at 8 over three runs, 0.92-0.98 at 9-17). Same bits either way (the
+#: arithmetic is the same chain; tested).
 TRANSPOSE_ROWS = (8, 8)
 _U = np.uint64
 _CHUNK_ROWS = 4096  # rows unpacked at a time while preparing (bounds temporary memory)
