@@ -72,7 +72,9 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
-def make_tensor(rng: np.random.Generator, rows: int, cols: int, qtype: Q, name: str = "w") -> QuantTensor:
+def make_tensor(
+    rng: np.random.Generator, rows: int, cols: int, qtype: Q, name: str = "w"
+) -> QuantTensor:
     data, _ = encode_matrix(rng, rows, cols, qtype)
     data = np.ascontiguousarray(data)
     if qtype == Q.BF16:
@@ -191,7 +193,9 @@ def test_two_type_weight_one_launch(cb, ref, rng):
             assert rel_err(out[True][0], want) < 1e-5
             assert rel_err(out[True][1], ref.add(cb.to_host(res), ref.matmul(x, w_ref))) < 1e-5
             for m in (1, 2, 3, 8, 16, 17):
-                assert np.array_equal(cb.to_host(cb.norm_matmul(xd[:m], gd, 1e-6, w, bd)), out[True][0][:m])
+                assert np.array_equal(
+                    cb.to_host(cb.norm_matmul(xd[:m], gd, 1e-6, w, bd)), out[True][0][:m]
+                )
     finally:
         cb.fuse_segment_pairs, cb.factored_products = keep
 
@@ -252,7 +256,9 @@ def test_fused_products_match_reference_and_compositions(cb, ref, rng, qtype):
 def test_fused_products_batch_invariant(cb, rng):
     """Norm, gate and residual epilogues keep every row's bits for any row count."""
     d, n_ff = 768, 200
-    w = cb.prepare_matrix([make_tensor(rng, n_ff, d, Q.Q4_K, "g"), make_tensor(rng, n_ff, d, Q.Q4_K, "u")])
+    w = cb.prepare_matrix(
+        [make_tensor(rng, n_ff, d, Q.Q4_K, "g"), make_tensor(rng, n_ff, d, Q.Q4_K, "u")]
+    )
     gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
     x = cupy.asarray(rng.standard_normal((40, d)).astype(np.float32))
     res = cupy.asarray(rng.standard_normal((40, 2 * n_ff)).astype(np.float32))
@@ -284,7 +290,9 @@ def test_long_rows_split_k_matches_reference_and_is_batch_invariant(cb, ref, rng
     assert np.isfinite(glu).all()
     for m in (1, 2, 3, 5, 8, 16, 17):
         assert np.array_equal(cb.to_host(cb.matmul(xd[:m], w)), full[:m]), f"{m} rows differ"
-        assert np.array_equal(cb.to_host(cb.norm_matmul_glu(xd[:m], gd, 1e-6, gate_up, 40, False)), glu[:m])
+        assert np.array_equal(
+            cb.to_host(cb.norm_matmul_glu(xd[:m], gd, 1e-6, gate_up, 40, False)), glu[:m]
+        )
 
 
 def test_rope_store_equals_rope_and_write_cache(cb, rng):
@@ -318,50 +326,85 @@ def _fill_cache(cb, ref, rng, cap, kvh, hd, length):
     return kc, vc, kr, vr
 
 
+@pytest.fixture(params=["tensor", "cuda-core"])
+def attn(cb, request):
+    """The backend with one attention kernel family: tensor-core (3xTF32 mma tiles, the
+    default) or CUDA-core (a warp per item). Each must match numpy and be batch-invariant;
+    they need not give each other's bits."""
+    keep = cb.tensor_attention, cb.attn_split
+    cb.tensor_attention = request.param == "tensor"
+    yield cb
+    cb.tensor_attention, cb.attn_split = keep
+
+
 @pytest.mark.parametrize(
-    "heads,kvh,hd,window", [(9, 3, 64, 0), (12, 2, 128, 0), (4, 1, 256, 37), (8, 8, 64, 100)]
+    "heads,kvh,hd,window",
+    [(9, 3, 64, 0), (12, 2, 128, 0), (4, 1, 256, 37), (8, 8, 64, 100), (6, 1, 96, 0)],
 )
-def test_attention_matches_reference(cb, ref, rng, heads, kvh, hd, window):
+def test_attention_matches_reference(attn, ref, rng, heads, kvh, hd, window):
     cap, length = 600, 517
-    kc, vc, kr, vr = _fill_cache(cb, ref, rng, cap, kvh, hd, length)
+    kc, vc, kr, vr = _fill_cache(attn, ref, rng, cap, kvh, hd, length)
     positions = np.array(sorted(rng.choice(length, size=9, replace=False)))
     positions[-1] = length - 1
     q = rng.standard_normal((9, heads, hd)).astype(np.float32)
     scale = 1.0 / math.sqrt(hd)
     poison()
-    got = cb.to_host(cb.attention(cupy.asarray(q), kc, vc, positions, window, scale))
+    got = attn.to_host(attn.attention(cupy.asarray(q), kc, vc, positions, window, scale))
     want = ref.attention(q, kr, vr, positions, window, scale)
     assert rel_err(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("split", [32, 64])
 @pytest.mark.parametrize("hd,window", [(64, 0), (128, 0), (256, 300)])
-def test_attention_batch_invariant(cb, ref, rng, hd, window):
+def test_attention_batch_invariant(attn, ref, rng, hd, window, split):
+    attn.attn_split = split
     cap, length, heads, kvh = 2048, 2000, 8, 2
-    kc, vc, _, _ = _fill_cache(cb, ref, rng, cap, kvh, hd, length)
-    k = 16
+    kc, vc, kr, vr = _fill_cache(attn, ref, rng, cap, kvh, hd, length)
+    k = 17
     positions = np.arange(length - k, length)
-    q = cupy.asarray(rng.standard_normal((k, heads, hd)).astype(np.float32))
+    qh = rng.standard_normal((k, heads, hd)).astype(np.float32)
+    q = cupy.asarray(qh)
     scale = 1.0 / math.sqrt(hd)
-    full = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
+    full = attn.to_host(attn.attention(q, kc, vc, positions, window, scale))
+    assert rel_err(full, ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
     for i in range(k):  # decode one row at a time == verify k rows
-        one = cb.to_host(cb.attention(q[i : i + 1], kc, vc, positions[i : i + 1], window, scale))
+        one = attn.to_host(
+            attn.attention(q[i : i + 1], kc, vc, positions[i : i + 1], window, scale)
+        )
         assert np.array_equal(one[0], full[i])
-    bigger = cb.grow_cache(kc, 4096), cb.grow_cache(vc, 4096)  # capacity changes nothing
-    again = cb.to_host(cb.attention(q, bigger[0], bigger[1], positions, window, scale))
+    for a, b in ((0, 5), (5, 13), (13, 17)):  # any chunking of the rows, too
+        part = attn.to_host(attn.attention(q[a:b], kc, vc, positions[a:b], window, scale))
+        assert np.array_equal(part, full[a:b])
+    bigger = attn.grow_cache(kc, 4096), attn.grow_cache(vc, 4096)  # capacity changes nothing
+    again = attn.to_host(attn.attention(q, bigger[0], bigger[1], positions, window, scale))
     assert np.array_equal(again, full)
+
+
+def test_attention_propagates_nan(attn, ref, rng):
+    """A NaN in a row's query reaches that row's output and no other row's."""
+    cap, length, heads, kvh, hd = 256, 200, 9, 3, 64
+    kc, vc, _, _ = _fill_cache(attn, ref, rng, cap, kvh, hd, length)
+    positions = np.arange(length - 4, length)
+    q = rng.standard_normal((4, heads, hd)).astype(np.float32)
+    q[2, 4, 7] = np.nan
+    got = attn.to_host(attn.attention(cupy.asarray(q), kc, vc, positions, 0, 0.125))
+    got = got.reshape(4, heads, hd)
+    assert np.isnan(got[2, 4]).all()
+    assert np.isfinite(np.delete(got.reshape(4 * heads, hd), 2 * heads + 4, axis=0)).all()
 
 
 @pytest.mark.parametrize("heads,kvh,hd,window", [(9, 3, 64, 0), (12, 2, 128, 300)])
 def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, window):
-    """Items per attention block (warps looping over several (row, head) items) is a speed
-    choice: any value gives the same bits, and matches numpy."""
+    """Items per block of the CUDA-core attention kernel (warps looping over several
+    (row, head) items) is a speed choice: any value gives the same bits, and matches numpy."""
     cap, length, k = 1024, 1000, 16
     kc, vc, kr, vr = _fill_cache(cb, ref, rng, cap, kvh, hd, length)
     positions = np.arange(length - k, length)
     qh = rng.standard_normal((k, heads, hd)).astype(np.float32)
     q = cupy.asarray(qh)
     scale = 1.0 / math.sqrt(hd)
-    keep = cb.attn_items
+    keep = cb.attn_items, cb.tensor_attention
+    cb.tensor_attention = False
     try:
         out = {}
         for items in (8, 1, 5, 16, 24, 48, 64):
@@ -373,7 +416,7 @@ def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, 
             assert np.array_equal(one[0], out[8][3])
         assert rel_err(out[8], ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
     finally:
-        cb.attn_items = keep
+        cb.attn_items, cb.tensor_attention = keep
 
 
 def test_rms_norm_rope_and_elementwise(cb, ref, rng):
@@ -383,7 +426,10 @@ def test_rms_norm_rope_and_elementwise(cb, ref, rng):
     pos = rng.integers(0, 5000, size=7)
     xd = cupy.asarray(x)
     poison()
-    assert rel_err(cb.to_host(cb.rms_norm(xd, cb.prepare_vector(wv), 1e-6)), ref.rms_norm(x, wv, 1e-6)) < 1e-6
+    assert (
+        rel_err(cb.to_host(cb.rms_norm(xd, cb.prepare_vector(wv), 1e-6)), ref.rms_norm(x, wv, 1e-6))
+        < 1e-6
+    )
     flat = x.reshape(7, 384)
     got = cb.rms_norm(cupy.asarray(flat), cb.prepare_vector(wd), 1e-5)
     assert rel_err(cb.to_host(got), ref.rms_norm(flat, wd, 1e-5)) < 1e-6
@@ -439,7 +485,9 @@ def models(tmp_path_factory, cb):
         ("qwen2", Q.Q4_K, dict(d_model=256, n_ff=512, n_heads=4, n_kv_heads=2)),
         ("gemma3", Q.Q5_0, dict(d_model=128, n_ff=256, n_heads=2, n_kv_heads=1, head_dim=256)),
     ):
-        path = write_model(tmp_path_factory.mktemp(arch) / "m.gguf", arch, qtype=qtype, vocab=300, **kw)
+        path = write_model(
+            tmp_path_factory.mktemp(arch) / "m.gguf", arch, qtype=qtype, vocab=300, **kw
+        )
         out[arch] = (load_model(path, cb)[1], load_model(path, "numpy")[1])
     return out
 
@@ -564,10 +612,14 @@ def tc_round(x: np.ndarray) -> np.ndarray:
     mx = np.abs(grp).max(axis=2, keepdims=True)
     e = np.maximum((mx.view(np.int32) >> 23) & 0xFF, 15).astype(np.int64)
     p = np.ldexp(1.0, 141 - e)
-    return ((grp * p).astype(np.float32).astype(np.float16).astype(np.float64) / p).reshape(xs.shape)
+    return ((grp * p).astype(np.float32).astype(np.float16).astype(np.float64) / p).reshape(
+        xs.shape
+    )
 
 
-def tc_check(w: np.ndarray, x: np.ndarray, got: np.ndarray, scale: np.ndarray | None = None) -> None:
+def tc_check(
+    w: np.ndarray, x: np.ndarray, got: np.ndarray, scale: np.ndarray | None = None
+) -> None:
     """got against W·x with x rounded as the kernel does (elementwise, float32 accumulation
     bound: 4·K·2^-24 Σ|w||x| for the per-group scale, min and warp sums), and against the
     exact product within f16-input bounds (‖err‖/‖ref‖ < 1e-3; f16 inputs land near 3e-4)."""
@@ -643,7 +695,9 @@ def test_tensor_products_batch_invariant(tensor_on, tc_policy, rng, qtype, polic
     cb = tensor_on
     tc_policy(policy)
     d, n_ff = 512, 72
-    gate_up = cb.prepare_matrix([make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")])
+    gate_up = cb.prepare_matrix(
+        [make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")]
+    )
     assert cb._tensor(gate_up)
     gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
     x = cupy.asarray(wide_range_x(rng, 64, d))
@@ -668,7 +722,9 @@ def test_tensor_products_batch_invariant(tensor_on, tc_policy, rng, qtype, polic
     # gated epilogue == product then activation (same act_glu), bit for bit
     gate, up = cb.split(cb.norm_matmul(x, gd, 1e-5, gate_up), [n_ff, n_ff])
     assert np.array_equal(cb.to_host(cb.gelu_tanh_mul(gate, up)), cb.to_host(ops["glu"](0, 64)))
-    assert np.array_equal(cb.to_host(ops["add"](0, 64)), cb.to_host(cb.add(res, ops["plain"](0, 64))))
+    assert np.array_equal(
+        cb.to_host(ops["add"](0, 64)), cb.to_host(cb.add(res, ops["plain"](0, 64)))
+    )
 
 
 def test_tensor_two_type_weight_one_launch(tensor_on, ref, rng):
@@ -694,7 +750,9 @@ def test_tensor_two_type_weight_one_launch(tensor_on, ref, rng):
         inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1) + 1e-6)
         tc_check(w_ref, (x * g).astype(np.float32), out[True] - bias, scale=inv)
         for m in (1, 2, 8, 16, 17):
-            assert np.array_equal(cb.to_host(cb.norm_matmul(xd[:m], gd, 1e-6, w, bd)), out[True][:m])
+            assert np.array_equal(
+                cb.to_host(cb.norm_matmul(xd[:m], gd, 1e-6, w, bd)), out[True][:m]
+            )
     finally:
         cb.fuse_segment_pairs = keep
 
@@ -723,7 +781,10 @@ def test_tensor_model_decode_equals_verify(models, arch, rng):
         whole = b.to_host(gpu.forward(ids, gpu.new_cache(64)))
         assert rel_err(whole, cpu.forward(ids, cpu.new_cache(64))) < 2e-2
         cache = gpu.new_cache(64)
-        parts = [b.to_host(gpu.forward(ids[s:e], cache)) for s, e in ((0, 1), (1, 2), (2, 18), (18, 19), (19, 40))]
+        parts = [
+            b.to_host(gpu.forward(ids[s:e], cache))
+            for s, e in ((0, 1), (1, 2), (2, 18), (18, 19), (19, 40))
+        ]
         assert np.array_equal(np.concatenate(parts), whole)
     finally:
         b.tensor_products = keep

@@ -144,6 +144,11 @@ class CupyBackend(Backend):
     attn_items = 8
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split = 32
+    #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's
+    #: (row, head) items are the M dimension of 3xTF32 mma tiles, so one row and sixteen
+    #: cost alike and a row computes alike in any tile (decode == verify, bit for bit).
+    #: Splits of 32 or 64 keys; any other split takes the CUDA-core kernel
+    tensor_attention = True
 
     def __init__(self) -> None:
         if cupy.cuda.runtime.getDeviceCount() < 1:
@@ -282,7 +287,9 @@ class CupyBackend(Backend):
     def matmul(self, x: Array, w: CudaWeight) -> Any:
         return self._product(x, w)
 
-    def norm_matmul(self, x: Array, weight: Any, eps: float, w: CudaWeight, bias: Any = None) -> Any:
+    def norm_matmul(
+        self, x: Array, weight: Any, eps: float, w: CudaWeight, bias: Any = None
+    ) -> Any:
         """matmul(rms_norm(x) * weight) (+ bias) in one launch per segment (kernels.cu mm_body)."""
         if w.out_features > self.norm_fuse_max_cols:
             return self._product(self.rms_norm(x, weight, eps), w, residual=bias)
@@ -346,7 +353,9 @@ class CupyBackend(Backend):
             seg_res = None
             if res is not None:
                 seg_res = res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
-            self._k(f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}{self._suffix(seg.kernel, w)}", seg.kernel)(
+            self._k(
+                f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}{self._suffix(seg.kernel, w)}", seg.kernel
+            )(
                 grid,
                 (32 * _MM_WARPS,),
                 (
@@ -402,8 +411,18 @@ class CupyBackend(Backend):
         return 1, 16
 
     def _tensor_product(
-        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
-        norm: Any, eps: float, res: Any, ldr: int, act: int,
+        self,
+        w: CudaWeight,
+        x2: Any,
+        ldx: int,
+        n: int,
+        out: Any,
+        width: int,
+        norm: Any,
+        eps: float,
+        res: Any,
+        ldr: int,
+        act: int,
     ) -> None:
         """mt_body launches: 8-row tiles per pass (NT) follow the row count (values do not
         depend on it); MT and KW follow the weight (``_tensor_shape``)."""
@@ -424,11 +443,25 @@ class CupyBackend(Backend):
                 (nblk_a + nblk_b,),
                 (32 * kw,),
                 (
-                    a.data, np.int64(a.row_bytes), _i32(a.rows), _i32(nblk_a),
-                    b.data, np.int64(b.row_bytes), _i32(b.rows),
-                    _i32(w.in_features), x2, _i32(ldx), _i32(n),
-                    out[:, a.col_offset :], out[:, b.col_offset :], _i32(width),
-                    norm, np.float32(eps), part(a), part(b), _i32(ldr),
+                    a.data,
+                    np.int64(a.row_bytes),
+                    _i32(a.rows),
+                    _i32(nblk_a),
+                    b.data,
+                    np.int64(b.row_bytes),
+                    _i32(b.rows),
+                    _i32(w.in_features),
+                    x2,
+                    _i32(ldx),
+                    _i32(n),
+                    out[:, a.col_offset :],
+                    out[:, b.col_offset :],
+                    _i32(width),
+                    norm,
+                    np.float32(eps),
+                    part(a),
+                    part(b),
+                    _i32(ldr),
                 ),
             )
             return
@@ -438,9 +471,21 @@ class CupyBackend(Backend):
                 ((out_cols + per_block - 1) // per_block,),
                 (32 * kw,),
                 (
-                    seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features),
-                    x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
-                    norm, np.float32(eps), part(seg), _i32(ldr), _i32(act), _i32(out_cols),
+                    seg.data,
+                    np.int64(seg.row_bytes),
+                    _i32(out_cols),
+                    _i32(w.in_features),
+                    x2,
+                    _i32(ldx),
+                    _i32(n),
+                    out[:, seg.col_offset :],
+                    _i32(width),
+                    norm,
+                    np.float32(eps),
+                    part(seg),
+                    _i32(ldr),
+                    _i32(act),
+                    _i32(out_cols),
                 ),
             )
 
@@ -450,12 +495,23 @@ class CupyBackend(Backend):
         return self.factored_products and w.out_features <= self.factored_max_cols
 
     def _suffix(self, kernel: str, w: CudaWeight) -> str:
-        """"_f" for the factored kernels of a type that has them, where ``w`` takes them."""
+        """ "_f" for the factored kernels of a type that has them, where ``w`` takes them."""
         return "_f" if kernel in FACTORED and self._factored(w) else ""
 
     def _pair_product(
-        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
-        norm: Any, eps: float, res: Any, ldr: int, tile: int, ksplit: bool,
+        self,
+        w: CudaWeight,
+        x2: Any,
+        ldx: int,
+        n: int,
+        out: Any,
+        width: int,
+        norm: Any,
+        eps: float,
+        res: Any,
+        ldr: int,
+        tile: int,
+        ksplit: bool,
     ) -> None:
         """Both segments of a two-type weight (Qwen q|k Q4_K + v Q6_K) in one launch
         (kernels.cu MM2_KERNEL): each column runs the mm_body its own launch would."""
@@ -476,11 +532,26 @@ class CupyBackend(Backend):
             (nblk_a + nblk_b,),
             (32 * _MM_WARPS,),
             (
-                a.data, np.int64(a.row_bytes), _i32(a.rows), _i32(nblk_a),
-                b.data, np.int64(b.row_bytes), _i32(b.rows),
-                _i32(w.in_features), x2, _i32(ldx), _i32(n),
-                out[:, a.col_offset :], out[:, b.col_offset :], _i32(width),
-                norm, np.float32(eps), part(a), part(b), _i32(ldr), _i32(int(ksplit)),
+                a.data,
+                np.int64(a.row_bytes),
+                _i32(a.rows),
+                _i32(nblk_a),
+                b.data,
+                np.int64(b.row_bytes),
+                _i32(b.rows),
+                _i32(w.in_features),
+                x2,
+                _i32(ldx),
+                _i32(n),
+                out[:, a.col_offset :],
+                out[:, b.col_offset :],
+                _i32(width),
+                norm,
+                np.float32(eps),
+                part(a),
+                part(b),
+                _i32(ldr),
+                _i32(int(ksplit)),
             ),
         )
 
@@ -493,7 +564,11 @@ class CupyBackend(Backend):
         """
         # one or two rows: wide only for very large grids (the output head), where four
         # columns' weight loads in flight per warp beat one (measured in bench_device)
-        need = self.wide_min_blocks_per_sm * self._sm_count if tile > 2 else self.wide_min_blocks_one_row * self._sm_count
+        need = (
+            self.wide_min_blocks_per_sm * self._sm_count
+            if tile > 2
+            else self.wide_min_blocks_one_row * self._sm_count
+        )
         if gated:  # at one row 2 pairs per warp measured slower (19.3 vs 20.5 us, Qwen-1.5B)
             return 4 if tile > 2 and out_cols // (_MM_WARPS * 2) >= need else 2
         return _COLS_PER_WARP if out_cols // (_MM_WARPS * _COLS_PER_WARP) >= need else 1
@@ -534,7 +609,9 @@ class CupyBackend(Backend):
             )
         return out
 
-    def rope_store(self, q, k, v, positions, start, base: float, neox: bool, k_cache, v_cache) -> Any:
+    def rope_store(
+        self, q, k, v, positions, start, base: float, neox: bool, k_cache, v_cache
+    ) -> Any:
         """rope(q), and rope(k) / v written to the caches at ``positions``: one launch.
 
         Rows go to cache[positions[i]] (``start`` is positions[0] by the op's contract
@@ -555,8 +632,22 @@ class CupyBackend(Backend):
                 (blocks,),
                 (256,),
                 (
-                    q2, _i32(ldq), k2, _i32(ldk), v2, _i32(ldv), pos, _i32(n), _i32(heads),
-                    _i32(kvh), _i32(hd), np.float64(base), _i32(int(neox)), out, k_cache, v_cache,
+                    q2,
+                    _i32(ldq),
+                    k2,
+                    _i32(ldk),
+                    v2,
+                    _i32(ldv),
+                    pos,
+                    _i32(n),
+                    _i32(heads),
+                    _i32(kvh),
+                    _i32(hd),
+                    np.float64(base),
+                    _i32(int(neox)),
+                    out,
+                    k_cache,
+                    v_cache,
                 ),
             )
         return out
@@ -586,8 +677,131 @@ class CupyBackend(Backend):
         opart = cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32)
         mpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
         lpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
-        group = heads // kvh
-        items = n * group
+        if self.tensor_attention and split in (32, 64):
+            self._attention_tc(
+                q2,
+                ldq,
+                k_cache,
+                v_cache,
+                pos,
+                n,
+                heads,
+                kvh,
+                hd,
+                split,
+                nsplit,
+                window,
+                scale,
+                opart,
+                mpart,
+                lpart,
+            )
+        else:
+            self._attention_cc(
+                q2,
+                ldq,
+                k_cache,
+                v_cache,
+                pos,
+                n,
+                heads,
+                kvh,
+                hd,
+                split,
+                nsplit,
+                window,
+                scale,
+                opart,
+                mpart,
+                lpart,
+            )
+        self._k("attn_combine")(
+            (heads, n),
+            (256,),
+            (
+                opart,
+                mpart,
+                lpart,
+                pos,
+                _i32(heads),
+                _i32(hd),
+                _i32(split),
+                _i32(max(0, int(window))),
+                _i32(nsplit),
+                out,
+            ),
+        )
+        return out
+
+    def _attention_tc(
+        self,
+        q2,
+        ldq,
+        k_cache,
+        v_cache,
+        pos,
+        n,
+        heads,
+        kvh,
+        hd,
+        split,
+        nsplit,
+        window,
+        scale,
+        opart,
+        mpart,
+        lpart,
+    ) -> None:
+        """Pass 1 on the tensor cores: blocks of 4 warps, a 16-item tile per warp."""
+        items = n * (heads // kvh)
+        chunks = (items + 63) // 64
+        smem = split * (2 * hd + 12) * 4
+        part = self._k(f"attn_tc_d{hd // 32}_j{split // 8}")
+        if part.max_dynamic_shared_size_bytes < smem:
+            part.max_dynamic_shared_size_bytes = smem
+        part(
+            (nsplit, kvh, chunks),
+            (128,),
+            (
+                q2,
+                _i32(ldq),
+                k_cache,
+                v_cache,
+                pos,
+                _i32(n),
+                _i32(heads),
+                _i32(kvh),
+                _i32(max(0, int(window))),
+                np.float32(scale),
+                _i32(nsplit),
+                opart,
+                mpart,
+                lpart,
+            ),
+            shared_mem=smem,
+        )
+
+    def _attention_cc(
+        self,
+        q2,
+        ldq,
+        k_cache,
+        v_cache,
+        pos,
+        n,
+        heads,
+        kvh,
+        hd,
+        split,
+        nsplit,
+        window,
+        scale,
+        opart,
+        mpart,
+        lpart,
+    ) -> None:
+        """Pass 1 on the CUDA cores: a warp per (row, head) item, one key per lane."""
+        items = n * (heads // kvh)
         per_block = self.attn_items
         chunks = (items + per_block - 1) // per_block
         smem = (split * (2 * hd + 1) + min(items, per_block) * hd) * 4
@@ -617,23 +831,6 @@ class CupyBackend(Backend):
             ),
             shared_mem=smem,
         )
-        self._k("attn_combine")(
-            (heads, n),
-            (256,),
-            (
-                opart,
-                mpart,
-                lpart,
-                pos,
-                _i32(heads),
-                _i32(hd),
-                _i32(split),
-                _i32(max(0, int(window))),
-                _i32(nsplit),
-                out,
-            ),
-        )
-        return out
 
     def silu_mul(self, gate, up) -> Any:
         return self._glu(gate, up, _ACT["silu"])
@@ -653,7 +850,9 @@ class CupyBackend(Backend):
         if total:
             blocks = min((total + 255) // 256, 4 * self._sm_count)
             self._k("glu_act")(
-                (blocks,), (256,), (g2, _i32(ldg), u2, _i32(ldu), _i32(n), _i32(width), _i32(act), out)
+                (blocks,),
+                (256,),
+                (g2, _i32(ldg), u2, _i32(ldu), _i32(n), _i32(width), _i32(act), out),
             )
         return out.reshape(shape)
 

@@ -188,6 +188,10 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         lines += ab_decode(b, model, cache, context, prompt, reps)
     if TC:
         lines += ab_tensor(b, model, cache, context, prompt, reps, ks)
+    if ATTN:
+        lines += ab_attention(b, model, cache, context, prompt, reps, ks)
+        if QUICK:
+            return lines
     lines += op_breakdown(b, model, cache, context)
     return lines
 
@@ -277,6 +281,63 @@ def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], r
             f"  tc {name:<9s} decode {t1 * 1e3:7.3f} ms {1 / t1:7.1f} tok/s x{t1 / base:5.3f} vs cuda-core | "
             f"{parts} | ids {sorted(picks[name])}"
         )
+    return lines
+
+
+#: session-5 A/B (--attn): CUDA-core attention vs tensor-core attention (splits 32 / 64)
+ATTN = False
+ATTN_CONFIGS = {  # name: (tensor_attention, attn_split)
+    "cuda-core": (False, 32),
+    "tensor-s32": (True, 32),
+    "tensor-s64": (True, 64),
+}
+
+
+def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3) -> list[str]:
+    """Engine path (forward + argmax) at each k for each attention policy, interleaved
+    ``rounds`` times with fresh graphs each switch (median of the round medians), then
+    one layer's attention alone inside graphs at 1, 8 and 16 rows."""
+    import cupy
+
+    keep = b.tensor_attention, b.attn_split
+    times = {(c, k): [] for c in ATTN_CONFIGS for k in ks}
+    picks: dict[str, set[int]] = {c: set() for c in ATTN_CONFIGS}
+    for _ in range(rounds):
+        for name, policy in ATTN_CONFIGS.items():
+            b.tensor_attention, b.attn_split = policy
+            b.drop_graphs()
+            for k in ks:
+                ids = prompt[-k:]
+
+                def run(ids=ids) -> np.ndarray:
+                    cache.truncate(context)
+                    return b.argmax(model.forward(ids, cache, all_logits=True))
+
+                run()
+                picks[name].add(int(run()[-1]))
+                times[(name, k)].append(median_time(run, reps))
+    lines = []
+    base = statistics.median(times[("cuda-core", ks[0])])
+    for name in ATTN_CONFIGS:
+        med = {k: statistics.median(times[(name, k)]) for k in ks}
+        t1 = med[ks[0]]
+        parts = " ".join(f"k={k}:{med[k] * 1e3:.3f}ms(x{med[k] / t1:.2f})" for k in ks)
+        lines.append(
+            f"  attn {name:<10s} decode {t1 * 1e3:7.3f} ms {1 / t1:7.1f} tok/s x{t1 / base:5.3f} | "
+            f"{parts} | ids {sorted(picks[name])}"
+        )
+    c = model.config
+    for n in (1, 8, 16, 17):
+        pos = b.device_ints(np.arange(context - n, context))
+        q = cupy.asarray(np.random.default_rng(4).standard_normal((n, c.n_heads, c.head_dim)).astype(np.float32))
+        parts = []
+        for name, policy in ATTN_CONFIGS.items():
+            b.tensor_attention, b.attn_split = policy
+            fn = lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1)  # noqa: E731
+            parts.append(f"{name} {graph_op_time(b, fn) * 1e6:.1f}")
+        lines.append(f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts))
+    b.tensor_attention, b.attn_split = keep
+    b.drop_graphs()
     return lines
 
 
@@ -414,10 +475,11 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/echoline-bench")
     ap.add_argument("--ab", action="store_true", help="interleaved A/B of the round-5 product policies")
     ap.add_argument("--tc", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core products")
+    ap.add_argument("--attn", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core attention")
     ap.add_argument("--quick", action="store_true", help="skip the split / columns / split-K sweeps")
     args = ap.parse_args()
-    global AB, QUICK, TC
-    AB, QUICK, TC = args.ab, args.quick, args.tc
+    global AB, QUICK, TC, ATTN
+    AB, QUICK, TC, ATTN = args.ab, args.quick, args.tc, args.attn
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]

@@ -19,6 +19,12 @@ if [ "$1" = tc ]; then  # round 6: tensor-core products (kernel tests, then the 
   [ -n "$TC_BENCH" ] && timeout ${TC_BENCH} python3 -m kernels.cuda.bench_device --reps 30 --tc --quick > "$OUT/bench.log" 2>&1
   [ -n "$TC_BENCH" ] && sed -n '/== summary ==/,$p' "$OUT/bench.log"
 fi
+if [ "$1" = attn ]; then  # session 5: tensor-core attention (its tests, the A/B bench, then every GPU test)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_cuda_backend.py -k "attention" 2>&1 | tee "$OUT/attn_tests.log" | grep -E "passed|failed|^E |Error|s call" | head -40
+  timeout ${ATTN_BENCH:-240} python3 -m kernels.cuda.bench_device --reps 30 --attn --quick --ks 1,2,4,8,12,16,17 > "$OUT/bench.log" 2>&1
+  sed -n '/== summary ==/,$p' "$OUT/bench.log"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "not attention" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -30
+fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M
@@ -28,8 +34,8 @@ if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   fi
   timeout 150 $cli bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"; echo "decode rc=$?"; cat "$OUT/decode.err" | tail -12; tail -c 800 "$OUT/decode.json"
   timeout 200 $cli bench spec --backend cuda --model $M --traffic copy --json > "$OUT/spec.json" 2> "$OUT/spec.err"; echo "spec rc=$?"; tail -15 "$OUT/spec.err"; tail -c 1500 "$OUT/spec.json"
-  if [ "$1" = spec ]; then
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py 2>&1 | tee "$OUT/e2e.log" | grep -E "passed|failed|^E |Error|s call" | head -30
+  if [ "$1" = spec ] || [ "$1" = real ]; then
     timeout 150 $cli bench spec --backend cuda --model $M --traffic edit --json > "$OUT/spec_edit.json" 2> "$OUT/spec_edit.err"; echo "spec edit rc=$?"; tail -6 "$OUT/spec_edit.err"; tail -c 700 "$OUT/spec_edit.json"
   fi
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py 2>&1 | tee "$OUT/e2e.log" | grep -E "passed|failed|^E |Error|s call" | head -30
 fi

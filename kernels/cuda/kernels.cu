@@ -928,6 +928,219 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
 ATTN_PARTIAL(1) ATTN_PARTIAL(2) ATTN_PARTIAL(3) ATTN_PARTIAL(4)
 ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 
+// ---- tensor-core attention, pass 1 (session 5, backend flag tensor_attention) ----
+//
+// Same job and outputs as attn_partial (a split's unnormalized output, max and sum per
+// (row, head)), but a GQA group's (row, head) items are the M dimension of mma.sync
+// m16n8k8 tiles: scores = Q K^T with items x keys, output = P V with items x dims. Every
+// score and output element is its own dot product inside the instruction, so an item
+// computes alike whichever tile row it lands in and whatever items share the tile: a
+// decode row and the same row in a verify batch get the same bits, and 16 items cost
+// what one does. Operands are f32 split 3xTF32: x = hi + lo with hi = x rounded to TF32
+// (10-bit mantissa, f32 range) and lo = x - hi (exact), truncated to TF32 by the unit;
+// a.b = lo(a).hi(b) + hi(a).lo(b) + hi(a).hi(b), accumulated in f32 in that order per
+// 8-wide k step (the dropped lo.lo term is ~2^-22 relative): about f32 accuracy.
+//
+// Block (split s, kv head g, chunk z) of 4 warps stages the split's S keys of K and V in
+// shared memory (rows padded so fragment reads hit 32 distinct banks); warp w runs the
+// 16-item tile 4z + w. Within a tile, lane (gq = lane / 4, t = lane % 4) holds items gq
+// and gq + 8; a score row's max and sum run over the lane's keys in fixed order, then a
+// butterfly over the 4 lanes of the quad (commutative steps: every lane gets the same
+// bits). Keys past a row's position or before its window are -inf (weight 0); V rows
+// past the block's last needed key are zeroed so 0 * garbage cannot make a NaN.
+__device__ __forceinline__ u32 tf32_hi(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;  // inf / NaN kept as they are
+    return (u + 0x1000u) & 0xffffe000u;              // round to nearest, ties away
+}
+
+__device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
+    hi = tf32_hi(x);
+    lo = __float_as_uint(__fsub_rn(x, __uint_as_float(hi))) & 0xffffe000u;
+}
+
+__device__ __forceinline__ void mma1688(float d[4], const u32 a[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a . b in 3xTF32 (lo terms first, fixed order)
+__device__ __forceinline__ void mma3(float d[4], const u32 ah[4], const u32 al[4], float b0,
+                                     float b1) {
+    u32 bh0, bl0, bh1, bl1;
+    split_tf32(b0, bh0, bl0);
+    split_tf32(b1, bh1, bl1);
+    mma1688(d, al, bh0, bh1);
+    mma1688(d, ah, bl0, bl1);
+    mma1688(d, ah, bh0, bh1);
+}
+
+#define ATC_WARPS 4
+template <int DPL, int NJ>
+__device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const float* Kc,
+                                             const float* Vc, const int* pos, int n, int H,
+                                             int KVH, int window, float scale, int nsplit,
+                                             float* Opart, float* Mpart, float* Lpart) {
+    constexpr int hd = DPL * 32, S = NJ * 8;
+    constexpr int KST = hd + 4, VST = hd + 8;  // banks: K reads gq*4 + t, V reads t*8 + gq
+    extern __shared__ float smem[];
+    float* Ks = smem;
+    float* Vs = smem + S * KST;
+    int s = blockIdx.x, g = blockIdx.y;
+    int group = H / KVH, items = n * group;
+    int it0 = blockIdx.z * ATC_WARPS * 16;
+    int it1 = min(items, it0 + ATC_WARPS * 16);
+    int j0 = s * S;
+    // keys this block needs: up to the largest position of its rows; skip if no row's
+    // range [lo, p] meets this split
+    int pmax = -1;
+    bool need = false;
+    for (int r = it0 / group; r <= (it1 - 1) / group; ++r) {
+        int p = pos[r];
+        int lo = window > 0 ? max(0, p - window + 1) : 0;
+        pmax = max(pmax, p);
+        need = need || (j0 <= p && j0 + S > lo);
+    }
+    if (!need) return;
+    int jn = min(S, pmax + 1 - j0);
+    constexpr int hd4 = hd / 4;
+    for (int t = threadIdx.x; t < S * hd4; t += blockDim.x) {
+        int jj = t / hd4, d = (t - jj * hd4) << 2;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+        if (jj < jn) {
+            long long src = ((long long)(j0 + jj) * KVH + g) * hd + d;
+            kv = *reinterpret_cast<const float4*>(Kc + src);
+            vv = *reinterpret_cast<const float4*>(Vc + src);
+        }
+        *reinterpret_cast<float4*>(Ks + jj * KST + d) = kv;
+        *reinterpret_cast<float4*>(Vs + jj * VST + d) = vv;
+    }
+    __syncthreads();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int gq = lane >> 2, t = lane & 3;
+    int ia = it0 + warp * 16 + gq, ib = ia + 8;  // this lane's two items
+    if (it0 + warp * 16 >= it1) return;
+    bool va = ia < it1, vb = ib < it1;
+    int ra = va ? ia / group : 0, rb = vb ? ib / group : 0;
+    int ha = g * group + (va ? ia % group : 0), hb = g * group + (vb ? ib % group : 0);
+    const float* qa = Q + (long long)ra * ldq + (long long)ha * hd;
+    const float* qb = Q + (long long)rb * ldq + (long long)hb * hd;
+    // scores: acc[j] = items x keys 8j..8j+7 of the split
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll 2
+    for (int kk = 0; kk < hd / 8; ++kk) {
+        int d = kk * 8 + t;
+        u32 ah[4], al[4];
+        split_tf32(va ? qa[d] : 0.0f, ah[0], al[0]);
+        split_tf32(vb ? qb[d] : 0.0f, ah[1], al[1]);
+        split_tf32(va ? qa[d + 4] : 0.0f, ah[2], al[2]);
+        split_tf32(vb ? qb[d + 4] : 0.0f, ah[3], al[3]);
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const float* kr = Ks + (8 * j + gq) * KST + d;
+            mma3(acc[j], ah, al, kr[0], kr[4]);
+        }
+    }
+    int pa = va ? pos[ra] : -1, pb = vb ? pos[rb] : -1;
+    int loa = window > 0 ? max(0, pa - window + 1) : 0;
+    int lob = window > 0 ? max(0, pb - window + 1) : 0;
+    float ma = -INFINITY, mb = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            int key = j0 + 8 * j + 2 * t + (c & 1);
+            bool ok = c < 2 ? (key >= loa && key <= pa) : (key >= lob && key <= pb);
+            float v = ok ? __fmul_rn(acc[j][c], scale) : -INFINITY;
+            acc[j][c] = v;
+            if (c < 2) ma = fmaxf(ma, v);
+            else mb = fmaxf(mb, v);
+        }
+    }
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 1));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 2));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+    float la = 0.0f, lb = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            float m = c < 2 ? ma : mb;
+            float e = acc[j][c] == -INFINITY ? 0.0f : expf(__fsub_rn(acc[j][c], m));
+            acc[j][c] = e;
+            if (c < 2) la = __fadd_rn(la, e);
+            else lb = __fadd_rn(lb, e);
+        }
+    }
+    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 1));
+    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 1));
+    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 2));
+    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 2));
+    // weights as A fragments: A[gq][t] = P(item gq, key 8j + t) lives in lane (gq, t / 2),
+    // slot t % 2 of the score fragment; A[gq][t + 4] in lane (gq, t / 2 + 2)
+    u32 ph[NJ][4], pl[NJ][4];
+    int src0 = (lane & ~3) | (t >> 1), src1 = src0 + 2;
+    bool odd = t & 1;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+        float x0 = __shfl_sync(0xffffffffu, acc[j][0], src0);
+        float x1 = __shfl_sync(0xffffffffu, acc[j][1], src0);
+        float x2 = __shfl_sync(0xffffffffu, acc[j][2], src0);
+        float x3 = __shfl_sync(0xffffffffu, acc[j][3], src0);
+        float y0 = __shfl_sync(0xffffffffu, acc[j][0], src1);
+        float y1 = __shfl_sync(0xffffffffu, acc[j][1], src1);
+        float y2 = __shfl_sync(0xffffffffu, acc[j][2], src1);
+        float y3 = __shfl_sync(0xffffffffu, acc[j][3], src1);
+        split_tf32(odd ? x1 : x0, ph[j][0], pl[j][0]);
+        split_tf32(odd ? x3 : x2, ph[j][1], pl[j][1]);
+        split_tf32(odd ? y1 : y0, ph[j][2], pl[j][2]);
+        split_tf32(odd ? y3 : y2, ph[j][3], pl[j][3]);
+    }
+    bool wa = va && ma != -INFINITY, wb = vb && mb != -INFINITY;
+    long long basea = ((long long)ra * H + ha) * nsplit + s;
+    long long baseb = ((long long)rb * H + hb) * nsplit + s;
+#pragma unroll 2
+    for (int dd = 0; dd < hd / 8; ++dd) {
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+            const float* vr = Vs + (8 * j + t) * VST + 8 * dd + gq;
+            mma3(o, ph[j], pl[j], vr[0], vr[4 * VST]);
+        }
+        int d = 8 * dd + 2 * t;
+        if (wa) *reinterpret_cast<float2*>(Opart + basea * hd + d) = make_float2(o[0], o[1]);
+        if (wb) *reinterpret_cast<float2*>(Opart + baseb * hd + d) = make_float2(o[2], o[3]);
+    }
+    if (t == 0) {
+        if (wa) {
+            Mpart[basea] = ma;
+            Lpart[basea] = la;
+        }
+        if (wb) {
+            Mpart[baseb] = mb;
+            Lpart[baseb] = lb;
+        }
+    }
+}
+
+#define ATTN_TC(DPL, NJ)                                                                        \
+    extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32) attn_tc_d##DPL##_j##NJ(       \
+        const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
+        int KVH, int window, float scale, int nsplit, float* Opart, float* Mpart,               \
+        float* Lpart) {                                                                          \
+        attn_tc_body<DPL, NJ>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit, Opart,     \
+                              Mpart, Lpart);                                                     \
+    }
+ATTN_TC(1, 4) ATTN_TC(2, 4) ATTN_TC(3, 4) ATTN_TC(4, 4)
+ATTN_TC(5, 4) ATTN_TC(6, 4) ATTN_TC(7, 4) ATTN_TC(8, 4)
+ATTN_TC(1, 8) ATTN_TC(2, 8) ATTN_TC(3, 8) ATTN_TC(4, 8)
+ATTN_TC(5, 8) ATTN_TC(6, 8) ATTN_TC(7, 8) ATTN_TC(8, 8)
+
 // Merge one more (max, sum, output) triple into a running one, online-softmax style.
 __device__ __forceinline__ void softmax_merge(float& M, float& L, float& o, float m2, float l2,
                                               float o2) {
