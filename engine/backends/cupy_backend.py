@@ -755,7 +755,8 @@ class CupyBackend(Backend):
         """Pass 1 on the tensor cores: blocks of 4 warps, a 16-item tile per warp."""
         items = n * (heads // kvh)
         chunks = (items + 63) // 64
-        smem = split * (2 * hd + 12) * 4
+        tiles = min(4, (items + 15) // 16)  # 16-item tiles a block stages q for
+        smem = (split * (2 * hd + 12) + tiles * 16 * (hd + 4)) * 4
         part = self._k(f"attn_tc_d{hd // 32}_j{split // 8}")
         if part.max_dynamic_shared_size_bytes < smem:
             part.max_dynamic_shared_size_bytes = smem

@@ -938,11 +938,13 @@ ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 // decode row and the same row in a verify batch get the same bits, and 16 items cost
 // what one does. Operands are f32 split 3xTF32: x = hi + lo with hi = x rounded to TF32
 // (10-bit mantissa, f32 range) and lo = x - hi (exact), truncated to TF32 by the unit;
-// a.b = lo(a).hi(b) + hi(a).lo(b) + hi(a).hi(b), accumulated in f32 in that order per
-// 8-wide k step (the dropped lo.lo term is ~2^-22 relative): about f32 accuracy.
+// a.b = hi(a).hi(b) + [lo(a).hi(b) + hi(a).lo(b)], the hi and lo terms in two f32
+// accumulators added once at the end (the dropped lo.lo term is ~2^-22 relative): about
+// f32 accuracy.
 //
-// Block (split s, kv head g, chunk z) of 4 warps stages the split's S keys of K and V in
-// shared memory (rows padded so fragment reads hit 32 distinct banks); warp w runs the
+// Block (split s, kv head g, chunk z) of 4 warps stages the split's S keys of K and V and
+// its items' q vectors in shared memory (rows padded so fragment reads hit 32 distinct
+// banks; one round trip to memory, then only shared reads); warp w runs the
 // 16-item tile 4z + w. Within a tile, lane (gq = lane / 4, t = lane % 4) holds items gq
 // and gq + 8; a score row's max and sum run over the lane's keys in fixed order, then a
 // butterfly over the 4 lanes of the quad (commutative steps: every lane gets the same
@@ -966,15 +968,17 @@ __device__ __forceinline__ void mma1688(float d[4], const u32 a[4], u32 b0, u32 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d += a . b in 3xTF32 (lo terms first, fixed order)
-__device__ __forceinline__ void mma3(float d[4], const u32 ah[4], const u32 al[4], float b0,
-                                     float b1) {
+// 3xTF32 into two accumulators: h += hi(a).hi(b); l += lo(a).hi(b) + hi(a).lo(b). The
+// caller adds l to h once at the end (fixed order): two short dependency chains instead
+// of one three times as long.
+__device__ __forceinline__ void mma3(float h[4], float l[4], const u32 ah[4], const u32 al[4],
+                                     float b0, float b1) {
     u32 bh0, bl0, bh1, bl1;
     split_tf32(b0, bh0, bl0);
     split_tf32(b1, bh1, bl1);
-    mma1688(d, al, bh0, bh1);
-    mma1688(d, ah, bl0, bl1);
-    mma1688(d, ah, bh0, bh1);
+    mma1688(l, al, bh0, bh1);
+    mma1688(l, ah, bl0, bl1);
+    mma1688(h, ah, bh0, bh1);
 }
 
 #define ATC_WARPS 4
@@ -984,10 +988,12 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
                                              int KVH, int window, float scale, int nsplit,
                                              float* Opart, float* Mpart, float* Lpart) {
     constexpr int hd = DPL * 32, S = NJ * 8;
-    constexpr int KST = hd + 4, VST = hd + 8;  // banks: K reads gq*4 + t, V reads t*8 + gq
+    // padded row strides: K and Q fragment reads hit banks gq*4 + t, V reads t*8 + gq
+    constexpr int KST = hd + 4, VST = hd + 8, QST = hd + 4;
     extern __shared__ float smem[];
     float* Ks = smem;
-    float* Vs = smem + S * KST;
+    float* Vs = Ks + S * KST;
+    float* Qs = Vs + S * VST;
     int s = blockIdx.x, g = blockIdx.y;
     int group = H / KVH, items = n * group;
     int it0 = blockIdx.z * ATC_WARPS * 16;
@@ -1006,7 +1012,9 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     if (!need) return;
     int jn = min(S, pmax + 1 - j0);
     constexpr int hd4 = hd / 4;
-    for (int t = threadIdx.x; t < S * hd4; t += blockDim.x) {
+    // stage K, V (zero past jn) and the block's q vectors (zero past the last item)
+#pragma unroll 4
+    for (int t = threadIdx.x; t < S * hd4; t += ATC_WARPS * 32) {
         int jj = t / hd4, d = (t - jj * hd4) << 2;
         float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
         if (jj < jn) {
@@ -1017,32 +1025,46 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         *reinterpret_cast<float4*>(Ks + jj * KST + d) = kv;
         *reinterpret_cast<float4*>(Vs + jj * VST + d) = vv;
     }
+    int nq = ((it1 - it0 + 15) >> 4) << 4;  // whole 16-item tiles
+#pragma unroll 4
+    for (int t = threadIdx.x; t < nq * hd4; t += ATC_WARPS * 32) {
+        int it = t / hd4, d = (t - it * hd4) << 2;
+        int item = it0 + it;
+        float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (item < it1) {
+            int i = item / group, h = g * group + item % group;
+            qv = *reinterpret_cast<const float4*>(Q + (long long)i * ldq + (long long)h * hd + d);
+        }
+        *reinterpret_cast<float4*>(Qs + it * QST + d) = qv;
+    }
     __syncthreads();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int gq = lane >> 2, t = lane & 3;
-    int ia = it0 + warp * 16 + gq, ib = ia + 8;  // this lane's two items
     if (it0 + warp * 16 >= it1) return;
+    int ia = it0 + warp * 16 + gq, ib = ia + 8;  // this lane's two items
     bool va = ia < it1, vb = ib < it1;
     int ra = va ? ia / group : 0, rb = vb ? ib / group : 0;
     int ha = g * group + (va ? ia % group : 0), hb = g * group + (vb ? ib % group : 0);
-    const float* qa = Q + (long long)ra * ldq + (long long)ha * hd;
-    const float* qb = Q + (long long)rb * ldq + (long long)hb * hd;
-    // scores: acc[j] = items x keys 8j..8j+7 of the split
-    float acc[NJ][4];
+    const float* qa = Qs + (warp * 16 + gq) * QST;
+    const float* qb = qa + 8 * QST;
+    // scores: items x keys 8j..8j+7 of the split, as hi.hi (sh) and lo terms (sl)
+    float sh[NJ][4], sl[NJ][4];
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) sh[j][c] = sl[j][c] = 0.0f;
 #pragma unroll 2
     for (int kk = 0; kk < hd / 8; ++kk) {
         int d = kk * 8 + t;
         u32 ah[4], al[4];
-        split_tf32(va ? qa[d] : 0.0f, ah[0], al[0]);
-        split_tf32(vb ? qb[d] : 0.0f, ah[1], al[1]);
-        split_tf32(va ? qa[d + 4] : 0.0f, ah[2], al[2]);
-        split_tf32(vb ? qb[d + 4] : 0.0f, ah[3], al[3]);
+        split_tf32(qa[d], ah[0], al[0]);
+        split_tf32(qb[d], ah[1], al[1]);
+        split_tf32(qa[d + 4], ah[2], al[2]);
+        split_tf32(qb[d + 4], ah[3], al[3]);
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
             const float* kr = Ks + (8 * j + gq) * KST + d;
-            mma3(acc[j], ah, al, kr[0], kr[4]);
+            mma3(sh[j], sl[j], ah, al, kr[0], kr[4]);
         }
     }
     int pa = va ? pos[ra] : -1, pb = vb ? pos[rb] : -1;
@@ -1055,8 +1077,8 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         for (int c = 0; c < 4; ++c) {
             int key = j0 + 8 * j + 2 * t + (c & 1);
             bool ok = c < 2 ? (key >= loa && key <= pa) : (key >= lob && key <= pb);
-            float v = ok ? __fmul_rn(acc[j][c], scale) : -INFINITY;
-            acc[j][c] = v;
+            float v = ok ? __fmul_rn(__fadd_rn(sh[j][c], sl[j][c]), scale) : -INFINITY;
+            sh[j][c] = v;
             if (c < 2) ma = fmaxf(ma, v);
             else mb = fmaxf(mb, v);
         }
@@ -1071,8 +1093,8 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             float m = c < 2 ? ma : mb;
-            float e = acc[j][c] == -INFINITY ? 0.0f : expf(__fsub_rn(acc[j][c], m));
-            acc[j][c] = e;
+            float e = sh[j][c] == -INFINITY ? 0.0f : expf(__fsub_rn(sh[j][c], m));
+            sh[j][c] = e;
             if (c < 2) la = __fadd_rn(la, e);
             else lb = __fadd_rn(lb, e);
         }
@@ -1088,33 +1110,49 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     bool odd = t & 1;
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
-        float x0 = __shfl_sync(0xffffffffu, acc[j][0], src0);
-        float x1 = __shfl_sync(0xffffffffu, acc[j][1], src0);
-        float x2 = __shfl_sync(0xffffffffu, acc[j][2], src0);
-        float x3 = __shfl_sync(0xffffffffu, acc[j][3], src0);
-        float y0 = __shfl_sync(0xffffffffu, acc[j][0], src1);
-        float y1 = __shfl_sync(0xffffffffu, acc[j][1], src1);
-        float y2 = __shfl_sync(0xffffffffu, acc[j][2], src1);
-        float y3 = __shfl_sync(0xffffffffu, acc[j][3], src1);
+        float x0 = __shfl_sync(0xffffffffu, sh[j][0], src0);
+        float x1 = __shfl_sync(0xffffffffu, sh[j][1], src0);
+        float x2 = __shfl_sync(0xffffffffu, sh[j][2], src0);
+        float x3 = __shfl_sync(0xffffffffu, sh[j][3], src0);
+        float y0 = __shfl_sync(0xffffffffu, sh[j][0], src1);
+        float y1 = __shfl_sync(0xffffffffu, sh[j][1], src1);
+        float y2 = __shfl_sync(0xffffffffu, sh[j][2], src1);
+        float y3 = __shfl_sync(0xffffffffu, sh[j][3], src1);
         split_tf32(odd ? x1 : x0, ph[j][0], pl[j][0]);
         split_tf32(odd ? x3 : x2, ph[j][1], pl[j][1]);
         split_tf32(odd ? y1 : y0, ph[j][2], pl[j][2]);
         split_tf32(odd ? y3 : y2, ph[j][3], pl[j][3]);
     }
-    bool wa = va && ma != -INFINITY, wb = vb && mb != -INFINITY;
+    // an item writes every split its range meets (a NaN score makes a NaN output there)
+    bool wa = va && j0 <= pa && j0 + S > loa, wb = vb && j0 <= pb && j0 + S > lob;
     long long basea = ((long long)ra * H + ha) * nsplit + s;
     long long baseb = ((long long)rb * H + hb) * nsplit + s;
-#pragma unroll 2
-    for (int dd = 0; dd < hd / 8; ++dd) {
-        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    constexpr int DG = 4;  // output tiles (8 dims each) in flight together
+#pragma unroll 1
+    for (int d0 = 0; d0 < hd / 8; d0 += DG) {
+        float oh[DG][4], ol[DG][4];
+#pragma unroll
+        for (int u = 0; u < DG; ++u)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            const float* vr = Vs + (8 * j + t) * VST + 8 * dd + gq;
-            mma3(o, ph[j], pl[j], vr[0], vr[4 * VST]);
+#pragma unroll
+            for (int u = 0; u < DG; ++u) {
+                const float* vr = Vs + (8 * j + t) * VST + 8 * (d0 + u) + gq;
+                mma3(oh[u], ol[u], ph[j], pl[j], vr[0], vr[4 * VST]);
+            }
         }
-        int d = 8 * dd + 2 * t;
-        if (wa) *reinterpret_cast<float2*>(Opart + basea * hd + d) = make_float2(o[0], o[1]);
-        if (wb) *reinterpret_cast<float2*>(Opart + baseb * hd + d) = make_float2(o[2], o[3]);
+#pragma unroll
+        for (int u = 0; u < DG; ++u) {
+            int d = 8 * (d0 + u) + 2 * t;
+            if (wa)
+                *reinterpret_cast<float2*>(Opart + basea * hd + d) =
+                    make_float2(__fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
+            if (wb)
+                *reinterpret_cast<float2*>(Opart + baseb * hd + d) =
+                    make_float2(__fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
+        }
     }
     if (t == 0) {
         if (wa) {
