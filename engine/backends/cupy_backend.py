@@ -147,7 +147,7 @@ class CupyBackend(Backend):
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's
     #: (row, head) items are the M dimension of 3xTF32 mma tiles, so one row and sixteen
     #: cost alike and a row computes alike in any tile (decode == verify, bit for bit).
-    #: Splits of 32 or 64 keys; any other split takes the CUDA-core kernel
+    #: Splits of 32 keys; any other split takes the CUDA-core kernel
     tensor_attention = True
 
     def __init__(self) -> None:
@@ -677,7 +677,7 @@ class CupyBackend(Backend):
         opart = cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32)
         mpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
         lpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
-        if self.tensor_attention and split in (32, 64):
+        if self.tensor_attention and split == 32:
             self._attention_tc(
                 q2,
                 ldq,
@@ -752,12 +752,13 @@ class CupyBackend(Backend):
         mpart,
         lpart,
     ) -> None:
-        """Pass 1 on the tensor cores: blocks of 4 warps, a 16-item tile per warp."""
+        """Pass 1 on the tensor cores: blocks of 4 warps sharing up to 4 sixteen-item tiles."""
         items = n * (heads // kvh)
         chunks = (items + 63) // 64
         tiles = min(4, (items + 15) // 16)  # 16-item tiles a block stages q for
-        smem = (split * (2 * hd + 12) + tiles * 16 * (hd + 4)) * 4
-        part = self._k(f"attn_tc_d{hd // 32}_j{split // 8}")
+        # K and V as hi/lo planes, the tiles' scores (4 x 16 x 36), their q vectors
+        smem = (split * (4 * hd + 24) + 4 * 16 * (split + 4) + tiles * 16 * (hd + 4)) * 4
+        part = self._k(f"attn_tc_d{hd // 32}")
         if part.max_dynamic_shared_size_bytes < smem:
             part.max_dynamic_shared_size_bytes = smem
         part(

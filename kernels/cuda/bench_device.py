@@ -244,7 +244,9 @@ def ab_decode(b, model, cache, context: int, prompt, reps: int, rounds: int = 3)
 TC = False
 
 
-def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3) -> list[str]:
+def ab_tensor(
+    b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3
+) -> list[str]:
     """Engine path (forward + argmax) at each k for both product policies, interleaved
     ``rounds`` times with fresh graphs each switch; median of the round medians."""
     keep = b.tensor_products, b.tensor_max_in, b.tensor_max_cols
@@ -276,7 +278,9 @@ def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], r
     base = med[("cuda-core", ks[0])]
     for name in configs:
         t1 = med[(name, ks[0])]
-        parts = " ".join(f"k={k}:{med[(name, k)] * 1e3:.3f}ms(x{med[(name, k)] / t1:.2f})" for k in ks)
+        parts = " ".join(
+            f"k={k}:{med[(name, k)] * 1e3:.3f}ms(x{med[(name, k)] / t1:.2f})" for k in ks
+        )
         lines.append(
             f"  tc {name:<9s} decode {t1 * 1e3:7.3f} ms {1 / t1:7.1f} tok/s x{t1 / base:5.3f} vs cuda-core | "
             f"{parts} | ids {sorted(picks[name])}"
@@ -284,16 +288,17 @@ def ab_tensor(b, model, cache, context: int, prompt, reps: int, ks: list[int], r
     return lines
 
 
-#: session-5 A/B (--attn): CUDA-core attention vs tensor-core attention (splits 32 / 64)
+#: session-5 A/B (--attn): CUDA-core attention vs tensor-core attention (splits of 32 keys)
 ATTN = False
 ATTN_CONFIGS = {  # name: (tensor_attention, attn_split)
     "cuda-core": (False, 32),
-    "tensor-s32": (True, 32),
-    "tensor-s64": (True, 64),
+    "tensor": (True, 32),
 }
 
 
-def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3) -> list[str]:
+def ab_attention(
+    b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3
+) -> list[str]:
     """Engine path (forward + argmax) at each k for each attention policy, interleaved
     ``rounds`` times with fresh graphs each switch (median of the round medians), then
     one layer's attention alone inside graphs at 1, 8 and 16 rows."""
@@ -329,13 +334,17 @@ def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int]
     c = model.config
     for n in (1, 8, 16, 17):
         pos = b.device_ints(np.arange(context - n, context))
-        q = cupy.asarray(np.random.default_rng(4).standard_normal((n, c.n_heads, c.head_dim)).astype(np.float32))
+        q = cupy.asarray(
+            np.random.default_rng(4).standard_normal((n, c.n_heads, c.head_dim)).astype(np.float32)
+        )
         parts = []
         for name, policy in ATTN_CONFIGS.items():
             b.tensor_attention, b.attn_split = policy
             fn = lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1)  # noqa: E731
             parts.append(f"{name} {graph_op_time(b, fn) * 1e6:.1f}")
-        lines.append(f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts))
+        lines.append(
+            f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts)
+        )
     b.tensor_attention, b.attn_split = keep
     b.drop_graphs()
     return lines
@@ -393,7 +402,9 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
     c = model.config
     lw = model.layers[0]
     lines = []
-    logits = cupy.asarray(np.random.default_rng(3).standard_normal((16, c.vocab_size)).astype(np.float32))
+    logits = cupy.asarray(
+        np.random.default_rng(3).standard_normal((16, c.vocab_size)).astype(np.float32)
+    )
     for n in (1, 2, 4, 8, 16) if TC else (1, 16):
         x = cupy.asarray(
             np.random.default_rng(2).standard_normal((n, c.d_model)).astype(np.float32)
@@ -409,10 +420,14 @@ def op_breakdown(b, model, cache, context: int) -> list[str]:
             ),
             "attention": lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1),
             "o+add": lambda q=q, x=x: b.matmul_add(q.reshape(q.shape[0], -1), lw.wo, x),
-            "norm+gate_up+glu": lambda x=x: b.norm_matmul_glu(x, lw.ffn_norm, 1e-6, lw.w_gate_up, c.n_ff, False),
+            "norm+gate_up+glu": lambda x=x: b.norm_matmul_glu(
+                x, lw.ffn_norm, 1e-6, lw.w_gate_up, c.n_ff, False
+            ),
             "down+add": lambda ff=ff, x=x: b.matmul_add(ff, lw.w_down, x),
             "norm+output": lambda x=x: b.norm_matmul(x, model.output_norm, 1e-6, model.output),
-            "rms,output": lambda x=x: b.matmul(b.rms_norm(x, model.output_norm, 1e-6), model.output),
+            "rms,output": lambda x=x: b.matmul(
+                b.rms_norm(x, model.output_norm, 1e-6), model.output
+            ),
             "argmax": lambda n=n: b.argmax_device(logits[:n]),
         }
         parts = [f"{name} {graph_op_time(b, fn) * 1e6:.1f}" for name, fn in ops.items()]
@@ -473,10 +488,18 @@ def main() -> int:
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-1.5b")
     ap.add_argument("--ks", default="1,2,4,8,16")
     ap.add_argument("--out", default="/tmp/echoline-bench")
-    ap.add_argument("--ab", action="store_true", help="interleaved A/B of the round-5 product policies")
-    ap.add_argument("--tc", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core products")
-    ap.add_argument("--attn", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core attention")
-    ap.add_argument("--quick", action="store_true", help="skip the split / columns / split-K sweeps")
+    ap.add_argument(
+        "--ab", action="store_true", help="interleaved A/B of the round-5 product policies"
+    )
+    ap.add_argument(
+        "--tc", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core products"
+    )
+    ap.add_argument(
+        "--attn", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core attention"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="skip the split / columns / split-K sweeps"
+    )
     args = ap.parse_args()
     global AB, QUICK, TC, ATTN
     AB, QUICK, TC, ATTN = args.ab, args.quick, args.tc, args.attn

@@ -937,19 +937,26 @@ ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 // computes alike whichever tile row it lands in and whatever items share the tile: a
 // decode row and the same row in a verify batch get the same bits, and 16 items cost
 // what one does. Operands are f32 split 3xTF32: x = hi + lo with hi = x rounded to TF32
-// (10-bit mantissa, f32 range) and lo = x - hi (exact), truncated to TF32 by the unit;
-// a.b = hi(a).hi(b) + [lo(a).hi(b) + hi(a).lo(b)], the hi and lo terms in two f32
-// accumulators added once at the end (the dropped lo.lo term is ~2^-22 relative): about
-// f32 accuracy.
+// (10-bit mantissa, f32 range) and lo = x - hi (exact), truncated to TF32; a.b =
+// hi(a).hi(b) + [lo(a).hi(b) + hi(a).lo(b)], the hi and lo terms in two f32 accumulators
+// added once at the end (the dropped lo.lo term is ~2^-22 relative): about f32 accuracy.
 //
-// Block (split s, kv head g, chunk z) of 4 warps stages the split's S keys of K and V and
-// its items' q vectors in shared memory (rows padded so fragment reads hit 32 distinct
-// banks; one round trip to memory, then only shared reads); warp w runs the
-// 16-item tile 4z + w. Within a tile, lane (gq = lane / 4, t = lane % 4) holds items gq
-// and gq + 8; a score row's max and sum run over the lane's keys in fixed order, then a
-// butterfly over the 4 lanes of the quad (commutative steps: every lane gets the same
-// bits). Keys past a row's position or before its window are -inf (weight 0); V rows
-// past the block's last needed key are zeroed so 0 * garbage cannot make a NaN.
+// Block (split s of 32 keys, kv head g, chunk z of up to 4 sixteen-item tiles), 4 warps.
+//  1. Stage: K and V of the split, already split into hi/lo planes, and the chunk's q
+//     vectors, in shared memory (rows padded so every fragment read hits 32 distinct
+//     banks; V rows past the block's last needed key are zero so 0 * garbage is 0).
+//  2. Scores: warp w computes keys 8w..8w+7 of every tile (one n8 column of S each), masks
+//     keys outside a row's [lo, p] to -inf, scales, and writes them to shared memory.
+//  3. Softmax and P V: every warp reads a tile's 16 x 32 scores in the A-fragment layout
+//     (lane gq, t holds rows gq, gq + 8 and keys 8j + t, 8j + t + 4), takes each row's max
+//     and sum over its keys in fixed order and a butterfly over the quad (commutative
+//     steps: all lanes and all warps get the same bits), and computes the output tiles
+//     (8 dims each) d = w, w + 4, ... of that tile.
+// The work of one tile is spread over the 4 warps (decode's single row included), so a
+// block's critical path is a quarter of one warp doing everything.
+#define ATC_WARPS 4
+#define ATC_S 32
+
 __device__ __forceinline__ u32 tf32_hi(float x) {
     u32 u = __float_as_uint(x);
     if ((u & 0x7f800000u) == 0x7f800000u) return u;  // inf / NaN kept as they are
@@ -968,36 +975,44 @@ __device__ __forceinline__ void mma1688(float d[4], const u32 a[4], u32 b0, u32 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 3xTF32 into two accumulators: h += hi(a).hi(b); l += lo(a).hi(b) + hi(a).lo(b). The
-// caller adds l to h once at the end (fixed order): two short dependency chains instead
-// of one three times as long.
+// 3xTF32 into two accumulators: h += hi(a).hi(b); l += lo(a).hi(b) + hi(a).lo(b)
 __device__ __forceinline__ void mma3(float h[4], float l[4], const u32 ah[4], const u32 al[4],
-                                     float b0, float b1) {
-    u32 bh0, bl0, bh1, bl1;
-    split_tf32(b0, bh0, bl0);
-    split_tf32(b1, bh1, bl1);
+                                     u32 bh0, u32 bh1, u32 bl0, u32 bl1) {
     mma1688(l, al, bh0, bh1);
     mma1688(l, ah, bl0, bl1);
     mma1688(h, ah, bh0, bh1);
 }
 
-#define ATC_WARPS 4
-template <int DPL, int NJ>
+__device__ __forceinline__ void store_split4(float* hi, float* lo, float4 v) {
+    u32 h0, l0, h1, l1, h2, l2, h3, l3;
+    split_tf32(v.x, h0, l0);
+    split_tf32(v.y, h1, l1);
+    split_tf32(v.z, h2, l2);
+    split_tf32(v.w, h3, l3);
+    *reinterpret_cast<uint4*>(hi) = make_uint4(h0, h1, h2, h3);
+    *reinterpret_cast<uint4*>(lo) = make_uint4(l0, l1, l2, l3);
+}
+
+template <int DPL>
 __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const float* Kc,
                                              const float* Vc, const int* pos, int n, int H,
                                              int KVH, int window, float scale, int nsplit,
                                              float* Opart, float* Mpart, float* Lpart) {
-    constexpr int hd = DPL * 32, S = NJ * 8;
-    // padded row strides: K and Q fragment reads hit banks gq*4 + t, V reads t*8 + gq
-    constexpr int KST = hd + 4, VST = hd + 8, QST = hd + 4;
+    constexpr int hd = DPL * 32, S = ATC_S;
+    // padded row strides: K, Q and score reads hit banks gq*4 + t, V reads t*8 + gq
+    constexpr int KST = hd + 4, VST = hd + 8, QST = hd + 4, SST = S + 4;
     extern __shared__ float smem[];
-    float* Ks = smem;
-    float* Vs = Ks + S * KST;
-    float* Qs = Vs + S * VST;
+    u32* Kh = reinterpret_cast<u32*>(smem);
+    u32* Kl = Kh + S * KST;
+    u32* Vh = Kl + S * KST;
+    u32* Vl = Vh + S * VST;
+    float* Ss = reinterpret_cast<float*>(Vl + S * VST);  // [tile][16][SST]
+    float* Qs = Ss + ATC_WARPS * 16 * SST;               // [tile * 16 + item][QST]
     int s = blockIdx.x, g = blockIdx.y;
     int group = H / KVH, items = n * group;
     int it0 = blockIdx.z * ATC_WARPS * 16;
     int it1 = min(items, it0 + ATC_WARPS * 16);
+    int ntile = (it1 - it0 + 15) >> 4;
     int j0 = s * S;
     // keys this block needs: up to the largest position of its rows; skip if no row's
     // range [lo, p] meets this split
@@ -1012,7 +1027,6 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     if (!need) return;
     int jn = min(S, pmax + 1 - j0);
     constexpr int hd4 = hd / 4;
-    // stage K, V (zero past jn) and the block's q vectors (zero past the last item)
 #pragma unroll 4
     for (int t = threadIdx.x; t < S * hd4; t += ATC_WARPS * 32) {
         int jj = t / hd4, d = (t - jj * hd4) << 2;
@@ -1022,12 +1036,13 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
             kv = *reinterpret_cast<const float4*>(Kc + src);
             vv = *reinterpret_cast<const float4*>(Vc + src);
         }
-        *reinterpret_cast<float4*>(Ks + jj * KST + d) = kv;
-        *reinterpret_cast<float4*>(Vs + jj * VST + d) = vv;
+        store_split4(reinterpret_cast<float*>(Kh + jj * KST + d),
+                     reinterpret_cast<float*>(Kl + jj * KST + d), kv);
+        store_split4(reinterpret_cast<float*>(Vh + jj * VST + d),
+                     reinterpret_cast<float*>(Vl + jj * VST + d), vv);
     }
-    int nq = ((it1 - it0 + 15) >> 4) << 4;  // whole 16-item tiles
 #pragma unroll 4
-    for (int t = threadIdx.x; t < nq * hd4; t += ATC_WARPS * 32) {
+    for (int t = threadIdx.x; t < ntile * 16 * hd4; t += ATC_WARPS * 32) {
         int it = t / hd4, d = (t - it * hd4) << 2;
         int item = it0 + it;
         float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1040,112 +1055,112 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     __syncthreads();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int gq = lane >> 2, t = lane & 3;
-    if (it0 + warp * 16 >= it1) return;
-    int ia = it0 + warp * 16 + gq, ib = ia + 8;  // this lane's two items
-    bool va = ia < it1, vb = ib < it1;
-    int ra = va ? ia / group : 0, rb = vb ? ib / group : 0;
-    int ha = g * group + (va ? ia % group : 0), hb = g * group + (vb ? ib % group : 0);
-    const float* qa = Qs + (warp * 16 + gq) * QST;
-    const float* qb = qa + 8 * QST;
-    // scores: items x keys 8j..8j+7 of the split, as hi.hi (sh) and lo terms (sl)
-    float sh[NJ][4], sl[NJ][4];
+    // 2. scores of keys 8 * warp .. + 7 for every tile
+    for (int tile = 0; tile < ntile; ++tile) {
+        const float* qa = Qs + (tile * 16 + gq) * QST;
+        const float* qb = qa + 8 * QST;
+        float sh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const u32* kh = Kh + (8 * warp + gq) * KST + t;
+        const u32* kl = Kl + (8 * warp + gq) * KST + t;
+#pragma unroll 4
+        for (int kk = 0; kk < hd / 8; ++kk) {
+            int d = kk * 8 + t;
+            u32 ah[4], al[4];
+            split_tf32(qa[d], ah[0], al[0]);
+            split_tf32(qb[d], ah[1], al[1]);
+            split_tf32(qa[d + 4], ah[2], al[2]);
+            split_tf32(qb[d + 4], ah[3], al[3]);
+            mma3(sh, sl, ah, al, kh[8 * kk], kh[8 * kk + 4], kl[8 * kk], kl[8 * kk + 4]);
+        }
+        int key = j0 + 8 * warp + 2 * t;
+        float* srow = Ss + (tile * 16 + gq) * SST + 8 * warp + 2 * t;
 #pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) sh[j][c] = sl[j][c] = 0.0f;
-#pragma unroll 2
-    for (int kk = 0; kk < hd / 8; ++kk) {
-        int d = kk * 8 + t;
-        u32 ah[4], al[4];
-        split_tf32(qa[d], ah[0], al[0]);
-        split_tf32(qb[d], ah[1], al[1]);
-        split_tf32(qa[d + 4], ah[2], al[2]);
-        split_tf32(qb[d + 4], ah[3], al[3]);
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-            const float* kr = Ks + (8 * j + gq) * KST + d;
-            mma3(sh[j], sl[j], ah, al, kr[0], kr[4]);
+        for (int half = 0; half < 2; ++half) {  // rows gq, gq + 8
+            int item = it0 + tile * 16 + gq + 8 * half;
+            int p = -1, lo = 0;
+            if (item < it1) {
+                p = pos[item / group];
+                lo = window > 0 ? max(0, p - window + 1) : 0;
+            }
+            float v0 = __fmul_rn(__fadd_rn(sh[2 * half], sl[2 * half]), scale);
+            float v1 = __fmul_rn(__fadd_rn(sh[2 * half + 1], sl[2 * half + 1]), scale);
+            v0 = key >= lo && key <= p ? v0 : -INFINITY;
+            v1 = key + 1 >= lo && key + 1 <= p ? v1 : -INFINITY;
+            *reinterpret_cast<float2*>(srow + half * 8 * SST) = make_float2(v0, v1);
         }
     }
-    int pa = va ? pos[ra] : -1, pb = vb ? pos[rb] : -1;
-    int loa = window > 0 ? max(0, pa - window + 1) : 0;
-    int lob = window > 0 ? max(0, pb - window + 1) : 0;
-    float ma = -INFINITY, mb = -INFINITY;
+    __syncthreads();
+    // 3. softmax and the output tiles d = warp, warp + 4, ... of every tile
+    constexpr int DW = hd / 8 / ATC_WARPS;  // output tiles per warp (DPL)
+    for (int tile = 0; tile < ntile; ++tile) {
+        int ia = it0 + tile * 16 + gq, ib = ia + 8;
+        bool va = ia < it1, vb = ib < it1;
+        const float* sa = Ss + (tile * 16 + gq) * SST + t;
+        const float* sb = sa + 8 * SST;
+        float xa[8], xb[8];  // keys 8j + t (slot 2j) and 8j + t + 4 (slot 2j + 1)
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            int key = j0 + 8 * j + 2 * t + (c & 1);
-            bool ok = c < 2 ? (key >= loa && key <= pa) : (key >= lob && key <= pb);
-            float v = ok ? __fmul_rn(__fadd_rn(sh[j][c], sl[j][c]), scale) : -INFINITY;
-            sh[j][c] = v;
-            if (c < 2) ma = fmaxf(ma, v);
-            else mb = fmaxf(mb, v);
+        for (int j = 0; j < 4; ++j) {
+            xa[2 * j] = sa[8 * j];
+            xa[2 * j + 1] = sa[8 * j + 4];
+            xb[2 * j] = sb[8 * j];
+            xb[2 * j + 1] = sb[8 * j + 4];
         }
-    }
-    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 1));
-    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 2));
-    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-    float la = 0.0f, lb = 0.0f;
+        float ma = -INFINITY, mb = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            float m = c < 2 ? ma : mb;
-            float e = sh[j][c] == -INFINITY ? 0.0f : expf(__fsub_rn(sh[j][c], m));
-            sh[j][c] = e;
-            if (c < 2) la = __fadd_rn(la, e);
-            else lb = __fadd_rn(lb, e);
+        for (int u = 0; u < 8; ++u) {
+            ma = fmaxf(ma, xa[u]);
+            mb = fmaxf(mb, xb[u]);
         }
-    }
-    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 1));
-    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 1));
-    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 2));
-    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 2));
-    // weights as A fragments: A[gq][t] = P(item gq, key 8j + t) lives in lane (gq, t / 2),
-    // slot t % 2 of the score fragment; A[gq][t + 4] in lane (gq, t / 2 + 2)
-    u32 ph[NJ][4], pl[NJ][4];
-    int src0 = (lane & ~3) | (t >> 1), src1 = src0 + 2;
-    bool odd = t & 1;
+        ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 1));
+        mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+        ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 2));
+        mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+        float la = 0.0f, lb = 0.0f;
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-        float x0 = __shfl_sync(0xffffffffu, sh[j][0], src0);
-        float x1 = __shfl_sync(0xffffffffu, sh[j][1], src0);
-        float x2 = __shfl_sync(0xffffffffu, sh[j][2], src0);
-        float x3 = __shfl_sync(0xffffffffu, sh[j][3], src0);
-        float y0 = __shfl_sync(0xffffffffu, sh[j][0], src1);
-        float y1 = __shfl_sync(0xffffffffu, sh[j][1], src1);
-        float y2 = __shfl_sync(0xffffffffu, sh[j][2], src1);
-        float y3 = __shfl_sync(0xffffffffu, sh[j][3], src1);
-        split_tf32(odd ? x1 : x0, ph[j][0], pl[j][0]);
-        split_tf32(odd ? x3 : x2, ph[j][1], pl[j][1]);
-        split_tf32(odd ? y1 : y0, ph[j][2], pl[j][2]);
-        split_tf32(odd ? y3 : y2, ph[j][3], pl[j][3]);
-    }
-    // an item writes every split its range meets (a NaN score makes a NaN output there)
-    bool wa = va && j0 <= pa && j0 + S > loa, wb = vb && j0 <= pb && j0 + S > lob;
-    long long basea = ((long long)ra * H + ha) * nsplit + s;
-    long long baseb = ((long long)rb * H + hb) * nsplit + s;
-    constexpr int DG = 4;  // output tiles (8 dims each) in flight together
-#pragma unroll 1
-    for (int d0 = 0; d0 < hd / 8; d0 += DG) {
-        float oh[DG][4], ol[DG][4];
+        for (int u = 0; u < 8; ++u) {
+            xa[u] = xa[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xa[u], ma));
+            xb[u] = xb[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xb[u], mb));
+            la = __fadd_rn(la, xa[u]);
+            lb = __fadd_rn(lb, xb[u]);
+        }
+        la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 1));
+        lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 1));
+        la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 2));
+        lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 2));
+        u32 ph[4][4], pl[4][4];  // A fragments of P per key step j
 #pragma unroll
-        for (int u = 0; u < DG; ++u)
+        for (int j = 0; j < 4; ++j) {
+            split_tf32(xa[2 * j], ph[j][0], pl[j][0]);
+            split_tf32(xb[2 * j], ph[j][1], pl[j][1]);
+            split_tf32(xa[2 * j + 1], ph[j][2], pl[j][2]);
+            split_tf32(xb[2 * j + 1], ph[j][3], pl[j][3]);
+        }
+        int ra = va ? ia / group : 0, rb = vb ? ib / group : 0;
+        int ha = g * group + (va ? ia % group : 0), hb = g * group + (vb ? ib % group : 0);
+        int pa = va ? pos[ra] : -1, pb = vb ? pos[rb] : -1;
+        int loa = window > 0 ? max(0, pa - window + 1) : 0;
+        int lob = window > 0 ? max(0, pb - window + 1) : 0;
+        // an item writes every split its range meets (a NaN score makes a NaN output there)
+        bool wa = va && j0 <= pa && j0 + S > loa, wb = vb && j0 <= pb && j0 + S > lob;
+        long long basea = ((long long)ra * H + ha) * nsplit + s;
+        long long baseb = ((long long)rb * H + hb) * nsplit + s;
+        float oh[DW][4], ol[DW][4];
+#pragma unroll
+        for (int u = 0; u < DW; ++u)
 #pragma unroll
             for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NJ; ++j) {
+        for (int j = 0; j < 4; ++j) {
 #pragma unroll
-            for (int u = 0; u < DG; ++u) {
-                const float* vr = Vs + (8 * j + t) * VST + 8 * (d0 + u) + gq;
-                mma3(oh[u], ol[u], ph[j], pl[j], vr[0], vr[4 * VST]);
+            for (int u = 0; u < DW; ++u) {
+                int off = (8 * j + t) * VST + 8 * (warp + ATC_WARPS * u) + gq;
+                mma3(oh[u], ol[u], ph[j], pl[j], Vh[off], Vh[off + 4 * VST], Vl[off],
+                     Vl[off + 4 * VST]);
             }
         }
 #pragma unroll
-        for (int u = 0; u < DG; ++u) {
-            int d = 8 * (d0 + u) + 2 * t;
+        for (int u = 0; u < DW; ++u) {
+            int d = 8 * (warp + ATC_WARPS * u) + 2 * t;
             if (wa)
                 *reinterpret_cast<float2*>(Opart + basea * hd + d) =
                     make_float2(__fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
@@ -1153,31 +1168,28 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
                 *reinterpret_cast<float2*>(Opart + baseb * hd + d) =
                     make_float2(__fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
         }
-    }
-    if (t == 0) {
-        if (wa) {
-            Mpart[basea] = ma;
-            Lpart[basea] = la;
-        }
-        if (wb) {
-            Mpart[baseb] = mb;
-            Lpart[baseb] = lb;
+        if (warp == 0 && t == 0) {
+            if (wa) {
+                Mpart[basea] = ma;
+                Lpart[basea] = la;
+            }
+            if (wb) {
+                Mpart[baseb] = mb;
+                Lpart[baseb] = lb;
+            }
         }
     }
 }
 
-#define ATTN_TC(DPL, NJ)                                                                        \
-    extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32) attn_tc_d##DPL##_j##NJ(       \
+#define ATTN_TC(DPL)                                                                            \
+    extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32) attn_tc_d##DPL(                \
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int window, float scale, int nsplit, float* Opart, float* Mpart,               \
         float* Lpart) {                                                                          \
-        attn_tc_body<DPL, NJ>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit, Opart,     \
-                              Mpart, Lpart);                                                     \
+        attn_tc_body<DPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit, Opart, Mpart,  \
+                          Lpart);                                                                \
     }
-ATTN_TC(1, 4) ATTN_TC(2, 4) ATTN_TC(3, 4) ATTN_TC(4, 4)
-ATTN_TC(5, 4) ATTN_TC(6, 4) ATTN_TC(7, 4) ATTN_TC(8, 4)
-ATTN_TC(1, 8) ATTN_TC(2, 8) ATTN_TC(3, 8) ATTN_TC(4, 8)
-ATTN_TC(5, 8) ATTN_TC(6, 8) ATTN_TC(7, 8) ATTN_TC(8, 8)
+ATTN_TC(1) ATTN_TC(2) ATTN_TC(3) ATTN_TC(4) ATTN_TC(5) ATTN_TC(6) ATTN_TC(7) ATTN_TC(8)
 
 // Merge one more (max, sum, output) triple into a running one, online-softmax style.
 __device__ __forceinline__ void softmax_merge(float& M, float& L, float& o, float m2, float l2,
