@@ -15,6 +15,7 @@ CuPy is imported here and nowhere else in the engine (optional extra ``echoline[
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -154,6 +155,8 @@ class CupyBackend(Backend):
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
+        if os.environ.get("ECHOLINE_CUDA_TENSOR_ATTENTION") == "0":  # A/B on real models
+            self.tensor_attention = False
         self._fn: dict[tuple[str, str | None], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])

@@ -945,15 +945,16 @@ ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 //  1. Stage: K and V of the split, already split into hi/lo planes, and the chunk's q
 //     vectors, in shared memory (rows padded so every fragment read hits 32 distinct
 //     banks; V rows past the block's last needed key are zero so 0 * garbage is 0).
-//  2. Scores: warp w computes keys 8w..8w+7 of every tile (one n8 column of S each), masks
-//     keys outside a row's [lo, p] to -inf, scales, and writes them to shared memory.
-//  3. Softmax and P V: every warp reads a tile's 16 x 32 scores in the A-fragment layout
-//     (lane gq, t holds rows gq, gq + 8 and keys 8j + t, 8j + t + 4), takes each row's max
-//     and sum over its keys in fixed order and a butterfly over the quad (commutative
-//     steps: all lanes and all warps get the same bits), and computes the output tiles
-//     (8 dims each) d = w, w + 4, ... of that tile.
-// The work of one tile is spread over the 4 warps (decode's single row included), so a
-// block's critical path is a quarter of one warp doing everything.
+//  2. Scores: warp w computes keys 8w..8w+7 of every tile (one n8 column of S each, the
+//     tiles' mma chains interleaved), masks keys outside a row's [lo, p] to -inf, scales,
+//     and writes them to shared memory.
+//  3. Softmax and P V: a tile's warps (4 when the block has one tile, 2 for two, else 1)
+//     read its 16 x 32 scores in the A-fragment layout (lane gq, t holds rows gq, gq + 8
+//     and keys 8j + t, 8j + t + 4), take each row's max and sum over its keys in fixed
+//     order and a butterfly over the quad (commutative steps: all lanes and warps get
+//     the same bits), and split its output tiles (8 dims each) between them.
+// Which warp computes what never changes a value, so decode's single tile is spread over
+// the 4 warps (a quarter of the critical path) while 3-4 tiles keep one warp each.
 #define ATC_WARPS 4
 #define ATC_S 32
 
@@ -1055,112 +1056,135 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     __syncthreads();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int gq = lane >> 2, t = lane & 3;
-    // 2. scores of keys 8 * warp .. + 7 for every tile
-    for (int tile = 0; tile < ntile; ++tile) {
-        const float* qa = Qs + (tile * 16 + gq) * QST;
-        const float* qb = qa + 8 * QST;
-        float sh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // 2. scores of keys 8 * warp .. + 7 for every tile (the tiles' chains interleaved)
+    {
+        float sh[ATC_WARPS][4], sl[ATC_WARPS][4];
+#pragma unroll
+        for (int tile = 0; tile < ATC_WARPS; ++tile)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) sh[tile][c] = sl[tile][c] = 0.0f;
         const u32* kh = Kh + (8 * warp + gq) * KST + t;
         const u32* kl = Kl + (8 * warp + gq) * KST + t;
-#pragma unroll 4
+#pragma unroll 2
         for (int kk = 0; kk < hd / 8; ++kk) {
-            int d = kk * 8 + t;
-            u32 ah[4], al[4];
-            split_tf32(qa[d], ah[0], al[0]);
-            split_tf32(qb[d], ah[1], al[1]);
-            split_tf32(qa[d + 4], ah[2], al[2]);
-            split_tf32(qb[d + 4], ah[3], al[3]);
-            mma3(sh, sl, ah, al, kh[8 * kk], kh[8 * kk + 4], kl[8 * kk], kl[8 * kk + 4]);
+            u32 bh0 = kh[8 * kk], bh1 = kh[8 * kk + 4], bl0 = kl[8 * kk], bl1 = kl[8 * kk + 4];
+#pragma unroll
+            for (int tile = 0; tile < ATC_WARPS; ++tile) {
+                if (tile < ntile) {
+                    const float* qa = Qs + (tile * 16 + gq) * QST + kk * 8 + t;
+                    const float* qb = qa + 8 * QST;
+                    u32 ah[4], al[4];
+                    split_tf32(qa[0], ah[0], al[0]);
+                    split_tf32(qb[0], ah[1], al[1]);
+                    split_tf32(qa[4], ah[2], al[2]);
+                    split_tf32(qb[4], ah[3], al[3]);
+                    mma3(sh[tile], sl[tile], ah, al, bh0, bh1, bl0, bl1);
+                }
+            }
         }
         int key = j0 + 8 * warp + 2 * t;
-        float* srow = Ss + (tile * 16 + gq) * SST + 8 * warp + 2 * t;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // rows gq, gq + 8
-            int item = it0 + tile * 16 + gq + 8 * half;
-            int p = -1, lo = 0;
-            if (item < it1) {
-                p = pos[item / group];
-                lo = window > 0 ? max(0, p - window + 1) : 0;
+        for (int tile = 0; tile < ATC_WARPS; ++tile) {
+            if (tile >= ntile) break;
+            float* srow = Ss + (tile * 16 + gq) * SST + 8 * warp + 2 * t;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // rows gq, gq + 8
+                int item = it0 + tile * 16 + gq + 8 * half;
+                int p = -1, lo = 0;
+                if (item < it1) {
+                    p = pos[item / group];
+                    lo = window > 0 ? max(0, p - window + 1) : 0;
+                }
+                float v0 = __fmul_rn(__fadd_rn(sh[tile][2 * half], sl[tile][2 * half]), scale);
+                float v1 =
+                    __fmul_rn(__fadd_rn(sh[tile][2 * half + 1], sl[tile][2 * half + 1]), scale);
+                v0 = key >= lo && key <= p ? v0 : -INFINITY;
+                v1 = key + 1 >= lo && key + 1 <= p ? v1 : -INFINITY;
+                *reinterpret_cast<float2*>(srow + half * 8 * SST) = make_float2(v0, v1);
             }
-            float v0 = __fmul_rn(__fadd_rn(sh[2 * half], sl[2 * half]), scale);
-            float v1 = __fmul_rn(__fadd_rn(sh[2 * half + 1], sl[2 * half + 1]), scale);
-            v0 = key >= lo && key <= p ? v0 : -INFINITY;
-            v1 = key + 1 >= lo && key + 1 <= p ? v1 : -INFINITY;
-            *reinterpret_cast<float2*>(srow + half * 8 * SST) = make_float2(v0, v1);
         }
     }
     __syncthreads();
-    // 3. softmax and the output tiles d = warp, warp + 4, ... of every tile
-    constexpr int DW = hd / 8 / ATC_WARPS;  // output tiles per warp (DPL)
-    for (int tile = 0; tile < ntile; ++tile) {
-        int ia = it0 + tile * 16 + gq, ib = ia + 8;
-        bool va = ia < it1, vb = ib < it1;
-        const float* sa = Ss + (tile * 16 + gq) * SST + t;
-        const float* sb = sa + 8 * SST;
-        float xa[8], xb[8];  // keys 8j + t (slot 2j) and 8j + t + 4 (slot 2j + 1)
+    // 3. softmax and P V. Warps per tile: 4 for one tile, 2 for two, 1 for three or four;
+    // the wpt warps of a tile take its output tiles (8 dims each) d = w, w + wpt, ...
+    int wpt = ntile == 1 ? 4 : ntile == 2 ? 2 : 1;
+    int tile = warp / wpt, dw = warp % wpt;
+    if (tile >= ntile) return;
+    int ia = it0 + tile * 16 + gq, ib = ia + 8;
+    bool va = ia < it1, vb = ib < it1;
+    const float* sa = Ss + (tile * 16 + gq) * SST + t;
+    const float* sb = sa + 8 * SST;
+    float xa[8], xb[8];  // keys 8j + t (slot 2j) and 8j + t + 4 (slot 2j + 1)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            xa[2 * j] = sa[8 * j];
-            xa[2 * j + 1] = sa[8 * j + 4];
-            xb[2 * j] = sb[8 * j];
-            xb[2 * j + 1] = sb[8 * j + 4];
-        }
-        float ma = -INFINITY, mb = -INFINITY;
+    for (int j = 0; j < 4; ++j) {
+        xa[2 * j] = sa[8 * j];
+        xa[2 * j + 1] = sa[8 * j + 4];
+        xb[2 * j] = sb[8 * j];
+        xb[2 * j + 1] = sb[8 * j + 4];
+    }
+    float ma = -INFINITY, mb = -INFINITY;
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            ma = fmaxf(ma, xa[u]);
-            mb = fmaxf(mb, xb[u]);
-        }
-        ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 1));
-        mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-        ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 2));
-        mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-        float la = 0.0f, lb = 0.0f;
+    for (int u = 0; u < 8; ++u) {
+        ma = fmaxf(ma, xa[u]);
+        mb = fmaxf(mb, xb[u]);
+    }
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 1));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 2));
+    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+    float la = 0.0f, lb = 0.0f;
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            xa[u] = xa[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xa[u], ma));
-            xb[u] = xb[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xb[u], mb));
-            la = __fadd_rn(la, xa[u]);
-            lb = __fadd_rn(lb, xb[u]);
-        }
-        la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 1));
-        lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 1));
-        la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 2));
-        lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 2));
-        u32 ph[4][4], pl[4][4];  // A fragments of P per key step j
+    for (int u = 0; u < 8; ++u) {
+        xa[u] = xa[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xa[u], ma));
+        xb[u] = xb[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xb[u], mb));
+        la = __fadd_rn(la, xa[u]);
+        lb = __fadd_rn(lb, xb[u]);
+    }
+    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 1));
+    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 1));
+    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 2));
+    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 2));
+    u32 ph[4][4], pl[4][4];  // A fragments of P per key step j
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            split_tf32(xa[2 * j], ph[j][0], pl[j][0]);
-            split_tf32(xb[2 * j], ph[j][1], pl[j][1]);
-            split_tf32(xa[2 * j + 1], ph[j][2], pl[j][2]);
-            split_tf32(xb[2 * j + 1], ph[j][3], pl[j][3]);
-        }
-        int ra = va ? ia / group : 0, rb = vb ? ib / group : 0;
-        int ha = g * group + (va ? ia % group : 0), hb = g * group + (vb ? ib % group : 0);
-        int pa = va ? pos[ra] : -1, pb = vb ? pos[rb] : -1;
-        int loa = window > 0 ? max(0, pa - window + 1) : 0;
-        int lob = window > 0 ? max(0, pb - window + 1) : 0;
-        // an item writes every split its range meets (a NaN score makes a NaN output there)
-        bool wa = va && j0 <= pa && j0 + S > loa, wb = vb && j0 <= pb && j0 + S > lob;
-        long long basea = ((long long)ra * H + ha) * nsplit + s;
-        long long baseb = ((long long)rb * H + hb) * nsplit + s;
-        float oh[DW][4], ol[DW][4];
+    for (int j = 0; j < 4; ++j) {
+        split_tf32(xa[2 * j], ph[j][0], pl[j][0]);
+        split_tf32(xb[2 * j], ph[j][1], pl[j][1]);
+        split_tf32(xa[2 * j + 1], ph[j][2], pl[j][2]);
+        split_tf32(xb[2 * j + 1], ph[j][3], pl[j][3]);
+    }
+    int ra = va ? ia / group : 0, rb = vb ? ib / group : 0;
+    int ha = g * group + (va ? ia % group : 0), hb = g * group + (vb ? ib % group : 0);
+    int pa = va ? pos[ra] : -1, pb = vb ? pos[rb] : -1;
+    int loa = window > 0 ? max(0, pa - window + 1) : 0;
+    int lob = window > 0 ? max(0, pb - window + 1) : 0;
+    // an item writes every split its range meets (a NaN score makes a NaN output there)
+    bool wa = va && j0 <= pa && j0 + S > loa, wb = vb && j0 <= pb && j0 + S > lob;
+    long long basea = ((long long)ra * H + ha) * nsplit + s;
+    long long baseb = ((long long)rb * H + hb) * nsplit + s;
+    constexpr int DG = 4;  // output tiles in flight together
+    int mine = hd / 8 / wpt;  // output tiles of this warp: dw, dw + wpt, ...
+#pragma unroll 1
+    for (int u0 = 0; u0 < mine; u0 += DG) {
+        float oh[DG][4], ol[DG][4];
 #pragma unroll
-        for (int u = 0; u < DW; ++u)
+        for (int u = 0; u < DG; ++u)
 #pragma unroll
             for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
-            for (int u = 0; u < DW; ++u) {
-                int off = (8 * j + t) * VST + 8 * (warp + ATC_WARPS * u) + gq;
-                mma3(oh[u], ol[u], ph[j], pl[j], Vh[off], Vh[off + 4 * VST], Vl[off],
-                     Vl[off + 4 * VST]);
+            for (int u = 0; u < DG; ++u) {
+                if (u0 + u < mine) {
+                    int off = (8 * j + t) * VST + 8 * (dw + wpt * (u0 + u)) + gq;
+                    mma3(oh[u], ol[u], ph[j], pl[j], Vh[off], Vh[off + 4 * VST], Vl[off],
+                         Vl[off + 4 * VST]);
+                }
             }
         }
 #pragma unroll
-        for (int u = 0; u < DW; ++u) {
-            int d = 8 * (warp + ATC_WARPS * u) + 2 * t;
+        for (int u = 0; u < DG; ++u) {
+            if (u0 + u >= mine) break;
+            int d = 8 * (dw + wpt * (u0 + u)) + 2 * t;
             if (wa)
                 *reinterpret_cast<float2*>(Opart + basea * hd + d) =
                     make_float2(__fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
@@ -1168,15 +1192,15 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
                 *reinterpret_cast<float2*>(Opart + baseb * hd + d) =
                     make_float2(__fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
         }
-        if (warp == 0 && t == 0) {
-            if (wa) {
-                Mpart[basea] = ma;
-                Lpart[basea] = la;
-            }
-            if (wb) {
-                Mpart[baseb] = mb;
-                Lpart[baseb] = lb;
-            }
+    }
+    if (dw == 0 && t == 0) {
+        if (wa) {
+            Mpart[basea] = ma;
+            Lpart[basea] = la;
+        }
+        if (wb) {
+            Mpart[baseb] = mb;
+            Lpart[baseb] = lb;
         }
     }
 }
