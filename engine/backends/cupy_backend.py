@@ -146,17 +146,20 @@ class CupyBackend(Backend):
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split = 32
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's
-    #: (row, head) items are the M dimension of 3xTF32 mma tiles, so one row and sixteen
-    #: cost alike and a row computes alike in any tile (decode == verify, bit for bit).
-    #: Splits of 32 keys; any other split takes the CUDA-core kernel
-    tensor_attention = True
+    #: (row, head) items are the M dimension of 3xTF32 mma tiles, so a row computes alike
+    #: in any tile (decode == verify, bit for bit) and 17 rows cost about what 8 do. Off by
+    #: default: it is 1-1.7 us a layer slower at one row, and on the real SmolLM2 file its
+    #: copy traffic ratio equalled the CUDA-core kernel's (2.525x vs 2.524x) at 5 % lower
+    #: plain decode (docs/backend-cuda.md, round 7). Splits of 32 keys only.
+    tensor_attention = False
 
     def __init__(self) -> None:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
-        if os.environ.get("ECHOLINE_CUDA_TENSOR_ATTENTION") == "0":  # A/B on real models
-            self.tensor_attention = False
+        flag = os.environ.get("ECHOLINE_CUDA_TENSOR_ATTENTION")  # A/B on real models
+        if flag in ("0", "1"):
+            self.tensor_attention = flag == "1"
         self._fn: dict[tuple[str, str | None], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])

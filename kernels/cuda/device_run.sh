@@ -35,9 +35,10 @@ if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   timeout 150 $cli bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"; echo "decode rc=$?"; cat "$OUT/decode.err" | tail -12; tail -c 800 "$OUT/decode.json"
   timeout 200 $cli bench spec --backend cuda --model $M --traffic copy --json > "$OUT/spec.json" 2> "$OUT/spec.err"; echo "spec rc=$?"; tail -15 "$OUT/spec.err"; tail -c 1500 "$OUT/spec.json"
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py 2>&1 | tee "$OUT/e2e.log" | grep -E "passed|failed|^E |Error|s call" | head -30
-  if [ "$1" = real ]; then  # the same commands with the CUDA-core attention, right after
-    ECHOLINE_CUDA_TENSOR_ATTENTION=0 timeout 100 $cli bench decode --backend cuda --model $M --json > "$OUT/decode_cc.json" 2>/dev/null; echo "decode (cuda-core attention) rc=$?"; tail -c 400 "$OUT/decode_cc.json"
-    ECHOLINE_CUDA_TENSOR_ATTENTION=0 timeout 150 $cli bench spec --backend cuda --model $M --traffic copy --json > "$OUT/spec_cc.json" 2>/dev/null; echo "spec copy (cuda-core attention) rc=$?"; tail -c 700 "$OUT/spec_cc.json"
+  if [ "$1" = real ]; then  # the same commands with the other attention kernel, right after
+    alt=$([ "${ECHOLINE_CUDA_TENSOR_ATTENTION:-0}" = 1 ] && echo 0 || echo 1)
+    ECHOLINE_CUDA_TENSOR_ATTENTION=$alt timeout 100 $cli bench decode --backend cuda --model $M --json > "$OUT/decode_alt.json" 2>/dev/null; echo "decode (tensor_attention=$alt) rc=$?"; tail -c 400 "$OUT/decode_alt.json"
+    ECHOLINE_CUDA_TENSOR_ATTENTION=$alt timeout 150 $cli bench spec --backend cuda --model $M --traffic copy --json > "$OUT/spec_alt.json" 2>/dev/null; echo "spec copy (tensor_attention=$alt) rc=$?"; tail -c 700 "$OUT/spec_alt.json"
   fi
   if [ "$1" = spec ] || [ "$1" = real ]; then
     timeout 150 $cli bench spec --backend cuda --model $M --traffic edit --json > "$OUT/spec_edit.json" 2> "$OUT/spec_edit.err"; echo "spec edit rc=$?"; tail -6 "$OUT/spec_edit.err"; tail -c 700 "$OUT/spec_edit.json"
