@@ -757,6 +757,46 @@ def test_tensor_two_type_weight_one_launch(tensor_on, ref, rng):
         cb.fuse_segment_pairs = keep
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
+def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
+    """9-17-row launches split into parallel 8-row blocks (grid y) or run their passes in
+    one block: the same bits, for plain, norm, residual, gated and two-type (pair) launches,
+    and each row equals its one-row call."""
+    cb = tensor_on
+    d, n_ff = 512, 72
+    gate_up = cb.prepare_matrix(
+        [make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")]
+    )
+    pair = cb.prepare_matrix(
+        [make_tensor(rng, 96, d, Q.Q4_K, "qk"), make_tensor(rng, 40, d, Q.Q6_K, "v")]
+    )
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    x = cupy.asarray(wide_range_x(rng, 17, d))
+    res = cupy.asarray(rng.standard_normal((17, 2 * n_ff)).astype(np.float32))
+    ops = {
+        "plain": lambda m: cb.matmul(x[:m], gate_up),
+        "norm": lambda m: cb.norm_matmul(x[:m], gd, 1e-5, gate_up),
+        "glu": lambda m: cb.norm_matmul_glu(x[:m], gd, 1e-5, gate_up, n_ff, False),
+        "add": lambda m: cb.matmul_add(x[:m], gate_up, res[:m]),
+        "pair": lambda m: cb.norm_matmul(x[:m], gd, 1e-6, pair),
+    }
+    keep = cb.tensor_row_split_blocks_per_sm
+    try:
+        for name, op in ops.items():
+            cb.tensor_row_split_blocks_per_sm = 1000
+            assert cb._row_passes(17, 10) == (1, 3)
+            split = {m: cb.to_host(op(m)) for m in (9, 12, 16, 17)}
+            cb.tensor_row_split_blocks_per_sm = 0
+            assert cb._row_passes(17, 10) == (4, 1)
+            for m, got in split.items():
+                poison()
+                assert np.array_equal(cb.to_host(op(m)), got), f"{name}: {m} rows differ"
+            one = cb.to_host(op(1))
+            assert np.array_equal(one[0], split[17][0]), f"{name}: row 0 alone"
+    finally:
+        cb.tensor_row_split_blocks_per_sm = keep
+
+
 def test_tensor_products_propagate_nan(tensor_on, rng):
     """A NaN in x must reach its row's outputs (never hidden by the power-of-two scaling)."""
     cb = tensor_on

@@ -140,6 +140,10 @@ class CupyBackend(Backend):
     tensor_wide_min_blocks = 4
     #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
     tensor_min_warps_per_sm = 8
+    #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
+    #: that keeps it within this many blocks per SM (0: never). A row's value does not
+    #: depend on the block that computes it, so this is a speed choice per launch
+    tensor_row_split_blocks_per_sm = 4
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over
     #: them): a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items = 8
@@ -416,6 +420,20 @@ class CupyBackend(Backend):
                 return 1, kw
         return 1, 16
 
+    def _row_passes(self, n: int, xblocks: int) -> tuple[int, int]:
+        """(NT, grid y) of a tensor-core launch of ``n`` rows over ``xblocks`` column blocks.
+
+        Up to 8 rows: one pass. 9-17 rows: one 8-row pass per block row (grid y) while the
+        launch stays within ``tensor_row_split_blocks_per_sm``, else NT = 2 or 4 passes in
+        one block. Neither choice changes a value (rows never share arithmetic)."""
+        if n <= 8:
+            return 1, 1
+        rows8 = (n + 7) // 8
+        cap = self.tensor_row_split_blocks_per_sm * self._sm_count
+        if n <= 17 and xblocks * rows8 <= cap:
+            return 1, rows8
+        return (2 if n <= 16 else 4), 1
+
     def _tensor_product(
         self,
         w: CudaWeight,
@@ -432,9 +450,13 @@ class CupyBackend(Backend):
     ) -> None:
         """mt_body launches: 8-row tiles per pass (NT) follow the row count (values do not
         depend on it); MT and KW follow the weight (``_tensor_shape``)."""
-        nt = 1 if n <= 8 else 2 if n <= 16 else 4
         mt, kw = self._tensor_shape(w, act)
         per_block = mt * (8 if act else 16)
+        xblocks = sum(
+            ((seg.rows // 2 if act else seg.rows) + per_block - 1) // per_block
+            for seg in w.segments
+        )
+        nt, gy = self._row_passes(n, xblocks)
 
         def part(seg: Segment) -> Any:
             if res is None:
@@ -446,7 +468,7 @@ class CupyBackend(Backend):
             nblk_a = (a.rows + per_block - 1) // per_block
             nblk_b = (b.rows + per_block - 1) // per_block
             self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")(
-                (nblk_a + nblk_b,),
+                (nblk_a + nblk_b, gy),
                 (32 * kw,),
                 (
                     a.data,
@@ -474,7 +496,7 @@ class CupyBackend(Backend):
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
             self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)(
-                ((out_cols + per_block - 1) // per_block,),
+                ((out_cols + per_block - 1) // per_block, gy),
                 (32 * kw,),
                 (
                     seg.data,

@@ -190,8 +190,10 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         lines += ab_tensor(b, model, cache, context, prompt, reps, ks)
     if ATTN:
         lines += ab_attention(b, model, cache, context, prompt, reps, ks)
-        if QUICK:
-            return lines
+    if ROWSPLIT:
+        lines += ab_policies(b, model, cache, context, prompt, reps, ks, ROWSPLIT_CONFIGS, "rows")
+    if (ATTN or ROWSPLIT) and QUICK:
+        return lines
     lines += op_breakdown(b, model, cache, context)
     return lines
 
@@ -288,28 +290,31 @@ def ab_tensor(
     return lines
 
 
-#: session-5 A/B (--attn): CUDA-core attention vs tensor-core attention (splits of 32 keys)
+#: session-5 A/Bs: CUDA-core vs tensor-core attention (--attn); 9-17-row tensor-core
+#: launches as parallel 8-row blocks vs passes in one block (--rowsplit)
 ATTN = False
-ATTN_CONFIGS = {  # name: (tensor_attention, attn_split)
-    "cuda-core": (False, 32),
-    "tensor": (True, 32),
+ROWSPLIT = False
+ATTN_CONFIGS = {  # name: backend attributes
+    "cuda-core": {"tensor_attention": False, "attn_split": 32},
+    "tensor": {"tensor_attention": True, "attn_split": 32},
+}
+ROWSPLIT_CONFIGS = {
+    "passes": {"tensor_row_split_blocks_per_sm": 0},
+    "split": {"tensor_row_split_blocks_per_sm": 4},
 }
 
 
-def ab_attention(
-    b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3
-) -> list[str]:
-    """Engine path (forward + argmax) at each k for each attention policy, interleaved
-    ``rounds`` times with fresh graphs each switch (median of the round medians), then
-    one layer's attention alone inside graphs at 1, 8 and 16 rows."""
-    import cupy
-
-    keep = b.tensor_attention, b.attn_split
-    times = {(c, k): [] for c in ATTN_CONFIGS for k in ks}
-    picks: dict[str, set[int]] = {c: set() for c in ATTN_CONFIGS}
+def ab_policies(b, model, cache, context: int, prompt, reps: int, ks: list[int], configs: dict, label: str, rounds: int = 3) -> list[str]:
+    """Engine path (forward + argmax) at each k for each policy (a dict of backend
+    attributes), interleaved ``rounds`` times with fresh graphs each switch; median of the
+    round medians, and the ids each policy picked (they must agree)."""
+    keep = {a: getattr(b, a) for cfg in configs.values() for a in cfg}
+    times = {(c, k): [] for c in configs for k in ks}
+    picks: dict[str, set[int]] = {c: set() for c in configs}
     for _ in range(rounds):
-        for name, policy in ATTN_CONFIGS.items():
-            b.tensor_attention, b.attn_split = policy
+        for name, cfg in configs.items():
+            for a, v in cfg.items():
+                setattr(b, a, v)
             b.drop_graphs()
             for k in ks:
                 ids = prompt[-k:]
@@ -321,30 +326,38 @@ def ab_attention(
                 run()
                 picks[name].add(int(run()[-1]))
                 times[(name, k)].append(median_time(run, reps))
+    for a, v in keep.items():
+        setattr(b, a, v)
+    b.drop_graphs()
     lines = []
-    base = statistics.median(times[("cuda-core", ks[0])])
-    for name in ATTN_CONFIGS:
+    base = statistics.median(times[(next(iter(configs)), ks[0])])
+    for name in configs:
         med = {k: statistics.median(times[(name, k)]) for k in ks}
         t1 = med[ks[0]]
         parts = " ".join(f"k={k}:{med[k] * 1e3:.3f}ms(x{med[k] / t1:.2f})" for k in ks)
         lines.append(
-            f"  attn {name:<10s} decode {t1 * 1e3:7.3f} ms {1 / t1:7.1f} tok/s x{t1 / base:5.3f} | "
+            f"  {label} {name:<10s} decode {t1 * 1e3:7.3f} ms {1 / t1:7.1f} tok/s x{t1 / base:5.3f} | "
             f"{parts} | ids {sorted(picks[name])}"
         )
+    return lines
+
+
+def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int]) -> list[str]:
+    """The attention A/B, then one layer's attention alone inside graphs at 1-17 rows."""
+    import cupy
+
+    lines = ab_policies(b, model, cache, context, prompt, reps, ks, ATTN_CONFIGS, "attn")
+    keep = b.tensor_attention, b.attn_split
     c = model.config
     for n in (1, 8, 16, 17):
         pos = b.device_ints(np.arange(context - n, context))
-        q = cupy.asarray(
-            np.random.default_rng(4).standard_normal((n, c.n_heads, c.head_dim)).astype(np.float32)
-        )
+        q = cupy.asarray(np.random.default_rng(4).standard_normal((n, c.n_heads, c.head_dim)).astype(np.float32))
         parts = []
-        for name, policy in ATTN_CONFIGS.items():
-            b.tensor_attention, b.attn_split = policy
+        for name, cfg in ATTN_CONFIGS.items():
+            b.tensor_attention, b.attn_split = cfg["tensor_attention"], cfg["attn_split"]
             fn = lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1)  # noqa: E731
             parts.append(f"{name} {graph_op_time(b, fn) * 1e6:.1f}")
-        lines.append(
-            f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts)
-        )
+        lines.append(f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts))
     b.tensor_attention, b.attn_split = keep
     b.drop_graphs()
     return lines
@@ -501,8 +514,8 @@ def main() -> int:
         "--quick", action="store_true", help="skip the split / columns / split-K sweeps"
     )
     args = ap.parse_args()
-    global AB, QUICK, TC, ATTN
-    AB, QUICK, TC, ATTN = args.ab, args.quick, args.tc, args.attn
+    global AB, QUICK, TC, ATTN, ROWSPLIT
+    AB, QUICK, TC, ATTN, ROWSPLIT = args.ab, args.quick, args.tc, args.attn, args.rowsplit
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]

@@ -25,6 +25,11 @@ if [ "$1" = attn ]; then  # session 5: tensor-core attention (its tests, the A/B
   sed -n '/== summary ==/,$p' "$OUT/bench.log"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "not attention" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -30
 fi
+if [ "$1" = rows ]; then  # session 5: 9-17-row tensor-core launches split over blocks
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_backend.py -k "tensor or model or graph" 2>&1 | tee "$OUT/tc_tests.log" | grep -E "passed|failed|^E |Error" | head -30
+  timeout 200 python3 -m kernels.cuda.bench_device --reps 30 --rowsplit --quick --ks 1,8,9,12,16,17 > "$OUT/bench.log" 2>&1
+  sed -n '/== summary ==/,$p' "$OUT/bench.log"
+fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M

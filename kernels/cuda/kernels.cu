@@ -627,6 +627,22 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
 }
 
 #define MT_SMEM(NT, MT, KW) ((KW - 1) * NT * MT * 4 * 32 + KW * NT * 8)
+
+// Rows of a launch split over gridDim.y blocks (session 5): block y takes whole passes of
+// 8 * NT rows, span rows from y * span. A row's value never depends on which block or pass
+// computes it, so the split is a scheduling choice per launch (the backend splits the
+// 9-17-row launches of narrow weights, which otherwise run their passes one after another
+// on too few blocks). Returns false when this block has no rows.
+template <int NT>
+__device__ __forceinline__ bool mt_rows(int& n, int& row0) {
+    int per = 8 * NT * (int)gridDim.y;
+    int span = 8 * NT * ((n + per - 1) / per);
+    row0 = (int)blockIdx.y * span;
+    if (row0 >= n) return false;
+    n = min(span, n - row0);
+    return true;
+}
+
 #define MT_KERNEL(NAME, QT, NT, MT, KW)                                                         \
     extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
         mt_##NAME##_n##NT##_m##MT##_w##KW(const u8* W, long long row_bytes, int out_rows, int K, \
@@ -634,8 +650,12 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                                           const float* G, float eps, const float* Res, int ldr, \
                                           int act, int half) {                                 \
         __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
-        mt_body<QT, NT, MT, KW>(blockIdx.x, W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G,   \
-                                eps, Res, ldr, act, half, smem);                               \
+        int row0;                                                                              \
+        if (!mt_rows<NT>(n, row0)) return;                                                     \
+        mt_body<QT, NT, MT, KW>(blockIdx.x, W, row_bytes, out_rows, K,                         \
+                                X + (long long)row0 * ldx, ldx, n, Y + (long long)row0 * ldy,  \
+                                ldy, G, eps, Res ? Res + (long long)row0 * ldr : Res, ldr, act, \
+                                half, smem);                                                   \
     }
 
 // Two segments of one fused weight in one launch (as MM2_KERNEL): blocks [0, nblk_a) run
@@ -647,6 +667,13 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
             int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
             const float* G, float eps, const float* Ra, const float* Rb, int ldr) {            \
         __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
+        int row0;                                                                              \
+        if (!mt_rows<NT>(n, row0)) return;                                                     \
+        X += (long long)row0 * ldx;                                                            \
+        Ya += (long long)row0 * ldy;                                                           \
+        Yb += (long long)row0 * ldy;                                                           \
+        if (Ra) Ra += (long long)row0 * ldr;                                                   \
+        if (Rb) Rb += (long long)row0 * ldr;                                                   \
         if ((int)blockIdx.x < nblk_a)                                                          \
             mt_body<QA, NT, MT, KW>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, \
                                     Ra, ldr, 0, rows_a, smem);                                 \
