@@ -511,6 +511,11 @@ def main() -> int:
         "--attn", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core attention"
     )
     ap.add_argument(
+        "--rowsplit",
+        action="store_true",
+        help="interleaved A/B: 9-17-row launches split over blocks or not",
+    )
+    ap.add_argument(
         "--quick", action="store_true", help="skip the split / columns / split-K sweeps"
     )
     args = ap.parse_args()
