@@ -780,13 +780,13 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
         "add": lambda m: cb.matmul_add(x[:m], gate_up, res[:m]),
         "pair": lambda m: cb.norm_matmul(x[:m], gd, 1e-6, pair),
     }
-    keep = cb.tensor_row_split_blocks_per_sm
+    keep = cb.tensor_row_split_warps_per_sm
     try:
         for name, op in ops.items():
-            cb.tensor_row_split_blocks_per_sm = 1000
+            cb.tensor_row_split_warps_per_sm = 1000
             assert cb._row_passes(17, 10) == (1, 3)
             split = {m: cb.to_host(op(m)) for m in (9, 12, 16, 17)}
-            cb.tensor_row_split_blocks_per_sm = 0
+            cb.tensor_row_split_warps_per_sm = 0
             assert cb._row_passes(17, 10) == (4, 1)
             for m, got in split.items():
                 poison()
@@ -794,7 +794,7 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
             one = cb.to_host(op(1))
             assert np.array_equal(one[0], split[17][0]), f"{name}: row 0 alone"
     finally:
-        cb.tensor_row_split_blocks_per_sm = keep
+        cb.tensor_row_split_warps_per_sm = keep
 
 
 def test_tensor_products_propagate_nan(tensor_on, rng):

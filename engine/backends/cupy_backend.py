@@ -141,9 +141,10 @@ class CupyBackend(Backend):
     #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
     tensor_min_warps_per_sm = 8
     #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
-    #: that keeps it within this many blocks per SM (0: never). A row's value does not
-    #: depend on the block that computes it, so this is a speed choice per launch
-    tensor_row_split_blocks_per_sm = 4
+    #: that keeps it within this many warps per SM (0: never). A row's value does not
+    #: depend on the block that computes it, so this is a speed choice per launch. Round 8:
+    #: SmolLM2's narrow launches gain (k=16 -11 %), Qwen's wider ones lost 3 % when split
+    tensor_row_split_warps_per_sm = 20
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over
     #: them): a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items = 8
@@ -420,17 +421,18 @@ class CupyBackend(Backend):
                 return 1, kw
         return 1, 16
 
-    def _row_passes(self, n: int, xblocks: int) -> tuple[int, int]:
-        """(NT, grid y) of a tensor-core launch of ``n`` rows over ``xblocks`` column blocks.
+    def _row_passes(self, n: int, warps: int) -> tuple[int, int]:
+        """(NT, grid y) of a tensor-core launch of ``n`` rows whose column blocks hold
+        ``warps`` warps in all.
 
         Up to 8 rows: one pass. 9-17 rows: one 8-row pass per block row (grid y) while the
-        launch stays within ``tensor_row_split_blocks_per_sm``, else NT = 2 or 4 passes in
+        launch stays within ``tensor_row_split_warps_per_sm``, else NT = 2 or 4 passes in
         one block. Neither choice changes a value (rows never share arithmetic)."""
         if n <= 8:
             return 1, 1
         rows8 = (n + 7) // 8
-        cap = self.tensor_row_split_blocks_per_sm * self._sm_count
-        if n <= 17 and xblocks * rows8 <= cap:
+        cap = self.tensor_row_split_warps_per_sm * self._sm_count
+        if n <= 17 and warps * rows8 <= cap:
             return 1, rows8
         return (2 if n <= 16 else 4), 1
 
@@ -456,7 +458,7 @@ class CupyBackend(Backend):
             ((seg.rows // 2 if act else seg.rows) + per_block - 1) // per_block
             for seg in w.segments
         )
-        nt, gy = self._row_passes(n, xblocks)
+        nt, gy = self._row_passes(n, xblocks * kw)
 
         def part(seg: Segment) -> Any:
             if res is None:

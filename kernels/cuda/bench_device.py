@@ -299,8 +299,9 @@ ATTN_CONFIGS = {  # name: backend attributes
     "tensor": {"tensor_attention": True, "attn_split": 32},
 }
 ROWSPLIT_CONFIGS = {
-    "passes": {"tensor_row_split_blocks_per_sm": 0},
-    "split": {"tensor_row_split_blocks_per_sm": 4},
+    "passes": {"tensor_row_split_warps_per_sm": 0},
+    "split-20": {"tensor_row_split_warps_per_sm": 20},
+    "split-all": {"tensor_row_split_warps_per_sm": 10**6},
 }
 
 
