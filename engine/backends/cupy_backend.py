@@ -19,7 +19,7 @@ import os
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import cupy
 import gguf
@@ -95,6 +95,59 @@ def _row_tile(n: int) -> int:
 
 def _i32(v: int) -> np.int32:
     return np.int32(v)
+
+
+def _seg_res(res: Any, seg: Segment) -> Any:
+    """The residual / bias columns of one segment of a fused weight (None stays None)."""
+    if res is None:
+        return None
+    return res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
+
+
+def _pair_args(
+    w: CudaWeight,
+    a: Segment,
+    b: Segment,
+    nblk_a: int,
+    x2: Any,
+    ldx: int,
+    n: int,
+    out: Any,
+    width: int,
+    norm: Any,
+    eps: float,
+    res: Any,
+    ldr: int,
+) -> tuple:
+    """The arguments a two-segment launch (mm2_* / mt2_*) starts with: both segments'
+    blocks, x, both outputs, the norm weight and both residual slices."""
+    return (
+        a.data, np.int64(a.row_bytes), _i32(a.rows), _i32(nblk_a),
+        b.data, np.int64(b.row_bytes), _i32(b.rows), _i32(w.in_features),
+        x2, _i32(ldx), _i32(n), out[:, a.col_offset :], out[:, b.col_offset :], _i32(width),
+        norm, np.float32(eps), _seg_res(res, a), _seg_res(res, b), _i32(ldr),
+    )  # fmt: skip
+
+
+class _AttnCall(NamedTuple):
+    """One attention call's arrays and sizes, handed to its pass-1 launcher."""
+
+    q2: Any
+    ldq: int
+    k_cache: Any
+    v_cache: Any
+    pos: Any
+    n: int
+    heads: int
+    kvh: int
+    hd: int
+    split: int
+    nsplit: int
+    window: int
+    scale: float
+    opart: Any
+    mpart: Any
+    lpart: Any
 
 
 class CupyBackend(Backend):
@@ -460,11 +513,6 @@ class CupyBackend(Backend):
         )
         nt, gy = self._row_passes(n, xblocks * kw)
 
-        def part(seg: Segment) -> Any:
-            if res is None:
-                return None
-            return res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
-
         if len(w.segments) == 2 and not act and self.fuse_segment_pairs:
             a, b = w.segments
             nblk_a = (a.rows + per_block - 1) // per_block
@@ -472,27 +520,7 @@ class CupyBackend(Backend):
             self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")(
                 (nblk_a + nblk_b, gy),
                 (32 * kw,),
-                (
-                    a.data,
-                    np.int64(a.row_bytes),
-                    _i32(a.rows),
-                    _i32(nblk_a),
-                    b.data,
-                    np.int64(b.row_bytes),
-                    _i32(b.rows),
-                    _i32(w.in_features),
-                    x2,
-                    _i32(ldx),
-                    _i32(n),
-                    out[:, a.col_offset :],
-                    out[:, b.col_offset :],
-                    _i32(width),
-                    norm,
-                    np.float32(eps),
-                    part(a),
-                    part(b),
-                    _i32(ldr),
-                ),
+                _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr),
             )
             return
         for seg in w.segments:
@@ -512,7 +540,7 @@ class CupyBackend(Backend):
                     _i32(width),
                     norm,
                     np.float32(eps),
-                    part(seg),
+                    _seg_res(res, seg),
                     _i32(ldr),
                     _i32(act),
                     _i32(out_cols),
@@ -553,36 +581,11 @@ class CupyBackend(Backend):
         pair = f"{a.kernel}+{b.kernel}"
         suffix = "_f" if self._factored(w) else ""
 
-        def part(seg: Segment) -> Any:
-            if res is None:
-                return None
-            return res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
-
         self._k(f"mm2_{a.kernel}_{b.kernel}_r{tile}_c{cols}{suffix}", pair)(
             (nblk_a + nblk_b,),
             (32 * _MM_WARPS,),
-            (
-                a.data,
-                np.int64(a.row_bytes),
-                _i32(a.rows),
-                _i32(nblk_a),
-                b.data,
-                np.int64(b.row_bytes),
-                _i32(b.rows),
-                _i32(w.in_features),
-                x2,
-                _i32(ldx),
-                _i32(n),
-                out[:, a.col_offset :],
-                out[:, b.col_offset :],
-                _i32(width),
-                norm,
-                np.float32(eps),
-                part(a),
-                part(b),
-                _i32(ldr),
-                _i32(int(ksplit)),
-            ),
+            _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr)
+            + (_i32(int(ksplit)),),
         )
 
     def _cols_per_warp(self, tile: int, out_cols: int, gated: bool = False) -> int:
@@ -707,44 +710,28 @@ class CupyBackend(Backend):
         opart = cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32)
         mpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
         lpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
+        call = _AttnCall(
+            q2,
+            ldq,
+            k_cache,
+            v_cache,
+            pos,
+            n,
+            heads,
+            kvh,
+            hd,
+            split,
+            nsplit,
+            max(0, int(window)),
+            float(scale),
+            opart,
+            mpart,
+            lpart,
+        )
         if self.tensor_attention and split == 32:
-            self._attention_tc(
-                q2,
-                ldq,
-                k_cache,
-                v_cache,
-                pos,
-                n,
-                heads,
-                kvh,
-                hd,
-                split,
-                nsplit,
-                window,
-                scale,
-                opart,
-                mpart,
-                lpart,
-            )
+            self._attention_tc(call)
         else:
-            self._attention_cc(
-                q2,
-                ldq,
-                k_cache,
-                v_cache,
-                pos,
-                n,
-                heads,
-                kvh,
-                hd,
-                split,
-                nsplit,
-                window,
-                scale,
-                opart,
-                mpart,
-                lpart,
-            )
+            self._attention_cc(call)
         self._k("attn_combine")(
             (heads, n),
             (256,),
@@ -763,106 +750,37 @@ class CupyBackend(Backend):
         )
         return out
 
-    def _attention_tc(
-        self,
-        q2,
-        ldq,
-        k_cache,
-        v_cache,
-        pos,
-        n,
-        heads,
-        kvh,
-        hd,
-        split,
-        nsplit,
-        window,
-        scale,
-        opart,
-        mpart,
-        lpart,
-    ) -> None:
+    def _attention_tc(self, c: _AttnCall) -> None:
         """Pass 1 on the tensor cores: blocks of 4 warps sharing up to 4 sixteen-item tiles."""
-        items = n * (heads // kvh)
-        chunks = (items + 63) // 64
+        items = c.n * (c.heads // c.kvh)
         tiles = min(4, (items + 15) // 16)  # 16-item tiles a block stages q for
         # K and V as hi/lo planes, the tiles' scores (4 x 16 x 36), their q vectors
-        smem = (split * (4 * hd + 24) + 4 * 16 * (split + 4) + tiles * 16 * (hd + 4)) * 4
-        part = self._k(f"attn_tc_d{hd // 32}")
-        if part.max_dynamic_shared_size_bytes < smem:
-            part.max_dynamic_shared_size_bytes = smem
-        part(
-            (nsplit, kvh, chunks),
-            (128,),
-            (
-                q2,
-                _i32(ldq),
-                k_cache,
-                v_cache,
-                pos,
-                _i32(n),
-                _i32(heads),
-                _i32(kvh),
-                _i32(max(0, int(window))),
-                np.float32(scale),
-                _i32(nsplit),
-                opart,
-                mpart,
-                lpart,
-            ),
-            shared_mem=smem,
-        )
+        smem = (c.split * (4 * c.hd + 24) + 4 * 16 * (c.split + 4) + tiles * 16 * (c.hd + 4)) * 4
+        self._attention_pass(f"attn_tc_d{c.hd // 32}", c, (items + 63) // 64, 128, smem)
 
-    def _attention_cc(
-        self,
-        q2,
-        ldq,
-        k_cache,
-        v_cache,
-        pos,
-        n,
-        heads,
-        kvh,
-        hd,
-        split,
-        nsplit,
-        window,
-        scale,
-        opart,
-        mpart,
-        lpart,
-    ) -> None:
+    def _attention_cc(self, c: _AttnCall) -> None:
         """Pass 1 on the CUDA cores: a warp per (row, head) item, one key per lane."""
-        items = n * (heads // kvh)
+        items = c.n * (c.heads // c.kvh)
         per_block = self.attn_items
         chunks = (items + per_block - 1) // per_block
-        smem = (split * (2 * hd + 1) + min(items, per_block) * hd) * 4
-        part = self._k(f"attn_partial_d{hd // 32}")
+        smem = (c.split * (2 * c.hd + 1) + min(items, per_block) * c.hd) * 4
+        self._attention_pass(f"attn_partial_d{c.hd // 32}", c, chunks, 256, smem, per_block)
+
+    def _attention_pass(
+        self, name: str, c: _AttnCall, chunks: int, threads: int, smem: int, per_block: int = 0
+    ) -> None:
+        """Launch pass 1 ``name`` over (splits, kv heads, item chunks). The CUDA-core kernel
+        (``per_block`` > 0) also takes the split size and its items per block; the
+        tensor-core one has both built in."""
+        part = self._k(name)
         if part.max_dynamic_shared_size_bytes < smem:
             part.max_dynamic_shared_size_bytes = smem
-        part(
-            (nsplit, kvh, chunks),
-            (256,),
-            (
-                q2,
-                _i32(ldq),
-                k_cache,
-                v_cache,
-                pos,
-                _i32(n),
-                _i32(heads),
-                _i32(kvh),
-                _i32(split),
-                _i32(max(0, int(window))),
-                np.float32(scale),
-                _i32(nsplit),
-                opart,
-                mpart,
-                lpart,
-                _i32(per_block),
-            ),
-            shared_mem=smem,
-        )
+        split = (_i32(c.split),) if per_block else ()
+        tail = (_i32(per_block),) if per_block else ()
+        args = (c.q2, _i32(c.ldq), c.k_cache, c.v_cache, c.pos, _i32(c.n), _i32(c.heads))
+        args += (_i32(c.kvh), *split, _i32(c.window), np.float32(c.scale), _i32(c.nsplit))
+        args += (c.opart, c.mpart, c.lpart, *tail)
+        part((c.nsplit, c.kvh, chunks), (threads,), args, shared_mem=smem)
 
     def silu_mul(self, gate, up) -> Any:
         return self._glu(gate, up, _ACT["silu"])

@@ -249,45 +249,19 @@ TC = False
 def ab_tensor(
     b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3
 ) -> list[str]:
-    """Engine path (forward + argmax) at each k for both product policies, interleaved
-    ``rounds`` times with fresh graphs each switch; median of the round medians."""
-    keep = b.tensor_products, b.tensor_max_in, b.tensor_max_cols
-    configs = {  # (flag, max_in, max_cols)
-        "cuda-core": (False, 0, 0),
-        "tensor": (True, 10**9, 10**9),  # every supported weight
-        "default": (True, keep[1], keep[2]),  # the backend's shape limits
+    """Engine path at each k for the product policies (CUDA cores, tensor cores for every
+    supported weight, the backend's default shape limits), then the attention-items A/B."""
+    keys = ("tensor_products", "tensor_max_in", "tensor_max_cols")
+    configs = {
+        name: dict(zip(keys, policy, strict=True))
+        for name, policy in (
+            ("cuda-core", (False, 0, 0)),
+            ("tensor", (True, 10**9, 10**9)),  # every supported weight
+            ("default", (True, b.tensor_max_in, b.tensor_max_cols)),  # the shape limits
+        )
     }
-    times = {(c, k): [] for c in configs for k in ks}
-    picks: dict[str, set[int]] = {c: set() for c in configs}
-    for _ in range(rounds):
-        for name, policy in configs.items():
-            b.tensor_products, b.tensor_max_in, b.tensor_max_cols = policy
-            b.drop_graphs()
-            for k in ks:
-                ids = prompt[-k:]
-
-                def run(ids=ids) -> np.ndarray:
-                    cache.truncate(context)
-                    return b.argmax(model.forward(ids, cache, all_logits=True))
-
-                run()
-                picks[name].add(int(run()[-1]))
-                times[(name, k)].append(median_time(run, reps))
-    b.tensor_products, b.tensor_max_in, b.tensor_max_cols = keep
-    b.drop_graphs()
     lines = attn_items_ab(b, model, cache, context, prompt, reps, rounds)
-    med = {key: statistics.median(v) for key, v in times.items()}
-    base = med[("cuda-core", ks[0])]
-    for name in configs:
-        t1 = med[(name, ks[0])]
-        parts = " ".join(
-            f"k={k}:{med[(name, k)] * 1e3:.3f}ms(x{med[(name, k)] / t1:.2f})" for k in ks
-        )
-        lines.append(
-            f"  tc {name:<9s} decode {t1 * 1e3:7.3f} ms {1 / t1:7.1f} tok/s x{t1 / base:5.3f} vs cuda-core | "
-            f"{parts} | ids {sorted(picks[name])}"
-        )
-    return lines
+    return lines + ab_policies(b, model, cache, context, prompt, reps, ks, configs, "tc", rounds)
 
 
 #: session-5 A/Bs: CUDA-core vs tensor-core attention (--attn); 9-17-row tensor-core
@@ -305,7 +279,18 @@ ROWSPLIT_CONFIGS = {
 }
 
 
-def ab_policies(b, model, cache, context: int, prompt, reps: int, ks: list[int], configs: dict, label: str, rounds: int = 3) -> list[str]:
+def ab_policies(
+    b,
+    model,
+    cache,
+    context: int,
+    prompt,
+    reps: int,
+    ks: list[int],
+    configs: dict,
+    label: str,
+    rounds: int = 3,
+) -> list[str]:
     """Engine path (forward + argmax) at each k for each policy (a dict of backend
     attributes), interleaved ``rounds`` times with fresh graphs each switch; median of the
     round medians, and the ids each policy picked (they must agree)."""
@@ -352,13 +337,17 @@ def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int]
     c = model.config
     for n in (1, 8, 16, 17):
         pos = b.device_ints(np.arange(context - n, context))
-        q = cupy.asarray(np.random.default_rng(4).standard_normal((n, c.n_heads, c.head_dim)).astype(np.float32))
+        q = cupy.asarray(
+            np.random.default_rng(4).standard_normal((n, c.n_heads, c.head_dim)).astype(np.float32)
+        )
         parts = []
         for name, cfg in ATTN_CONFIGS.items():
             b.tensor_attention, b.attn_split = cfg["tensor_attention"], cfg["attn_split"]
             fn = lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1)  # noqa: E731
             parts.append(f"{name} {graph_op_time(b, fn) * 1e6:.1f}")
-        lines.append(f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts))
+        lines.append(
+            f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts)
+        )
     b.tensor_attention, b.attn_split = keep
     b.drop_graphs()
     return lines

@@ -1021,6 +1021,25 @@ __device__ __forceinline__ void store_split4(float* hi, float* lo, float4 v) {
     *reinterpret_cast<uint4*>(lo) = make_uint4(l0, l1, l2, l3);
 }
 
+// One score row's softmax over the 32 keys a quad of lanes holds (8 per lane, x in key
+// order 8j + t, 8j + t + 4): max, then x = exp(x - max) (-inf -> 0) and their sum, each
+// reduced over the lane's 8 values in order and then a butterfly over the quad.
+__device__ __forceinline__ void quad_softmax(float x[8], float& m, float& l) {
+    m = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) m = fmaxf(m, x[u]);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    l = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        x[u] = x[u] == -INFINITY ? 0.0f : expf(__fsub_rn(x[u], m));
+        l = __fadd_rn(l, x[u]);
+    }
+    l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 1));
+    l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
+}
+
 template <int DPL>
 __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const float* Kc,
                                              const float* Vc, const int* pos, int n, int H,
@@ -1149,28 +1168,9 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         xb[2 * j] = sb[8 * j];
         xb[2 * j + 1] = sb[8 * j + 4];
     }
-    float ma = -INFINITY, mb = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-        ma = fmaxf(ma, xa[u]);
-        mb = fmaxf(mb, xb[u]);
-    }
-    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 1));
-    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-    ma = fmaxf(ma, __shfl_xor_sync(0xffffffffu, ma, 2));
-    mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-    float la = 0.0f, lb = 0.0f;
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-        xa[u] = xa[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xa[u], ma));
-        xb[u] = xb[u] == -INFINITY ? 0.0f : expf(__fsub_rn(xb[u], mb));
-        la = __fadd_rn(la, xa[u]);
-        lb = __fadd_rn(lb, xb[u]);
-    }
-    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 1));
-    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 1));
-    la = __fadd_rn(la, __shfl_xor_sync(0xffffffffu, la, 2));
-    lb = __fadd_rn(lb, __shfl_xor_sync(0xffffffffu, lb, 2));
+    float ma, la, mb, lb;
+    quad_softmax(xa, ma, la);
+    quad_softmax(xb, mb, lb);
     u32 ph[4][4], pl[4][4];  // A fragments of P per key step j
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
