@@ -196,7 +196,8 @@ class CupyBackend(Backend):
     #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
     #: that keeps it within this many warps per SM (0: never). A row's value does not
     #: depend on the block that computes it, so this is a speed choice per launch. Round 8:
-    #: SmolLM2's narrow launches gain (k=16 -11 %), Qwen's wider ones lost 3 % when split
+    #: SmolLM2's narrow launches gain (k=16 -9 %, k=17 -19 %), Qwen's wider ones lost 3 %
+    #: when split
     tensor_row_split_warps_per_sm = 20
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over
     #: them): a speed choice only, each item computes alike in any block (round 6 sweep)
@@ -205,10 +206,13 @@ class CupyBackend(Backend):
     attn_split = 32
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's
     #: (row, head) items are the M dimension of 3xTF32 mma tiles, so a row computes alike
-    #: in any tile (decode == verify, bit for bit) and 17 rows cost about what 8 do. Off by
-    #: default: it is 1-1.7 us a layer slower at one row, and on the real SmolLM2 file its
-    #: copy traffic ratio equalled the CUDA-core kernel's (2.525x vs 2.524x) at 5 % lower
-    #: plain decode (docs/backend-cuda.md, round 7). Splits of 32 keys only.
+    #: in any tile (decode == verify, bit for bit) and 16-17 rows cost 21-25 % less than
+    #: on the CUDA-core kernel. Off by default: it is 1.7-2.7 us a layer slower at one row
+    #: (decode 4-7 % slower on synthetic shapes), its copy-traffic gain on the real SmolLM2
+    #: file was 0 % and 8 % in two runs, and a non-finite V in a later draft row can turn
+    #: an earlier verify row's output NaN where decode would stay finite (0 * inf: a block
+    #: stages V up to its largest position; the CUDA-core kernel stops at each row's own).
+    #: docs/backend-cuda.md, rounds 7-8. Splits of 32 keys only.
     tensor_attention = False
 
     def __init__(self) -> None:

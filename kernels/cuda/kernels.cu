@@ -971,7 +971,10 @@ ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 // Block (split s of 32 keys, kv head g, chunk z of up to 4 sixteen-item tiles), 4 warps.
 //  1. Stage: K and V of the split, already split into hi/lo planes, and the chunk's q
 //     vectors, in shared memory (rows padded so every fragment read hits 32 distinct
-//     banks; V rows past the block's last needed key are zero so 0 * garbage is 0).
+//     banks; V rows past the block's last needed key are zero so 0 * garbage is 0;
+//     rows between a row's own position and the block's largest are real V, so a
+//     non-finite V there turns that row's output NaN in a verify but not in a decode:
+//     one reason this kernel is off by default).
 //  2. Scores: warp w computes keys 8w..8w+7 of every tile (one n8 column of S each, the
 //     tiles' mma chains interleaved), masks keys outside a row's [lo, p] to -inf, scales,
 //     and writes them to shared memory.
