@@ -106,9 +106,15 @@ def _most_voted(stream: Sequence[int], ends: list[int], end: int, k: int = 4) ->
     return max(ends, key=lambda e: (votes[conts[e]], e))
 
 
+#: The index's match cap and the context handed to it, as the generation loop uses them;
+#: ``--max-n`` / ``--draft-context`` study other values (replays only).
+INDEX_MAX_N = 32
+LOOKUP_CONTEXT = DRAFT_CONTEXT
+
+
 def draft_records(prompt: Sequence[int], reply: Sequence[int], max_draft: int) -> list[tuple[Draft, int]]:
     """Per reply position: the index's draft and how many of its tokens the reply confirms."""
-    idx = NgramIndex()
+    idx = NgramIndex(max_n=INDEX_MAX_N)
     idx.set_source("prompt", list(prompt))
     idx.set_source("reply", [])
     context = list(prompt)
@@ -116,7 +122,7 @@ def draft_records(prompt: Sequence[int], reply: Sequence[int], max_draft: int) -
     for i, tok in enumerate(reply):
         idx.extend_source("reply", [tok])
         context.append(tok)
-        d = idx.draft(context[-DRAFT_CONTEXT:], max_draft)
+        d = idx.draft(context[-LOOKUP_CONTEXT:], max_draft)
         a = 0
         while a < len(d.tokens) and i + 1 + a < len(reply) and d.tokens[a] == reply[i + 1 + a]:
             a += 1
@@ -158,6 +164,12 @@ def parse_curve(text: str) -> dict[int, float]:
     return out
 
 
+def _set_lookup(max_n: int, context: int) -> None:
+    """The index's match cap and lookup context for the replays (``--max-n``, ``--draft-context``)."""
+    global INDEX_MAX_N, LOOKUP_CONTEXT
+    INDEX_MAX_N, LOOKUP_CONTEXT = max_n, context
+
+
 def main() -> None:
     from engine.api import Engine
     from engine.bench import traffic
@@ -169,14 +181,22 @@ def main() -> None:
     ap.add_argument("--traffic", choices=("copy", "edit"), default="copy")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--curve", help="rows:T(rows)/T(1),… instead of this machine's curve")
+    ap.add_argument("--max-n", type=int, default=INDEX_MAX_N, help="the index's match cap (replay)")
+    ap.add_argument(
+        "--draft-context", type=int, default=DRAFT_CONTEXT, help="tokens handed to the lookup (replay)"
+    )
     args = ap.parse_args()
+    _set_lookup(args.max_n, args.draft_context)
     engine = Engine.load(args.model)
     prompts = _prompts(engine, args.traffic, traffic.source_paths([]))
     pairs = [(p, engine.generate(p, max_tokens=args.max_tokens, spec=False).token_ids) for p in prompts]
     curve = parse_curve(args.curve) if args.curve else row_costs(engine, context=1024, ks=(1, 2, 4, 8, 17), reps=3)
     ratios = interpolated_ratios(curve, 65)
     steps = sum(len(r) - 1 for _, r in pairs)
-    print(f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, curve {curve}")
+    print(
+        f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, curve {curve}, "
+        f"index max_n {INDEX_MAX_N}, lookup context {LOOKUP_CONTEXT}"
+    )
     print("tie-break rule -> oracle ratio (max draft 16)")
     for rule in RULES:
         cost = sum(oracle_cost(confirmed_by_rule(p, r, rule), ratios) for p, r in pairs)
