@@ -494,19 +494,9 @@ class CupyBackend(Backend):
         return (2 if n <= 16 else 4), 1
 
     def _tensor_product(
-        self,
-        w: CudaWeight,
-        x2: Any,
-        ldx: int,
-        n: int,
-        out: Any,
-        width: int,
-        norm: Any,
-        eps: float,
-        res: Any,
-        ldr: int,
-        act: int,
-    ) -> None:
+        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
+        norm: Any, eps: float, res: Any, ldr: int, act: int,
+    ) -> None:  # fmt: skip
         """mt_body launches: 8-row tiles per pass (NT) follow the row count (values do not
         depend on it); MT and KW follow the weight (``_tensor_shape``)."""
         mt, kw = self._tensor_shape(w, act)
@@ -533,22 +523,10 @@ class CupyBackend(Backend):
                 ((out_cols + per_block - 1) // per_block, gy),
                 (32 * kw,),
                 (
-                    seg.data,
-                    np.int64(seg.row_bytes),
-                    _i32(out_cols),
-                    _i32(w.in_features),
-                    x2,
-                    _i32(ldx),
-                    _i32(n),
-                    out[:, seg.col_offset :],
-                    _i32(width),
-                    norm,
-                    np.float32(eps),
-                    _seg_res(res, seg),
-                    _i32(ldr),
-                    _i32(act),
-                    _i32(out_cols),
-                ),
+                    seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features),
+                    x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
+                    norm, np.float32(eps), _seg_res(res, seg), _i32(ldr), _i32(act), _i32(out_cols),
+                ),  # fmt: skip
             )
 
     def _factored(self, w: CudaWeight) -> bool:
@@ -561,20 +539,9 @@ class CupyBackend(Backend):
         return "_f" if kernel in FACTORED and self._factored(w) else ""
 
     def _pair_product(
-        self,
-        w: CudaWeight,
-        x2: Any,
-        ldx: int,
-        n: int,
-        out: Any,
-        width: int,
-        norm: Any,
-        eps: float,
-        res: Any,
-        ldr: int,
-        tile: int,
-        ksplit: bool,
-    ) -> None:
+        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
+        norm: Any, eps: float, res: Any, ldr: int, tile: int, ksplit: bool,
+    ) -> None:  # fmt: skip
         """Both segments of a two-type weight (Qwen q|k Q4_K + v Q6_K) in one launch
         (kernels.cu MM2_KERNEL): each column runs the mm_body its own launch would."""
         a, b = w.segments
