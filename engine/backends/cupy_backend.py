@@ -418,9 +418,6 @@ class CupyBackend(Backend):
                 cols_per_warp = self._cols_per_warp(tile, out_cols, gated=bool(act))
                 per_block = _MM_WARPS * (cols_per_warp // 2 if act else cols_per_warp)
             grid = ((out_cols + per_block - 1) // per_block,)
-            seg_res = None
-            if res is not None:
-                seg_res = res[seg.col_offset :] if res.ndim == 1 else res[:, seg.col_offset :]
             self._k(
                 f"mm_{seg.kernel}_r{tile}_c{cols_per_warp}{self._suffix(seg.kernel, w)}", seg.kernel
             )(
@@ -438,7 +435,7 @@ class CupyBackend(Backend):
                     _i32(width),
                     norm,
                     np.float32(eps),
-                    seg_res,
+                    _seg_res(res, seg),
                     _i32(ldr),
                     _i32(act),
                     _i32(out_cols),
