@@ -759,13 +759,10 @@ def test_tensor_two_type_weight_one_launch(tensor_on, ref, rng):
         cb.fuse_segment_pairs = keep
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
-def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
-    """9-17-row launches split into parallel 8-row blocks (grid y) or run their passes in
-    one block: the same bits, for plain, norm, residual, gated and two-type (pair) launches,
-    and each row equals its one-row call."""
-    cb = tensor_on
-    d, n_ff = 512, 72
+def _tensor_launch_ops(cb, rng, qtype, d: int) -> dict:
+    """Product launches of every kind (plain, norm, gated, residual, two-type pair with bias
+    or residual) over ``m`` rows of one fixed input: what the speed settings must not change."""
+    n_ff = 72
     gate_up = cb.prepare_matrix(
         [make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")]
     )
@@ -777,7 +774,7 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
     res = cupy.asarray(rng.standard_normal((17, 2 * n_ff)).astype(np.float32))
     res2 = cupy.asarray(rng.standard_normal((17, 136)).astype(np.float32))
     bias = cb.prepare_vector(rng.standard_normal(136).astype(np.float32))
-    ops = {  # gate|up is one segment (one type); "pair*" take the two-segment launch
+    return {  # gate|up is one segment (one type); "pair*" take the two-segment launch
         "plain": lambda m: cb.matmul(x[:m], gate_up),
         "norm": lambda m: cb.norm_matmul(x[:m], gd, 1e-5, gate_up),
         "glu": lambda m: cb.norm_matmul_glu(x[:m], gd, 1e-5, gate_up, n_ff, False),
@@ -785,6 +782,15 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
         "pair+bias": lambda m: cb.norm_matmul(x[:m], gd, 1e-6, pair, bias),
         "pair+res": lambda m: cb.matmul_add(x[:m], pair, res2[:m]),
     }
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
+def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
+    """9-17-row launches split into parallel 8-row blocks (grid y) or run their passes in
+    one block: the same bits, for plain, norm, residual, gated and two-type (pair) launches,
+    and each row equals its one-row call."""
+    cb = tensor_on
+    ops = _tensor_launch_ops(cb, rng, qtype, 512)
     keep = cb.tensor_row_split_warps_per_sm
     try:
         for name, op in ops.items():
@@ -800,6 +806,27 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
             assert np.array_equal(one[0], split[17][0]), f"{name}: row 0 alone"
     finally:
         cb.tensor_row_split_warps_per_sm = keep
+
+
+@pytest.mark.parametrize("d", [768, 1280], ids=lambda d: f"K{d}")
+def test_tensor_units_change_no_bits(tensor_on, rng, d):
+    """Two 64-weight units in flight per warp (MT_UNITS 2) or one: the same bits at every
+    row count, including a K whose units do not divide evenly among the warps."""
+    cb = tensor_on
+    ops = _tensor_launch_ops(cb, rng, Q.Q4_K, d)
+    keep = cb.tensor_units
+    try:
+        for name, op in ops.items():
+            cb.tensor_units = 1
+            ref = {m: cb.to_host(op(m)) for m in (1, 2, 8, 9, 16, 17)}
+            cb.tensor_units = 2
+            for m, got in ref.items():
+                poison()
+                out = cb.to_host(op(m))
+                assert np.isfinite(out).all(), f"{name}: {m} rows not finite"
+                assert np.array_equal(out, got), f"{name}: {m} rows differ with 2 units"
+    finally:
+        cb.tensor_units = keep
 
 
 def test_tensor_products_propagate_nan(tensor_on, rng):

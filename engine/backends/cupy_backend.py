@@ -189,6 +189,9 @@ class CupyBackend(Backend):
     tensor_max_in = 4096
     #: ... and at most this many output columns (Qwen's 151936-column head: 168 vs 124 us)
     tensor_max_cols = 65536
+    #: 64-weight units a tensor-core product warp loads before its math (kernels.cu
+    #: MT_UNITS; 1 or 2): bytes in flight, never bits
+    tensor_units = 1
     #: ... two 16-column tiles per warp once a launch has this many blocks per SM
     tensor_wide_min_blocks = 4
     #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
@@ -222,7 +225,10 @@ class CupyBackend(Backend):
         flag = os.environ.get("ECHOLINE_CUDA_TENSOR_ATTENTION")  # A/B on real models
         if flag in ("0", "1"):
             self.tensor_attention = flag == "1"
-        self._fn: dict[tuple[str, str | None], Any] = {}
+        units = os.environ.get("ECHOLINE_CUDA_TENSOR_UNITS")  # A/B on real models
+        if units in ("1", "2"):
+            self.tensor_units = int(units)
+        self._fn: dict[tuple[str, str | None, int], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
         # last host positions uploaded: a forward hands one array to every layer
@@ -238,11 +244,13 @@ class CupyBackend(Backend):
     # ---- kernels -------------------------------------------------------------------------
     def _k(self, name: str, qtype: str | None = None) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use)."""
-        fn = self._fn.get((name, qtype))
+        fn = self._fn.get((name, qtype, self.tensor_units))
         if fn is None:
+            if qtype is not None and name.startswith("mt") and self.tensor_units != 1:
+                qtype = f"{qtype}@u{self.tensor_units}"  # same bits, more loads in flight
             mod = self._mod if qtype is None else load_module(qtype)
             fn = mod.get_function(name)
-            self._fn[(name, qtype)] = fn
+            self._fn[(name, qtype, self.tensor_units)] = fn
         return fn
 
     # ---- device inputs -------------------------------------------------------------------

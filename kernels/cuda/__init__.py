@@ -46,8 +46,13 @@ TENSOR = frozenset({"q4_0", "q4_1", "q8_0", "q4_k", "q6_k"})
 def kernel_source(qtype: str | None = None) -> str:
     """kernels.cu with quant.cuh inlined; ``qtype`` None → the common kernels, "a+b" →
     the two-segment products of that pair, else that type's product and embedding
-    kernels (NVRTC then needs no include path)."""
-    src = (HERE / "kernels.cu").read_text()
+    kernels (NVRTC then needs no include path). A suffix "@uN" compiles the tensor-core
+    products with N units in flight per warp (a speed choice: same bits)."""
+    prefix = ""
+    if qtype is not None and "@u" in qtype:  # "q4_k@u2": tensor products with MT_UNITS 2
+        qtype, units = qtype.split("@u")
+        prefix = f"#define MT_UNITS {int(units)}\n"
+    src = prefix + (HERE / "kernels.cu").read_text()
     header = (HERE / "quant.cuh").read_text()
     src = src.replace('#include "quant.cuh"', header)
     if qtype is None:

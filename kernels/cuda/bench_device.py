@@ -192,6 +192,14 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         lines += ab_attention(b, model, cache, context, prompt, reps, ks)
     if ROWSPLIT:
         lines += ab_policies(b, model, cache, context, prompt, reps, ks, ROWSPLIT_CONFIGS, "rows")
+    if UNITS:
+        lines += ab_policies(b, model, cache, context, prompt, reps, ks, UNITS_CONFIGS, "units")
+        if QUICK:
+            return lines
+    if GAP:
+        lines += host_gap(b, model, cache, context, prompt, reps)
+        if QUICK:
+            return lines
     if (ATTN or ROWSPLIT) and QUICK:
         return lines
     lines += op_breakdown(b, model, cache, context)
@@ -271,6 +279,11 @@ ROWSPLIT = False
 ATTN_CONFIGS = {  # name: backend attributes
     "cuda-core": {"tensor_attention": False, "attn_split": 32},
     "tensor": {"tensor_attention": True, "attn_split": 32},
+}
+UNITS_CONFIGS = {  # session 6: 64-weight units in flight per tensor-core product warp
+    "u1": {"tensor_units": 1, "tensor_max_in": 4096},
+    "u2": {"tensor_units": 2, "tensor_max_in": 4096},
+    "u2,long-tc": {"tensor_units": 2, "tensor_max_in": 10**6},  # Qwen down on tensor cores
 }
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
@@ -378,6 +391,96 @@ def attn_items_ab(b, model, cache, context: int, prompt, reps: int, rounds: int)
         f"  attn items {a:<2d}: " + " ".join(f"k={k}:{med[(a, k)] * 1e3:.3f}ms" for k in ks)
         for a in (8, 48)
     ]
+
+
+#: session 6 (--gap): how much of a step is the host (Python, copies, sync) and not the GPU
+GAP = False
+UNITS = False
+
+
+def host_gap(b, model, cache, context: int, prompt, reps: int, rounds: int = 3) -> list[str]:
+    """Step time of the engine path (forward + argmax + id copy, the host waiting for
+    each id) against the same steps queued back to back (the host never waits, so the
+    GPU never idles): the difference is the GPU's idle time per step, which no kernel
+    change can remove. Interleaved ``rounds`` times; medians."""
+    ids = prompt[-1:]
+
+    def step() -> np.ndarray:
+        cache.truncate(context)
+        return b.argmax(model.forward(ids, cache, all_logits=True))
+
+    def queued(count: int = 50, with_argmax: bool = True) -> float:
+        b.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(count):
+            cache.truncate(context)
+            logits = model.forward(ids, cache, all_logits=True)
+            if with_argmax:
+                b.argmax_device(logits)
+        b.synchronize()
+        return (time.perf_counter() - t0) / count
+
+    step()
+    step()
+    waited, back, bare = [], [], []
+    for _ in range(rounds):
+        waited.append(median_time(step, reps))
+        back.append(statistics.median(queued() for _ in range(5)))
+        bare.append(statistics.median(queued(with_argmax=False) for _ in range(5)))
+    tw, tb, tn = (statistics.median(v) for v in (waited, back, bare))
+    return host_parts(b, model, cache, context, ids) + [
+        f"  gap step (host waits)   {tw * 1e3:7.3f} ms {1 / tw:7.1f} tok/s",
+        f"  gap queued (+argmax)    {tb * 1e3:7.3f} ms {1 / tb:7.1f} tok/s  idle/step {(tw - tb) * 1e6:6.1f} us",
+        f"  gap queued (no argmax)  {tn * 1e3:7.3f} ms {1 / tn:7.1f} tok/s  argmax {(tb - tn) * 1e6:6.1f} us",
+    ]
+
+
+def host_parts(b, model, cache, context: int, ids, reps: int = 200) -> list[str]:
+    """Host time of each piece of a decode step, the GPU idle before each (so a piece's
+    time is its own, not a wait): where the idle time of ``host_gap`` goes."""
+    import cupy
+
+    logits = model.forward(ids, cache, all_logits=True)
+    dev_ids = b.argmax_device(logits)
+    small = np.arange(8, dtype=np.int32)
+    dsmall = cupy.asarray(small)
+    pinned = cupy.cuda.alloc_pinned_memory(64)
+    host = np.frombuffer(pinned, dtype=np.int32, count=8)
+    stream = cupy.cuda.get_current_stream()
+
+    def each(fn, sync_before: bool = True) -> float:
+        ts = []
+        for _ in range(reps):
+            if sync_before:
+                b.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        b.synchronize()
+        return statistics.median(ts) * 1e6
+
+    def forward_call() -> None:
+        cache.truncate(context)
+        model.forward(ids, cache, all_logits=True)
+
+    def raw_get() -> None:
+        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, dev_ids.data.ptr, 4, 2, stream.ptr)
+        stream.synchronize()
+
+    def raw_set() -> None:
+        cupy.cuda.runtime.memcpyAsync(dsmall.data.ptr, host.ctypes.data, 32, 1, stream.ptr)
+
+    parts = {
+        "forward() host call": forward_call,
+        "argmax_device launch": lambda: b.argmax_device(logits),
+        "ids .get()": lambda: dev_ids.get(),
+        "ids pinned memcpy+sync": raw_get,
+        "inputs .set()": lambda: dsmall.set(small),
+        "inputs pinned memcpyAsync": raw_set,
+        "np pack": lambda: b._pack([ids, np.arange(context, context + 1, dtype=np.int32)]),
+        "stream.synchronize idle": stream.synchronize,
+    }
+    return [f"  host {name:<26s} {each(fn):7.1f} us" for name, fn in parts.items()]
 
 
 def graph_op_time(b, fn, reps: int = 20, iters: int = 20) -> float:
@@ -506,11 +609,18 @@ def main() -> int:
         help="interleaved A/B: 9-17-row launches split over blocks or not",
     )
     ap.add_argument(
+        "--units", action="store_true", help="interleaved A/B: tensor-product units in flight"
+    )
+    ap.add_argument(
+        "--gap", action="store_true", help="GPU idle time per decode step (host work)"
+    )
+    ap.add_argument(
         "--quick", action="store_true", help="skip the split / columns / split-K sweeps"
     )
     args = ap.parse_args()
-    global AB, QUICK, TC, ATTN, ROWSPLIT
+    global AB, QUICK, TC, ATTN, ROWSPLIT, GAP, UNITS
     AB, QUICK, TC, ATTN, ROWSPLIT = args.ab, args.quick, args.tc, args.attn, args.rowsplit
+    GAP, UNITS = args.gap, args.units
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]

@@ -30,6 +30,16 @@ if [ "$1" = rows ]; then  # session 5: 9-17-row tensor-core launches split over 
   timeout 200 python3 -m kernels.cuda.bench_device --reps 30 --rowsplit --quick --ks 1,8,9,12,16,17 > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"
 fi
+if [ "$1" = gap ]; then  # session 6: GPU idle time per decode step, then the row-split tests
+  timeout 200 python3 -m kernels.cuda.bench_device --reps 30 --gap --quick --ks 1 ${GAP_ARGS} > "$OUT/bench.log" 2>&1
+  sed -n '/== summary ==/,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "row_split or pair" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -30
+fi
+if [ "$1" = units ]; then  # session 6: tensor-product units in flight (bits, then the A/B)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "units or row_split" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -30
+  timeout ${UNITS_BENCH:-300} python3 -m kernels.cuda.bench_device --reps 30 --units --quick --ks ${UNITS_KS:-1,8,16} ${GAP_ARGS} > "$OUT/bench.log" 2>&1
+  sed -n '/== summary ==/,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
+fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M

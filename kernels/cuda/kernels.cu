@@ -9,6 +9,13 @@
 
 #include "quant.cuh"
 
+// Units (64 weights of K) a tensor-core product warp loads before any math: a speed choice
+// (bytes in flight) that changes no bits, since each warp still adds its units in order.
+// A module compiled with another value is a backend setting (tensor_units).
+#ifndef MT_UNITS
+#define MT_UNITS 1
+#endif
+
 #define MM_WARPS 4
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -404,7 +411,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                                         float* smem) {
     using T = TcTraits<QT>;
     constexpr int NV = NT * MT * 4;  // accumulators per lane
-    constexpr int U = 1;             // units whose weights are loaded before any math
+    constexpr int U = MT_UNITS;      // units whose weights are loaded before any math
     // smem (MT_SMEM floats, declared by the kernel so a pair launch shares it):
     float (*red)[NV][32] = reinterpret_cast<float (*)[NV][32]>(smem);  // [KW - 1][NV][32]
     float (*ssr)[NT][8] = reinterpret_cast<float (*)[NT][8]>(smem + (KW - 1) * NV * 32);  // [KW]
