@@ -395,6 +395,37 @@ def test_attention_propagates_nan(attn, ref, rng):
     assert np.isfinite(np.delete(got.reshape(4 * heads, hd), 2 * heads + 4, axis=0)).all()
 
 
+@pytest.mark.parametrize("bad", [np.inf, np.nan], ids=["inf", "nan"])
+@pytest.mark.parametrize("window", [0, 24])
+def test_attention_nonfinite_v_after_a_row_is_not_seen(attn, ref, rng, bad, window):
+    """A non-finite V at a later row's position never reaches an earlier row of the same
+    verify (its weight there is 0, and 0 * inf must not become NaN): every row of a 20-row
+    verify equals that row decoded alone, bit for bit, NaN where and only where it sees the
+    bad value. Rows 16-19 straddle a 32-key split, as drafts do."""
+    cap, heads, kvh, hd, k = 256, 9, 3, 64, 20
+    length = 210  # positions 190..209: the split boundary at 192 falls inside the batch
+    kc, vc, kr, vr = _fill_cache(attn, ref, rng, cap, kvh, hd, length)
+    at = length - 6  # row 14's position
+    vc[at, 1, 5] = bad
+    vr[at, 1, 5] = bad
+    positions = np.arange(length - k, length)
+    qh = rng.standard_normal((k, heads, hd)).astype(np.float32)
+    q = cupy.asarray(qh)
+    poison()
+    batch = attn.to_host(attn.attention(q, kc, vc, positions, window, 0.125))
+    for i in range(k):
+        poison()
+        one = attn.to_host(attn.attention(q[i : i + 1], kc, vc, positions[i : i + 1], window, 0.125))
+        assert np.array_equal(one[0], batch[i], equal_nan=True), f"row {i}: decode != verify"
+    rows = batch.reshape(k, heads, hd)
+    lo = positions - window + 1 if window else np.zeros(k, dtype=int)
+    sees = (positions >= at) & (lo <= at)
+    assert np.isfinite(rows[~sees]).all(), "a row that cannot see the bad V is not finite"
+    assert not np.isfinite(rows[sees][:, 3:6]).all(axis=None), "kv head 1's rows miss it"
+    want = ref.attention(qh[~sees], kr, vr, positions[~sees], window, 0.125)
+    assert rel_err(batch[~sees], want) < 1e-5
+
+
 @pytest.mark.parametrize("heads,kvh,hd,window", [(9, 3, 64, 0), (12, 2, 128, 300)])
 def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, window):
     """Items per block of the CUDA-core attention kernel (warps looping over several

@@ -978,10 +978,10 @@ ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 // Block (split s of 32 keys, kv head g, chunk z of up to 4 sixteen-item tiles), 4 warps.
 //  1. Stage: K and V of the split, already split into hi/lo planes, and the chunk's q
 //     vectors, in shared memory (rows padded so every fragment read hits 32 distinct
-//     banks; V rows past the block's last needed key are zero so 0 * garbage is 0;
-//     rows between a row's own position and the block's largest are real V, so a
-//     non-finite V there turns that row's output NaN in a verify but not in a decode:
-//     one reason this kernel is off by default).
+//     banks; V rows past the block's last needed key are zero so 0 * garbage is 0).
+//     Rows between a row's own position and the block's largest are real V: a finite V
+//     there meets P = 0 and adds nothing, but 0 * inf is NaN, so a block that staged any
+//     non-finite V takes step 3's exact form (session 6; see there).
 //  2. Scores: warp w computes keys 8w..8w+7 of every tile (one n8 column of S each, the
 //     tiles' mma chains interleaved), masks keys outside a row's [lo, p] to -inf, scales,
 //     and writes them to shared memory.
@@ -1065,6 +1065,8 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     u32* Vl = Vh + S * VST;
     float* Ss = reinterpret_cast<float*>(Vl + S * VST);  // [tile][16][SST]
     float* Qs = Ss + ATC_WARPS * 16 * SST;               // [tile * 16 + item][QST]
+    __shared__ u32 Zrow[hd];  // zeros: the V row step 3's exact form reads for masked keys
+    for (int d = threadIdx.x; d < hd; d += ATC_WARPS * 32) Zrow[d] = 0u;
     int s = blockIdx.x, g = blockIdx.y;
     int group = H / KVH, items = n * group;
     int it0 = blockIdx.z * ATC_WARPS * 16;
@@ -1084,6 +1086,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     if (!need) return;
     int jn = min(S, pmax + 1 - j0);
     constexpr int hd4 = hd / 4;
+    int bad = 0;  // a non-finite V staged: step 3 then masks V per row
 #pragma unroll 4
     for (int t = threadIdx.x; t < S * hd4; t += ATC_WARPS * 32) {
         int jj = t / hd4, d = (t - jj * hd4) << 2;
@@ -1092,6 +1095,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
             long long src = ((long long)(j0 + jj) * KVH + g) * hd + d;
             kv = *reinterpret_cast<const float4*>(Kc + src);
             vv = *reinterpret_cast<const float4*>(Vc + src);
+            bad |= !(isfinite(vv.x) && isfinite(vv.y) && isfinite(vv.z) && isfinite(vv.w));
         }
         store_split4(reinterpret_cast<float*>(Kh + jj * KST + d),
                      reinterpret_cast<float*>(Kl + jj * KST + d), kv);
@@ -1109,7 +1113,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         }
         *reinterpret_cast<float4*>(Qs + it * QST + d) = qv;
     }
-    __syncthreads();
+    bool exact_pv = __syncthreads_or(bad) != 0;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int gq = lane >> 2, t = lane & 3;
     // 2. scores of keys 8 * warp .. + 7 for every tile (the tiles' chains interleaved)
@@ -1200,34 +1204,54 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     long long baseb = ((long long)rb * H + hb) * nsplit + s;
     constexpr int DG = 4;  // output tiles in flight together
     int mine = hd / 8 / wpt;  // output tiles of this warp: dw, dw + wpt, ...
+    // Passes: one for the whole tile, or (exact_pv: a non-finite V was staged) one per row
+    // of the tile, with V outside that row's [lo, p] read as 0 and only its items written.
+    // A row's pass then sums over exactly the keys a decode of that row stages (P = 0 times
+    // a zero V is the zero a finite V gives), so decode and verify keep the same bits.
+    int rfirst = (it0 + tile * 16) / group;
+    int rlast = exact_pv ? (min(it1, it0 + tile * 16 + 16) - 1) / group : rfirst;
 #pragma unroll 1
-    for (int u0 = 0; u0 < mine; u0 += DG) {
-        float oh[DG][4], ol[DG][4];
+    for (int r = rfirst; r <= rlast; ++r) {
+        int kmin = -1, kmax = 0x7fffffff;  // keys whose V this pass reads
+        if (exact_pv) {
+            kmax = pos[r];
+            kmin = window > 0 ? max(0, kmax - window + 1) : 0;
+        }
+        bool pa_ok = wa && (!exact_pv || ra == r), pb_ok = wb && (!exact_pv || rb == r);
+#pragma unroll 1
+        for (int u0 = 0; u0 < mine; u0 += DG) {
+            float oh[DG][4], ol[DG][4];
 #pragma unroll
-        for (int u = 0; u < DG; ++u)
+            for (int u = 0; u < DG; ++u)
 #pragma unroll
-            for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
+                for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < 4; ++j) {
+                int k0 = j0 + 8 * j + t;  // keys of this lane's two B rows: k0, k0 + 4
+                bool in0 = k0 >= kmin && k0 <= kmax, in1 = k0 + 4 >= kmin && k0 + 4 <= kmax;
+                const u32* h0 = in0 ? Vh + (8 * j + t) * VST : Zrow;
+                const u32* h1 = in1 ? Vh + (8 * j + t + 4) * VST : Zrow;
+                const u32* l0 = in0 ? Vl + (8 * j + t) * VST : Zrow;
+                const u32* l1 = in1 ? Vl + (8 * j + t + 4) * VST : Zrow;
 #pragma unroll
-            for (int u = 0; u < DG; ++u) {
-                if (u0 + u < mine) {
-                    int off = (8 * j + t) * VST + 8 * (dw + wpt * (u0 + u)) + gq;
-                    mma3(oh[u], ol[u], ph[j], pl[j], Vh[off], Vh[off + 4 * VST], Vl[off],
-                         Vl[off + 4 * VST]);
+                for (int u = 0; u < DG; ++u) {
+                    if (u0 + u < mine) {
+                        int off = 8 * (dw + wpt * (u0 + u)) + gq;
+                        mma3(oh[u], ol[u], ph[j], pl[j], h0[off], h1[off], l0[off], l1[off]);
+                    }
                 }
             }
-        }
 #pragma unroll
-        for (int u = 0; u < DG; ++u) {
-            if (u0 + u >= mine) break;
-            int d = 8 * (dw + wpt * (u0 + u)) + 2 * t;
-            if (wa)
-                *reinterpret_cast<float2*>(Opart + basea * hd + d) =
-                    make_float2(__fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
-            if (wb)
-                *reinterpret_cast<float2*>(Opart + baseb * hd + d) =
-                    make_float2(__fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
+            for (int u = 0; u < DG; ++u) {
+                if (u0 + u >= mine) break;
+                int d = 8 * (dw + wpt * (u0 + u)) + 2 * t;
+                if (pa_ok)
+                    *reinterpret_cast<float2*>(Opart + basea * hd + d) = make_float2(
+                        __fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
+                if (pb_ok)
+                    *reinterpret_cast<float2*>(Opart + baseb * hd + d) = make_float2(
+                        __fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
+            }
         }
     }
     if (dw == 0 && t == 0) {
