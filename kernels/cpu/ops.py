@@ -588,9 +588,15 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task)
     qn, kn = SCORE_TILE
     vn, dn = VALUE_TILE
     wl = (uhi - ulo + kn - 1) // kn * kn
-    qv = np.empty((nv, hd), dtype=np.float32)
-    los = np.empty(nv, dtype=np.int64)
-    his = np.empty(nv, dtype=np.int64)
+    # A last partial tile of >= PAD_PARTIAL_TILE vectors runs as a whole tile whose spare
+    # slots hold zero queries copying the last vector's key range (so the tile's key span
+    # does not grow); their results are never read. A vector's arithmetic is the same in a
+    # tile as alone, so this is a speed choice: 3 rows x 1 head took 3 one-vector passes.
+    rem = nv % qn
+    nvp = nv + (qn - rem if rem >= PAD_PARTIAL_TILE else 0)
+    qv = np.zeros((nvp, hd), dtype=np.float32)
+    los = np.empty(nvp, dtype=np.int64)
+    his = np.empty(nvp, dtype=np.int64)
     for i in range(r0, r1):
         for g in range(g0, g1):
             a = (i - r0) * ng + g - g0
@@ -598,16 +604,19 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task)
                 qv[a, d] = q[i, kv * group + g, d]
             los[a] = _row_range(positions[i], window) - ulo
             his[a] = positions[i] + 1 - ulo
-    s = np.empty((nv, wl), dtype=np.float32)
+    for a in range(nv, nvp):
+        los[a] = los[nv - 1]
+        his[a] = his[nv - 1]
+    s = np.empty((nvp, wl), dtype=np.float32)
     bits = np.empty((nv, wl), dtype=np.int32)
     ktk = kt[kv]
     koff = _U(ulo - gb)
     for c0 in range(0, wl, kn):
         a = 0
-        while a + qn <= nv:
+        while a + qn <= nvp:
             scores_tile(qv, ktk, koff, sc, s, _U(a), _U(c0))
             a += qn
-        while a < nv:
+        while a < nvp:
             scores_one(qv, ktk, koff, sc, s, _U(a), _U(c0))
             a += 1
     totals = np.empty(nv, dtype=np.float32)
@@ -618,11 +627,15 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task)
             s[a, j] = 0.0
         for j in range(his[a], span):
             s[a, j] = 0.0
-    o = np.empty((nv, hd), dtype=np.float32)
+    for a in range(nv, nvp):  # spare slots: zero weights
+        for j in range(span):
+            s[a, j] = 0.0
+    o = np.empty((nvp, hd), dtype=np.float32)
     full = hd // dn * dn
+    vtiles = nvp if nvp % vn == 0 else nv  # a padded score tile is a padded value tile too
     for d0 in range(0, full, dn):
         a = 0
-        while a + vn <= nv:
+        while a + vn <= vtiles:
             lo = los[a]
             hi = his[a]
             for b in range(a + 1, a + vn):
@@ -664,6 +677,9 @@ def _attention_tiles_serial(q, kt, gb, v, positions, window, sc, row_tile, hspli
 
 #: Rows per tile task, and the row count from which attention takes the tiled path.
 ROW_TILE = 4
+#: A task's last partial score tile with at least this many query vectors is padded to a
+#: whole tile (``_tile_task``); a lone vector keeps the one-vector pass (decode).
+PAD_PARTIAL_TILE = 2
 TILED_MIN_ROWS = 2
 
 
