@@ -1050,6 +1050,58 @@ __device__ __forceinline__ void quad_softmax(float x[8], float& m, float& l) {
     l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
 }
 
+// Step 3's P V for one tile: this warp's output tiles (8 dims each: dw, dw + wpt, ...),
+// DG in flight together, written to the items' rows oa / ob where wa / wb. MASKED: keys
+// outside [kmin, kmax] read the zero row instead of their V (the exact form, one row's
+// pass); unmasked it is the plain tile product.
+template <bool MASKED>
+__device__ __forceinline__ void attn_tc_pv(const u32 ph[4][4], const u32 pl[4][4],
+                                           const u32* Vh, const u32* Vl, const u32* Zrow,
+                                           int VST, int hd, int j0, int t, int gq, int dw,
+                                           int wpt, int mine, int kmin, int kmax, bool wa,
+                                           bool wb, float* oa, float* ob) {
+    constexpr int DG = 4;  // output tiles in flight together
+#pragma unroll 1
+    for (int u0 = 0; u0 < mine; u0 += DG) {
+        float oh[DG][4], ol[DG][4];
+#pragma unroll
+        for (int u = 0; u < DG; ++u)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            // this lane's two B rows: keys 8j + t and 8j + t + 4 of the split
+            const u32* h0 = Vh + (8 * j + t) * VST;
+            const u32* h1 = h0 + 4 * VST;
+            const u32* l0 = Vl + (8 * j + t) * VST;
+            const u32* l1 = l0 + 4 * VST;
+            if (MASKED) {
+                int k0 = j0 + 8 * j + t;
+                if (k0 < kmin || k0 > kmax) h0 = l0 = Zrow;
+                if (k0 + 4 < kmin || k0 + 4 > kmax) h1 = l1 = Zrow;
+            }
+#pragma unroll
+            for (int u = 0; u < DG; ++u) {
+                if (u0 + u < mine) {
+                    int off = 8 * (dw + wpt * (u0 + u)) + gq;
+                    mma3(oh[u], ol[u], ph[j], pl[j], h0[off], h1[off], l0[off], l1[off]);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DG; ++u) {
+            if (u0 + u >= mine) break;
+            int d = 8 * (dw + wpt * (u0 + u)) + 2 * t;
+            if (wa)
+                *reinterpret_cast<float2*>(oa + d) =
+                    make_float2(__fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
+            if (wb)
+                *reinterpret_cast<float2*>(ob + d) =
+                    make_float2(__fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
+        }
+    }
+}
+
 template <int DPL>
 __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const float* Kc,
                                              const float* Vc, const int* pos, int n, int H,
@@ -1202,56 +1254,22 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     bool wa = va && j0 <= pa && j0 + S > loa, wb = vb && j0 <= pb && j0 + S > lob;
     long long basea = ((long long)ra * H + ha) * nsplit + s;
     long long baseb = ((long long)rb * H + hb) * nsplit + s;
-    constexpr int DG = 4;  // output tiles in flight together
     int mine = hd / 8 / wpt;  // output tiles of this warp: dw, dw + wpt, ...
-    // Passes: one for the whole tile, or (exact_pv: a non-finite V was staged) one per row
-    // of the tile, with V outside that row's [lo, p] read as 0 and only its items written.
+    // One pass for the whole tile, or (exact_pv: a non-finite V was staged) one per row of
+    // the tile, with V outside that row's [lo, p] read as 0 and only its items written.
     // A row's pass then sums over exactly the keys a decode of that row stages (P = 0 times
     // a zero V is the zero a finite V gives), so decode and verify keep the same bits.
-    int rfirst = (it0 + tile * 16) / group;
-    int rlast = exact_pv ? (min(it1, it0 + tile * 16 + 16) - 1) / group : rfirst;
-#pragma unroll 1
-    for (int r = rfirst; r <= rlast; ++r) {
-        int kmin = -1, kmax = 0x7fffffff;  // keys whose V this pass reads
-        if (exact_pv) {
-            kmax = pos[r];
-            kmin = window > 0 ? max(0, kmax - window + 1) : 0;
-        }
-        bool pa_ok = wa && (!exact_pv || ra == r), pb_ok = wb && (!exact_pv || rb == r);
-#pragma unroll 1
-        for (int u0 = 0; u0 < mine; u0 += DG) {
-            float oh[DG][4], ol[DG][4];
-#pragma unroll
-            for (int u = 0; u < DG; ++u)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                int k0 = j0 + 8 * j + t;  // keys of this lane's two B rows: k0, k0 + 4
-                bool in0 = k0 >= kmin && k0 <= kmax, in1 = k0 + 4 >= kmin && k0 + 4 <= kmax;
-                const u32* h0 = in0 ? Vh + (8 * j + t) * VST : Zrow;
-                const u32* h1 = in1 ? Vh + (8 * j + t + 4) * VST : Zrow;
-                const u32* l0 = in0 ? Vl + (8 * j + t) * VST : Zrow;
-                const u32* l1 = in1 ? Vl + (8 * j + t + 4) * VST : Zrow;
-#pragma unroll
-                for (int u = 0; u < DG; ++u) {
-                    if (u0 + u < mine) {
-                        int off = 8 * (dw + wpt * (u0 + u)) + gq;
-                        mma3(oh[u], ol[u], ph[j], pl[j], h0[off], h1[off], l0[off], l1[off]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < DG; ++u) {
-                if (u0 + u >= mine) break;
-                int d = 8 * (dw + wpt * (u0 + u)) + 2 * t;
-                if (pa_ok)
-                    *reinterpret_cast<float2*>(Opart + basea * hd + d) = make_float2(
-                        __fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
-                if (pb_ok)
-                    *reinterpret_cast<float2*>(Opart + baseb * hd + d) = make_float2(
-                        __fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
-            }
+    if (!exact_pv) {
+        attn_tc_pv<false>(ph, pl, Vh, Vl, Zrow, VST, hd, j0, t, gq, dw, wpt, mine, 0, 0, wa, wb,
+                          Opart + basea * hd, Opart + baseb * hd);
+    } else {
+        int rfirst = (it0 + tile * 16) / group;
+        int rlast = (min(it1, it0 + tile * 16 + 16) - 1) / group;
+        for (int r = rfirst; r <= rlast; ++r) {
+            int kmax = pos[r], kmin = window > 0 ? max(0, kmax - window + 1) : 0;
+            attn_tc_pv<true>(ph, pl, Vh, Vl, Zrow, VST, hd, j0, t, gq, dw, wpt, mine, kmin, kmax,
+                             wa && ra == r, wb && rb == r, Opart + basea * hd,
+                             Opart + baseb * hd);
         }
     }
     if (dw == 0 && t == 0) {
