@@ -209,13 +209,13 @@ class CupyBackend(Backend):
     attn_split = 32
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's
     #: (row, head) items are the M dimension of 3xTF32 mma tiles, so a row computes alike
-    #: in any tile (decode == verify, bit for bit) and 16-17 rows cost 21-25 % less than
+    #: in any tile (decode == verify, bit for bit) and 16-17 rows cost 19-25 % less than
     #: on the CUDA-core kernel. Off by default: it is 1.7-2.7 us a layer slower at one row
-    #: (decode 4-7 % slower on synthetic shapes), its copy-traffic gain on the real SmolLM2
-    #: file was 0 % and 8 % in two runs, and a non-finite V in a later draft row can turn
-    #: an earlier verify row's output NaN where decode would stay finite (0 * inf: a block
-    #: stages V up to its largest position; the CUDA-core kernel stops at each row's own).
-    #: docs/backend-cuda.md, rounds 7-8. Splits of 32 keys only.
+    #: (decode 4-9 % slower on synthetic shapes, 11-16 % on the real SmolLM2 file at
+    #: context 128), for 3-5 % more speculative tok/s on copy traffic. Its verify-only NaN
+    #: gap (0 * inf past a row's own position) is closed since session 6: a block that
+    #: stages a non-finite V masks V per row. docs/backend-cuda.md, rounds 7-9. Splits of
+    #: 32 keys only.
     tensor_attention = False
 
     def __init__(self) -> None:
