@@ -142,15 +142,33 @@ def matmul_source(spec: KernelSpec) -> str:
         raise ValueError("the last tile must have one row")
     u = _Consts()
     u(0)
+    # An "absorbing" first tile, one row taller than the next (5 over 4): used only as
+    # often as it turns a 4-row plan's leftover rows into the same number of passes
+    # (n = 4q + r: r tiles of 5 when q >= r, e.g. 9 = 5 + 4, 13 = 5 + 4 + 4, 17 = 5 + 4 + 4 + 4;
+    # 16 stays 4 + 4 + 4 + 4 and 6 stays 4 + 2). Which tile runs a row never changes its bits.
+    tiles = spec.tiles
+    absorb = len(tiles) > 1 and tiles[0][0] == tiles[1][0] + 1
     body = [
         "@njit(parallel=True, fastmath={'contract'}, cache=True, nogil=True, boundscheck=False)",
         "def kernel(x, xs, q, s, m, out, n, ldo, col0, nblocks, ngroups, rs, cs):",
+    ]
+    if absorb:
+        step = tiles[1][0]
+        body += [
+            f"    nq = n // {u(step)}",
+            f"    nr = n - nq * {u(step)}",
+            "    nabs = nr if nq >= nr else U0",
+        ]
+    body += [
         "    for g in prange(ngroups):",
         "        gu = U0 + g",
         "        r0 = U0",
     ]
-    for rows, width in spec.tiles:
-        body.append(f"        while r0 + {u(rows)} <= n:")
+    for i, (rows, width) in enumerate(tiles):
+        if absorb and i == 0:
+            body.append(f"        while r0 + {u(rows)} <= n and r0 < nabs * {u(rows)}:")
+        else:
+            body.append(f"        while r0 + {u(rows)} <= n:")
         body.append(f"            for o0i in range({u(G // width)}):")
         body.append(f"                o0 = o0i * {u(width)}")
         body.extend(_tile_body(spec, rows, width, " " * 16, u))
