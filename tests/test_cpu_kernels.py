@@ -122,6 +122,26 @@ def test_matmul_tile_shape_does_not_change_bits(t: QuantTensor, n: int, seed: in
     assert np.isfinite(ya).all() and np.array_equal(ya, yb)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q4_K])
+def test_absorbing_tile_plan_changes_no_bit(qtype) -> None:
+    """The default set's 5-row tile runs only as often as it absorbs leftover rows (n = 4q + r:
+    r passes of 5 when q >= r). Every n from 1 to 23 gives each row the bits of a one-row
+    tile set, and the plan is what codegen says it is."""
+    from kernels.cpu.codegen import KernelSpec, matmul_source
+    from kernels.cpu.matmul import DEFAULT_TILES
+
+    assert DEFAULT_TILES[0][0] == DEFAULT_TILES[1][0] + 1  # the absorbing form is in use
+    t = make_tensor(qtype, 130, 512, 7)
+    pd, p1 = prepare([t], DEFAULT_TILES), prepare([t], ((1, 64),))
+    x = (np.random.default_rng(3).standard_normal((23, 512)) * 2).astype(np.float32)
+    one = matmul(x, p1)
+    for n in range(1, 24):
+        got = matmul(x[:n], pd, out=np.full((n, pd.padded_out), np.nan, np.float32))
+        assert np.array_equal(got, one[:n]), n
+    spec = KernelSpec(64, 32, 2, True, True, "int8", DEFAULT_TILES)
+    assert "r0 < nabs * U5" in matmul_source(spec)  # the 5-row loop is bounded by the plan
+
+
 def test_fused_mixed_types_equal_separate() -> None:
     parts = [
         make_tensor(Q.Q5_0, 70, 512, 1),
