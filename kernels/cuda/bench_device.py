@@ -594,29 +594,17 @@ def main() -> int:
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-1.5b")
     ap.add_argument("--ks", default="1,2,4,8,16")
     ap.add_argument("--out", default="/tmp/echoline-bench")
-    ap.add_argument(
-        "--ab", action="store_true", help="interleaved A/B of the round-5 product policies"
-    )
-    ap.add_argument(
-        "--tc", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core products"
-    )
-    ap.add_argument(
-        "--attn", action="store_true", help="interleaved A/B: CUDA-core vs tensor-core attention"
-    )
-    ap.add_argument(
-        "--rowsplit",
-        action="store_true",
-        help="interleaved A/B: 9-17-row launches split over blocks or not",
-    )
-    ap.add_argument(
-        "--units", action="store_true", help="interleaved A/B: tensor-product units in flight"
-    )
-    ap.add_argument(
-        "--gap", action="store_true", help="GPU idle time per decode step (host work)"
-    )
-    ap.add_argument(
-        "--quick", action="store_true", help="skip the split / columns / split-K sweeps"
-    )
+    switches = {  # each an interleaved A/B or a probe; see the module's round notes
+        "ab": "interleaved A/B of the round-5 product policies",
+        "tc": "interleaved A/B: CUDA-core vs tensor-core products",
+        "attn": "interleaved A/B: CUDA-core vs tensor-core attention",
+        "rowsplit": "interleaved A/B: 9-17-row launches split over blocks or not",
+        "units": "interleaved A/B: tensor-product units in flight",
+        "gap": "GPU idle time per decode step (host work)",
+        "quick": "skip the split / columns / split-K sweeps",
+    }
+    for flag, text in switches.items():
+        ap.add_argument(f"--{flag}", action="store_true", help=text)
     args = ap.parse_args()
     global AB, QUICK, TC, ATTN, ROWSPLIT, GAP, UNITS
     AB, QUICK, TC, ATTN, ROWSPLIT = args.ab, args.quick, args.tc, args.attn, args.rowsplit
