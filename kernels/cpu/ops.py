@@ -632,10 +632,9 @@ def _tile_task(q, kt, gb, v, positions, window, sc, row_tile, hsplit, out, task)
             s[a, j] = 0.0
     o = np.empty((nvp, hd), dtype=np.float32)
     full = hd // dn * dn
-    vtiles = nvp if nvp % vn == 0 else nv  # a padded score tile is a padded value tile too
     for d0 in range(0, full, dn):
         a = 0
-        while a + vn <= vtiles:
+        while a + vn <= nvp:  # spare slots (zero weights) may fill a value tile too
             lo = los[a]
             hi = his[a]
             for b in range(a + 1, a + vn):
