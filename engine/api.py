@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from engine.backends.base import Backend
 from engine.calibration import measure_verify_cost
 from engine.drafting.controller import DraftController
 from engine.drafting.ngram_index import NgramIndex
@@ -39,7 +40,7 @@ class Engine:
         self,
         model_path: Path,
         *,
-        backend: str = "auto",
+        backend: str | Backend = "auto",
         kv_budget_bytes: int | None = None,
         prefill_chunk: int = 512,
         max_draft: int = MAX_DRAFT,

@@ -173,7 +173,7 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None, rech
     ``recheck``: verify a cached curve with a quick measurement (see
     ``cached_curve_is_pessimistic``) and measure afresh when it looks contended.
     """
-    path = _cache_file(model_path, model.backend.name) if model_path is not None else None
+    path = _cache_file(model_path, model.backend.variant) if model_path is not None else None
     limit = model.config.context_length - max(CAL_ROWS) - 16
     contexts = tuple(min(c, max(0, limit)) for c in CAL_CONTEXTS)
     with _exclusive(path):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 
-from engine.backends import BACKEND_NAMES
+from engine.backends import BACKEND_NAMES, CPU_ACTIVATIONS
 from engine.errors import EcholineError
 from engine.models_registry import DEFAULT_MODEL
 
@@ -22,6 +23,9 @@ BENCH_KINDS = ("decode", "spec", "cache", "lsp")
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name (smollm2, gemma3-270m) or GGUF path")
     p.add_argument("--backend", default="auto", choices=BACKEND_NAMES, help="where to compute")
+    p.add_argument("--cpu-activations", choices=CPU_ACTIVATIONS, default=None,
+                   help="cpu backend: f32 (default) or q8 (int8 activations, AVX-512 VNNI: faster, "
+                        "slightly different numbers; sets ECHOLINE_CPU_ACTIVATIONS)")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
 
@@ -102,6 +106,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         out = {
             "model": engine.model_name,
             "backend": engine.backend_name,
+            "variant": engine.model.backend.variant,
             "text": result.text,
             "prompt_ids": prompt_ids,
             "token_ids": result.token_ids,
@@ -186,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return _guard(lambda: rewrite_main(argv[1:]))
     args = build_parser().parse_args(argv)
+    if getattr(args, "cpu_activations", None):
+        # The backend reads it when it is built; the environment also reaches a sidecar's engine.
+        os.environ["ECHOLINE_CPU_ACTIVATIONS"] = args.cpu_activations
     handlers = {
         "generate": _cmd_generate,
         "models": _cmd_models,

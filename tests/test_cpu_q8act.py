@@ -24,7 +24,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernels.cpu.matmul import prepare
-from kernels.cpu.q8act import KERNELS, QBLOCK, matmul_q8, prepare_q8, quantize_rows, vnni_available
+from kernels.cpu.q8act import (
+    KERNELS,
+    QBLOCK,
+    ROW_TILES,
+    matmul_q8,
+    prepare_q8,
+    quantize_rows,
+    vnni_available,
+)
 from kernels.cpu.relayout import unpack
 from tests.test_cpu_kernels import make_tensor
 
@@ -125,4 +133,47 @@ def test_kernels_use_vpdpbusd() -> None:
     t = make_tensor(Q.Q4_1, 64, 64, 0)
     matmul_q8(np.ones((3, 64), np.float32), prepare_q8(prepare([t])))
     asm = "".join(KERNELS[(32, True)].inspect_asm().values())
-    assert len(re.findall(r"\bvpdpbusd\b", asm)) >= 4 * 8 * 13  # the 6/4/2/1-row tiles, 8 steps, 4 vectors
+    # each tile: 8 steps (32-input block / 4) × rows × vectors, straight-line in its block loop
+    expected = sum(8 * rows * vecs for rows, vecs in ROW_TILES)
+    assert len(re.findall(r"\bvpdpbusd\b", asm)) >= expected
+    # and the block loops keep their sums in registers: no zmm stack traffic among the dots
+    lines = asm.splitlines()
+    dots = [i for i, line in enumerate(lines) if "vpdpbusd" in line]
+    spans, first = [], dots[0]
+    for prev, i in zip(dots, dots[1:] + [None], strict=True):
+        if i is None or i - prev > 60:
+            spans.append((first, prev))
+            first = i
+    assert len(spans) == len(ROW_TILES)
+    for a, b in spans:
+        assert not [line for line in lines[a : b + 1] if "(%rsp)" in line and "zmm" in line]
+
+
+def test_cpu_backend_activation_modes(monkeypatch) -> None:
+    """The backend's switch: q8 gives VNNI matrices (float parts stay float32), errors are clear."""
+    from engine.backends.cpu_backend import CpuBackend
+    from engine.errors import EcholineError
+    from kernels.cpu import q8act
+    from kernels.cpu.matmul import PreparedMatrix, matmul
+    from kernels.cpu.q8act import Q8Matrix
+
+    t = make_tensor(Q.Q4_1, 96, 128, 5)
+    x = np.random.default_rng(5).standard_normal((5, 128)).astype(np.float32)
+    q8 = CpuBackend(activations="q8")
+    assert q8.variant == "cpu/q8" and q8.name == "cpu"
+    w = q8.prepare_matrix([t])
+    assert isinstance(w, Q8Matrix)
+    assert np.array_equal(q8.matmul(x, w), matmul_q8(x, prepare_q8(prepare([t]))))
+    f = make_tensor(Q.F32, 64, 128, 6)
+    wf = q8.prepare_matrix([f])
+    assert isinstance(wf, PreparedMatrix)  # float weights have no int8 form: float32 products
+    assert np.array_equal(q8.matmul(x, wf), matmul(x, prepare([f])))
+    monkeypatch.setenv("ECHOLINE_CPU_ACTIVATIONS", "q8")
+    assert CpuBackend().variant == "cpu/q8"
+    monkeypatch.delenv("ECHOLINE_CPU_ACTIVATIONS")
+    assert CpuBackend().variant == "cpu"
+    with pytest.raises(EcholineError, match="unknown CPU activations"):
+        CpuBackend(activations="int4")
+    monkeypatch.setattr(q8act, "vnni_available", lambda: False)
+    with pytest.raises(EcholineError, match="VNNI"):
+        CpuBackend(activations="q8")

@@ -76,16 +76,31 @@ class FixedController:
         pass
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
+def _backend(kind: str):
+    """The numpy reference, or the cpu backend with int8 activations (its own numbers,
+    so its own exactness: every test below must hold within that mode too)."""
+    if kind == "numpy":
+        return NumpyBackend()
+    from kernels.cpu.q8act import vnni_available
+
+    if not vnni_available():
+        pytest.skip("int8 activations need AVX-512 VNNI")
+    from engine.backends.cpu_backend import CpuBackend
+
+    return CpuBackend(activations="q8")
+
+
+@pytest.fixture(scope="module", params=[f"{a}-{b}" for b in ("numpy", "q8") for a in ("llama", "qwen2", "gemma3")])
 def tiny_model(request, tmp_path_factory):
+    arch, kind = request.param.split("-")
     path = write_model(
-        Path(tmp_path_factory.mktemp("m")) / f"{request.param}.gguf",
-        request.param,
+        Path(tmp_path_factory.mktemp("m")) / f"{arch}.gguf",
+        arch,
         vocab=50,
         sliding_window=6,
         seed=3,
     )
-    _, model = load_model(path, NumpyBackend())
+    _, model = load_model(path, _backend(kind))
     return model
 
 

@@ -25,10 +25,28 @@ _ENGINES: dict[tuple[str, str], Engine] = {}
 
 
 def engine_for(name: str, backend: str | None = None) -> Engine:
+    """A cached engine; ``cpu/q8`` is the cpu backend with int8 activations."""
     key = (name, backend or cpu_backend_name())
     if key not in _ENGINES:
-        _ENGINES[key] = Engine.load(name, backend=key[1])
+        if key[1] == "cpu/q8":
+            from engine.backends.cpu_backend import CpuBackend
+            from engine.models_registry import resolve_model
+
+            _ENGINES[key] = Engine(resolve_model(name), backend=CpuBackend(activations="q8"))
+        else:
+            _ENGINES[key] = Engine.load(name, backend=key[1])
     return _ENGINES[key]
+
+
+def _vnni() -> bool:
+    from kernels.cpu.q8act import vnni_available
+
+    return vnni_available()
+
+
+#: The cpu backend in both activation modes: each mode's replies are its own, and each must
+#: be exact (spec == plain) and still agree with llama.cpp (which quantizes activations too).
+CPU_MODES = ["cpu", pytest.param("cpu/q8", marks=pytest.mark.skipif(not _vnni(), reason="needs AVX-512 VNNI"))]
 
 
 def _mlx_available() -> bool:
@@ -37,7 +55,7 @@ def _mlx_available() -> bool:
     return importlib.util.find_spec("mlx") is not None
 
 
-BACKENDS = ["cpu", pytest.param("mlx", marks=pytest.mark.skipif(not _mlx_available(), reason="mlx not installed"))]
+BACKENDS = [*CPU_MODES, pytest.param("mlx", marks=pytest.mark.skipif(not _mlx_available(), reason="mlx not installed"))]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -120,9 +138,10 @@ def check_spec_equals_plain(eng: Engine) -> int:
     return accepted
 
 
+@pytest.mark.parametrize("mode", CPU_MODES)
 @pytest.mark.parametrize("name", list(FILES))
-def test_speculative_equals_plain_on_real_prompts(name):
-    eng = engine_for(name)
+def test_speculative_equals_plain_on_real_prompts(name, mode):
+    eng = engine_for(name, mode)
     # Exactness, not policy, is under test: a near-flat cost curve makes the controller
     # verify every draft it gets, so every acceptance path runs whatever this machine's
     # measured costs are. (The measured controller is exercised by the other tests.)
@@ -132,13 +151,14 @@ def test_speculative_equals_plain_on_real_prompts(name):
     assert accepted > 0  # speculation actually ran on these prompts
 
 
+@pytest.mark.parametrize("mode", CPU_MODES)
 @pytest.mark.parametrize("name", list(FILES))
-def test_multi_turn_on_a_reused_cache(name):
+def test_multi_turn_on_a_reused_cache(name, mode):
     """Second and third turns on the same session: spec == plain == cold, token ids."""
-    eng = engine_for(name)
+    eng = engine_for(name, mode)
     turns = ["Write a Python function that adds two numbers.", "Now make it add three.", "Thanks!"]
     replies = {}
-    for mode in ("plain", "spec", "cold"):
+    for kind in ("plain", "spec", "cold"):
         messages: list[dict[str, str]] = []
         history: list[int] = []
         out = []
@@ -148,12 +168,12 @@ def test_multi_turn_on_a_reused_cache(name):
                 ids = eng.encode_chat(messages)
             else:
                 ids = history + eng.encode(f"\nQ: {q}\nA:")[(1 if history else 0):]
-            res = eng.generate(ids, max_tokens=20, spec=mode == "spec",
-                               session=None if mode == "cold" else f"turns-{mode}-{name}")
-            if mode != "cold" and len(out) > 0:
+            res = eng.generate(ids, max_tokens=20, spec=kind == "spec",
+                               session=None if kind == "cold" else f"turns-{kind}-{name}")
+            if kind != "cold" and len(out) > 0:
                 assert res.stats.reused_tokens > 0
             out.append(res.token_ids)
             messages.append({"role": "assistant", "content": res.text})
             history = ids + res.token_ids
-        replies[mode] = out
+        replies[kind] = out
     assert replies["plain"] == replies["spec"] == replies["cold"]

@@ -12,6 +12,8 @@ from engine.backends.base import Backend
 from engine.errors import EcholineError
 
 BACKEND_NAMES = ("auto", "cpu", "numpy", "cuda", "mlx")
+#: The cpu backend's activation modes (``cpu_backend.CpuBackend`` says what each does).
+CPU_ACTIVATIONS = ("f32", "q8")
 
 
 def _cuda_available() -> bool:

@@ -33,6 +33,17 @@ class Backend(ABC):
     #: True when every op's per-row result is independent of the row count.
     batch_invariant: bool = True
 
+    @property
+    def variant(self) -> str:
+        """The backend plus any setting that changes its numbers or its speed curve.
+
+        Why separate from ``name``: a setting such as the CPU's int8 activations makes
+        different logits and a different verify-cost curve, so caches of measured
+        costs and benchmark records must tell the two apart, while code that picks
+        behaviour by backend (``name``) must not.
+        """
+        return self.name
+
     # ---- weights -------------------------------------------------------------------------
     @abstractmethod
     def prepare_matrix(self, tensors: list[QuantTensor]) -> Weight:

@@ -7,16 +7,26 @@ plain one-row decoding produce the same bits. Arrays are numpy float32.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 import numpy as np
 
+from engine.backends import CPU_ACTIVATIONS
 from engine.backends.base import Array, Backend
 from engine.backends.host_cache import HostCacheMixin
+from engine.errors import EcholineError
 from engine.gguf_file import QuantTensor
 from kernels.cpu import ops
 from kernels.cpu.embed import embed_rows
 from kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
+
+#: ``f32``: products in float32 (the default; closest to the model's own function).
+#: ``q8``: activations quantized to int8 per 32 inputs and multiplied with AVX-512 VNNI
+#: (``kernels.cpu.q8act``): faster, most at verify widths, with ~5e-3 relative error per
+#: product (docs/kernels-cpu.md, "int8 activations"). Either way every row's bits are
+#: independent of the row count, so speculation stays exact within the chosen mode.
+ACTIVATIONS = CPU_ACTIVATIONS
 
 
 @lru_cache(maxsize=16)
@@ -35,9 +45,35 @@ class CpuBackend(HostCacheMixin, Backend):
     name = "cpu"
     batch_invariant = True
 
-    def prepare_matrix(self, tensors: list[QuantTensor]) -> PreparedMatrix:
+    def __init__(self, activations: str | None = None) -> None:
+        """``activations``: one of ``ACTIVATIONS``; None reads ``ECHOLINE_CPU_ACTIVATIONS``
+        (default ``f32``). q8 on a CPU without AVX-512 VNNI is an error, not a quiet
+        fallback: the two modes give different replies."""
+        mode = activations or os.environ.get("ECHOLINE_CPU_ACTIVATIONS") or "f32"
+        if mode not in ACTIVATIONS:
+            raise EcholineError(f"unknown CPU activations {mode!r}; choose one of {', '.join(ACTIVATIONS)}")
+        if mode == "q8":
+            from kernels.cpu.q8act import vnni_available
+
+            if not vnni_available():
+                raise EcholineError("CPU activations 'q8' need AVX-512 VNNI, which this CPU lacks; use 'f32'")
+        self.activations = mode
+
+    @property
+    def variant(self) -> str:
+        return self.name if self.activations == "f32" else f"{self.name}/{self.activations}"
+
+    def prepare_matrix(self, tensors: list[QuantTensor]):
         # Re-laid-out weights are cached on disk keyed by the file's identity (weight_cache).
-        return prepare_cached(list(tensors))
+        pm = prepare_cached(list(tensors))
+        if self.activations == "q8" and all(p.kind.wdtype == "int8" for p in pm.parts):
+            from kernels.cpu.q8act import prepare_q8
+
+            # A matrix with float parts stays float32 whatever the row count: rows stay
+            # independent of n either way. The int8 weights are re-laid out per start
+            # (SmolLM2: ~0.2 s); the float32 layout's copy is dropped with ``pm``.
+            return prepare_q8(pm)
+        return pm
 
     def prepare_vector(self, values: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
@@ -59,8 +95,12 @@ class CpuBackend(HostCacheMixin, Backend):
     def embed(self, table: QuantTensor, ids: np.ndarray) -> np.ndarray:
         return embed_rows(table.qtype, table.data, table.cols, ids)
 
-    def matmul(self, x: Array, w: PreparedMatrix) -> np.ndarray:
-        return matmul(_f32(x), w)
+    def matmul(self, x: Array, w) -> np.ndarray:
+        if isinstance(w, PreparedMatrix):
+            return matmul(_f32(x), w)
+        from kernels.cpu.q8act import matmul_q8
+
+        return matmul_q8(_f32(x), w)
 
     def rms_norm(self, x: Array, weight: np.ndarray, eps: float) -> np.ndarray:
         x = _f32(x)

@@ -43,11 +43,11 @@ from kernels.cpu.relayout import Kind
 
 #: Activation quantization block (inputs per float32 scale), as ggml's Q8_0.
 QBLOCK = 32
-#: Row tiles, greedily: R rows × 64 outputs = 4·R zmm accumulators + 4 weight registers.
-ROW_TILES = (6, 4, 2, 1)
+#: Row tiles (rows × 64 outputs): 4·R float running sums + R integer accumulators live.
+ROW_TILES = ((5, 2), (4, 2), (3, 4), (2, 4), (1, 4))
 ROW_CHUNK = 64
-#: Groups of 64 outputs per parallel task (each task allocates its scratch once).
-GROUPS_PER_TASK = 16
+#: 16-output vectors interleaved per weight stream (``vnni_layout`` says why).
+INTERLEAVE = 2
 
 
 def vnni_available() -> bool:
@@ -116,22 +116,40 @@ def block_terms(xq: np.ndarray, d: np.ndarray, block: int) -> tuple[np.ndarray, 
     return isum, xd
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def activation_terms(x: np.ndarray, with16: bool):
+    """Everything the kernels read of x, in one call (a matrix product is ~10-100 µs, so
+    per-call overhead counts): xq and d flat, and the block terms for 32- and (when a
+    Q6_K part needs them) 16-input weight blocks."""
+    xq, d = quantize_rows(x)
+    i32, x32 = block_terms(xq, d, 32)
+    if with16:
+        i16, x16 = block_terms(xq, d, 16)
+    else:
+        i16, x16 = i32[:0], x32[:0]
+    return xq.reshape(-1), d.reshape(-1), i32, x32, i16, x16
+
+
 # --------------------------------------------------------------------------- VNNI block dot
 
 
-def _make_block(rows: int, block: int, offset: bool):
-    """An intrinsic doing one weight block for ``rows`` rows × 64 outputs, dot and combine.
+def _make_tile(rows: int, vecs: int, block: int, offset: bool):
+    """An intrinsic computing ``rows`` rows × 16·``vecs`` outputs of one weight group, all blocks.
 
-    Arguments: qv, qbase (the block's first byte: (block/4, 64 outputs, 4 inputs) of
-    q+128), xq, xbase (row r0's first input of the block), xstride (inputs per row),
-    xsum, xd, abase (index of row r0, block b in those (n, nblocks) arrays), astride,
-    d, dbase (row r0's activation-scale index), dstride, s, m, sbase (weight block's
-    scales), t (rows*64 float32 running sums, updated in place).
+    Arguments: qv, qbase (the first byte of the tile's first 16-output vector: per block
+    (block/4, 16 outputs, 4 inputs) of q+128; the next vector nblocks·block·16 bytes on), xq, xbase (row r0's first input), xstride (inputs per row),
+    xsum, xd, abase (index of row r0, block 0 in those (n, nblocks) arrays), astride,
+    d, dbase (row r0's first activation-scale index), dstride, s, m, sbase (the group's
+    first scale), nblocks, out, obase (row r0's first output), ldo.
 
-    Straight-line IR: block/4 steps × rows × 4 ``vpdpbusd`` into 4·rows register
-    accumulators, then per row the float combine of the module docstring as plain
-    ``fsub``/``fmul``/``fadd`` vector instructions without fast-math flags, so LLVM
-    can neither fuse nor reorder them.
+    Why one intrinsic for the whole block loop: the first version did one block per
+    call and kept the running sums in memory, so the float combine (load, convert,
+    two FMAs, store) cost as much as the integer work and 17-row products were slower
+    than the float32 kernel in whole forwards. Here the loop is IR with the running
+    sums as phi nodes, so they stay in registers: per block and output vector, one
+    integer accumulator per row (``vpdpbusd`` over block/4 weight vectors, each loaded
+    once for all rows), then the combine of the module docstring. Live registers:
+    4·rows running sums + rows integer accumulators + one weight vector (+ splats).
     """
     from llvmlite import ir
     from numba import types
@@ -143,25 +161,28 @@ def _make_block(rows: int, block: int, offset: bool):
     vf = ir.VectorType(f32, 16)
     v64b = ir.VectorType(ir.IntType(8), 64)
     splat = ir.Constant(v16, [0] * 16)
+    shift = {32: 0, 16: 1}[block]  # activation-scale index = block >> shift
 
     def c64(k: int):
         return ir.Constant(i64, k)
 
     @intrinsic
-    def blk(typingctx, qv, qbase, xq, xbase, xstride, xsum, xd, abase, astride, d, dbase, dstride, s, m, sbase, t):
-        sig = types.void(qv, qbase, xq, xbase, xstride, xsum, xd, abase, astride, d, dbase, dstride, s, m, sbase, t)
+    def tile(typingctx, qv, qbase, xq, xbase, xstride, xsum, xd, abase, astride, d, dbase, dstride, s, m, sbase,
+             nblocks, out, obase, ldo):  # fmt: skip
+        sig = types.void(qv, qbase, xq, xbase, xstride, xsum, xd, abase, astride, d, dbase, dstride, s, m, sbase,
+                         nblocks, out, obase, ldo)  # fmt: skip
 
         def codegen(context, builder, signature, args):
             (qv_, qbase_, xq_, xbase_, xstride_, xsum_, xd_, abase_, astride_, d_, dbase_, dstride_, s_, m_,
-             sbase_, t_) = args  # fmt: skip
+             sbase_, nblocks_, out_, obase_, ldo_) = args  # fmt: skip
             tys = signature.args
 
             def data(k: int, val):
                 return context.make_array(tys[k])(context, builder, val).data
 
-            qp, xp, sump, xdp, dp, sp, mp, tp = (
+            qp, xp, sump, xdp, dp, sp, mp, op = (
                 data(0, qv_), data(2, xq_), data(5, xsum_), data(6, xd_), data(9, d_), data(12, s_),
-                data(13, m_), data(15, t_),
+                data(13, m_), data(16, out_),
             )  # fmt: skip
 
             def splat_of(vec_t, scalar):
@@ -172,98 +193,137 @@ def _make_block(rows: int, block: int, offset: bool):
                 return builder.load(builder.bitcast(builder.gep(ptr, [idx]), vec_t.as_pointer()), align=align)
 
             # The <16 x i32> operand form: LLVM 22 auto-upgrades it, older LLVMs only know it.
-            fn = cgutils.get_or_insert_function(
+            dot = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(v16, [v16, v16, v16]), "llvm.x86.avx512.vpdpbusd.512"
             )
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
-            qb = builder.gep(qp, [qbase_])
             xrow = [builder.add(xbase_, builder.mul(xstride_, c64(r))) for r in range(rows)]
             arow = [builder.add(abase_, builder.mul(astride_, c64(r))) for r in range(rows)]
-            accs = []
+            drow = [builder.add(dbase_, builder.mul(dstride_, c64(r))) for r in range(rows)]
+            zero = ir.Constant(vf, [0.0] * 16)
+            pre = builder.basic_block
+            loop = builder.append_basic_block("q8_blocks")
+            done = builder.append_basic_block("q8_done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            b = builder.phi(i64)
+            b.add_incoming(c64(0), pre)
+            acc = [[builder.phi(vf) for _ in range(vecs)] for _ in range(rows)]
+            for row in acc:
+                for ph in row:
+                    ph.add_incoming(zero, pre)
+            iv = INTERLEAVE
+            pstride = builder.mul(nblocks_, c64(block * 16 * iv))  # bytes of one stream's blocks
+            qb = builder.gep(qp, [builder.add(qbase_, builder.mul(b, c64(block * 16 * iv)))])
+            xb = builder.mul(b, c64(block))
+            sb = builder.add(sbase_, builder.mul(b, c64(GROUP)))
+            db = builder.lshr(b, c64(shift)) if shift else b
+            start, dr, xdr = [], [], []
             for r in range(rows):
+                ai = builder.add(arow[r], b)
                 # start from -128·Σxq: the sum of (q+128)·xq then lands on Σ q·xq exactly
-                isum = builder.load(builder.gep(sump, [arow[r]]))
-                accs.append([splat_of(v16, builder.mul(isum, ir.Constant(i32, -128)))] * 4)
+                isum = builder.load(builder.gep(sump, [ai]))
+                start.append(splat_of(v16, builder.mul(isum, ir.Constant(i32, -128))))
+                dr.append(splat_of(vf, builder.load(builder.gep(dp, [builder.add(drow[r], db)]))))
+                xdr.append(splat_of(vf, builder.load(builder.gep(xdp, [ai]))) if offset else None)
+            iacc = [[start[r]] * vecs for r in range(rows)]
             for j in range(block // 4):
-                w = [builder.bitcast(vload(qb, c64(j * 256 + 64 * v), v64b, 1), v16) for v in range(4)]
+                w = [
+                    builder.bitcast(
+                        vload(qb, builder.add(builder.mul(pstride, c64(v // iv)), c64(64 * (iv * j + v % iv))), v64b, 1),
+                        v16,
+                    )
+                    for v in range(vecs)
+                ]
                 for r in range(rows):
-                    p = builder.gep(xp, [builder.add(xrow[r], c64(4 * j))])
+                    p = builder.gep(xp, [builder.add(xrow[r], builder.add(xb, c64(4 * j)))])
                     xv = splat_of(v16, builder.load(builder.bitcast(p, i32.as_pointer()), align=1))
-                    for v in range(4):
-                        accs[r][v] = builder.call(fn, [accs[r][v], w[v], xv])
-            sv = [vload(sp, builder.add(sbase_, c64(16 * v)), vf, 4) for v in range(4)]
-            mv = [vload(mp, builder.add(sbase_, c64(16 * v)), vf, 4) for v in range(4)] if offset else []
-            for r in range(rows):
-                dr = splat_of(vf, builder.load(builder.gep(dp, [builder.add(dbase_, builder.mul(dstride_, c64(r)))])))
-                xdr = splat_of(vf, builder.load(builder.gep(xdp, [arow[r]]))) if offset else None
-                for v in range(4):
-                    ti = c64(r * 64 + 16 * v)
-                    tv = vload(tp, ti, vf, 4)
-                    exact = builder.sitofp(accs[r][v], vf)  # |value| < 2^24: exact
-                    tv = builder.call(fma, [exact, builder.fmul(sv[v], dr), tv])
+                    for v in range(vecs):
+                        iacc[r][v] = builder.call(dot, [iacc[r][v], w[v], xv])
+            new = [[None] * vecs for _ in range(rows)]
+            for v in range(vecs):
+                sv = vload(sp, builder.add(sb, c64(16 * v)), vf, 4)
+                mv = vload(mp, builder.add(sb, c64(16 * v)), vf, 4) if offset else None
+                for r in range(rows):
+                    exact = builder.sitofp(iacc[r][v], vf)  # |value| < 2^24: exact
+                    t = builder.call(fma, [exact, builder.fmul(sv, dr[r]), acc[r][v]])
                     if offset:
-                        tv = builder.call(fma, [xdr, mv[v], tv])
-                    builder.store(tv, builder.bitcast(builder.gep(tp, [ti]), vf.as_pointer()), align=4)
+                        t = builder.call(fma, [xdr[r], mv, t])
+                    new[r][v] = t
+            bn = builder.add(b, c64(1))
+            end = builder.basic_block
+            b.add_incoming(bn, end)
+            for r in range(rows):
+                for v in range(vecs):
+                    acc[r][v].add_incoming(new[r][v], end)
+            builder.cbranch(builder.icmp_unsigned("<", bn, nblocks_), loop, done)
+            builder.position_at_end(done)
+            for r in range(rows):
+                orow = builder.add(obase_, builder.mul(ldo_, c64(r)))
+                for v in range(vecs):
+                    dst = builder.gep(op, [builder.add(orow, c64(16 * v))])
+                    builder.store(new[r][v], builder.bitcast(dst, vf.as_pointer()), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    return blk
-
-
-@njit(cache=True, nogil=True, boundscheck=False, inline="always")
-def _store(t, out, rows, r0, ldo, oc):
-    """Copy the finished sums to ``out`` and zero them for the next tile."""
-    for r in range(rows):
-        base = (r0 + r) * ldo + oc
-        for o in range(GROUP):
-            out[base + o] = t[r * GROUP + o]
-            t[r * GROUP + o] = np.float32(0.0)
+    return tile
 
 
 def _make_kernel(block: int, offset: bool) -> Callable:
-    b6, b4, b2, b1 = (_make_block(r, block, offset) for r in ROW_TILES)
-    ratio = QBLOCK // block
+    if any(v % INTERLEAVE or GROUP % (16 * v) for _, v in ROW_TILES):
+        raise ValueError("each tile's vectors must be whole weight streams dividing the group")
+    t5, t4, t3, t2, t1 = (_make_tile(r, v, block, offset) for r, v in ROW_TILES)
+    v5, v4, v3, v2, v1 = (16 * v for _, v in ROW_TILES)
 
     @njit(parallel=True, cache=True, nogil=True, boundscheck=False)
     def kernel(xq, xsum, xd, d, qv, s, m, out, n, cols, ldo, col0, nblocks, ngroups):
-        """out[r, col0 + g*64 + o] for every row and group; see the module docstring."""
-        ntask = (ngroups + GROUPS_PER_TASK - 1) // GROUPS_PER_TASK
+        """out[r, col0 + g*64 + o] for every row and group; see the module docstring.
+
+        Row plan as ``kernels.cpu.codegen``'s: 4-row tiles, with the 5-row tile taking
+        up the leftover rows when there are enough 4-row passes to absorb them (9 = 5 + 4,
+        17 = 5 + 4 + 4 + 4; 16 stays 4 × 4). Which tile computes a row never changes
+        its bits: rows share no arithmetic.
+        """
         nbq = cols // QBLOCK
         gstride = nblocks * block * GROUP
-        for task in prange(ntask):
-            t = np.zeros(6 * GROUP, dtype=np.float32)
-            g1 = min(ngroups, (task + 1) * GROUPS_PER_TASK)
-            for g in range(task * GROUPS_PER_TASK, g1):
-                oc = col0 + g * GROUP
-                r0 = 0
-                while r0 + 6 <= n:
-                    for b in range(nblocks):
-                        b6(qv, g * gstride + b * block * GROUP, xq, r0 * cols + b * block, cols, xsum, xd,
-                           r0 * nblocks + b, nblocks, d, r0 * nbq + b // ratio, nbq, s, m, (g * nblocks + b) * GROUP, t)
-                    _store(t, out, 6, r0, ldo, oc)
-                    r0 += 6
-                while r0 + 4 <= n:
-                    for b in range(nblocks):
-                        b4(qv, g * gstride + b * block * GROUP, xq, r0 * cols + b * block, cols, xsum, xd,
-                           r0 * nblocks + b, nblocks, d, r0 * nbq + b // ratio, nbq, s, m, (g * nblocks + b) * GROUP, t)
-                    _store(t, out, 4, r0, ldo, oc)
-                    r0 += 4
-                while r0 + 2 <= n:
-                    for b in range(nblocks):
-                        b2(qv, g * gstride + b * block * GROUP, xq, r0 * cols + b * block, cols, xsum, xd,
-                           r0 * nblocks + b, nblocks, d, r0 * nbq + b // ratio, nbq, s, m, (g * nblocks + b) * GROUP, t)
-                    _store(t, out, 2, r0, ldo, oc)
-                    r0 += 2
-                while r0 < n:
-                    for b in range(nblocks):
-                        b1(qv, g * gstride + b * block * GROUP, xq, r0 * cols + b * block, cols, xsum, xd,
-                           r0 * nblocks + b, nblocks, d, r0 * nbq + b // ratio, nbq, s, m, (g * nblocks + b) * GROUP, t)
-                    _store(t, out, 1, r0, ldo, oc)
-                    r0 += 1
+        nq = n // 4
+        nr = n - 4 * nq
+        nabs = nr if nq >= nr else 0
+        for g in prange(ngroups):
+            qb = g * gstride
+            sb = g * nblocks * GROUP
+            oc = col0 + g * GROUP
+            r0 = 0
+            while r0 + 5 <= n and r0 < nabs * 5:
+                for c in range(0, GROUP, v5):
+                    t5(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
+                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                r0 += 5
+            while r0 + 4 <= n:
+                for c in range(0, GROUP, v4):
+                    t4(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
+                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                r0 += 4
+            if r0 + 3 <= n:
+                for c in range(0, GROUP, v3):
+                    t3(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
+                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                r0 += 3
+            if r0 + 2 <= n:
+                for c in range(0, GROUP, v2):
+                    t2(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
+                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                r0 += 2
+            if r0 < n:
+                for c in range(0, GROUP, v1):
+                    t1(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
+                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
 
     return kernel
 
+
+_DUMMY = np.zeros(1, np.float32)
 
 #: (weight block, offset) → kernel. Compiled on first use of the module (cached on disk).
 KERNELS: dict[tuple[int, bool], Callable] = {(bs, off): _make_kernel(bs, off) for bs in (32, 16) for off in (False, True)}
@@ -277,7 +337,7 @@ class Q8Part:
     """One part of a ``PreparedMatrix`` in the VNNI layout."""
 
     kind: Kind
-    qv: np.ndarray  # uint8 flat (ngroups, nblocks, block/4, GROUP, 4), value q + 128
+    qv: np.ndarray  # uint8 flat (ngroups, 4/INTERLEAVE, nblocks, block/4, 16·INTERLEAVE, 4), q + 128
     s: np.ndarray  # float32 flat (ngroups, nblocks, GROUP), shared with the source Part
     m: np.ndarray  # same, or a 1-element dummy
     col0: int
@@ -299,10 +359,19 @@ class Q8Matrix:
 
 
 def vnni_layout(q: np.ndarray, ngroups: int, nblocks: int, block: int) -> np.ndarray:
-    """Part.q (g, b, i, o) int8 → (g, b, i/4, o, i%4) uint8 holding q + 128 (flip of the sign bit)."""
-    q5 = q.reshape(ngroups, nblocks, block // 4, 4, GROUP)
-    out = np.empty((ngroups, nblocks, block // 4, GROUP, 4), dtype=np.uint8)
-    out[...] = q5.view(np.uint8).transpose(0, 1, 2, 4, 3)
+    """Part.q (g, b, i, o) int8 → (g, p, b, i/4, o', i%4) uint8 holding q + 128 (a flip of
+    the sign bit), where the group's 4 vectors of 16 outputs form 4/INTERLEAVE streams p
+    of INTERLEAVE vectors each, o = 16·INTERLEAVE·p + o'.
+
+    Why streams: a tile streams its own vectors from memory on a group's first pass.
+    With all 4 vectors interleaved per block, a 2-vector tile read half of every 256-byte
+    run and 5-row products took longer than 9-row ones; with each vector its own stream,
+    one row (4 vectors) read 4 streams and lost 15 %. Pairs serve both.
+    """
+    iv = INTERLEAVE
+    q7 = q.reshape(ngroups, nblocks, block // 4, 4, 4 // iv, 16 * iv)  # (g, b, j, i%4, p, o')
+    out = np.empty((ngroups, 4 // iv, nblocks, block // 4, 16 * iv, 4), dtype=np.uint8)
+    out[...] = q7.view(np.uint8).transpose(0, 4, 1, 2, 5, 3)
     out ^= np.uint8(0x80)
     return out.reshape(-1)
 
@@ -332,21 +401,15 @@ def matmul_q8(x: np.ndarray, w: Q8Matrix, row_chunk: int = ROW_CHUNK, out: np.nd
         out = np.empty((n, w.padded_out), dtype=np.float32)
     elif out.shape != (n, w.padded_out) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("matmul_q8: out must be a C-contiguous float32 (n, padded_out) array")
-    dummy = np.zeros(1, np.float32)
+    with16 = any(p.kind.block == 16 for p in w.parts)
     for r0 in range(0, n, row_chunk):
         r1 = min(n, r0 + row_chunk)
-        xq, d = quantize_rows(x[r0:r1])
-        per_block: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        d_f = d.reshape(-1)
+        xq, d, i32, x32, i16, x16 = activation_terms(x[r0:r1], with16)
         oc = out[r0:r1].reshape(-1)
         for p in w.parts:
-            bs = p.kind.block
-            if bs not in per_block:
-                per_block[bs] = block_terms(xq, d, bs)
-            isum_f, xd_f = per_block[bs]
-            KERNELS[(bs, p.kind.offset)](
-                xq.reshape(-1), isum_f, xd_f if p.kind.offset else dummy, d_f,
-                p.qv, p.s, p.m if p.kind.offset else dummy, oc,
+            isum, xd = (i16, x16) if p.kind.block == 16 else (i32, x32)
+            KERNELS[(p.kind.block, p.kind.offset)](
+                xq, isum, xd if p.kind.offset else _DUMMY, d, p.qv, p.s, p.m if p.kind.offset else _DUMMY, oc,
                 r1 - r0, cols, w.padded_out, p.col0, p.nblocks, p.ngroups,
             )  # fmt: skip
     if w.valid_cols is not None:
