@@ -32,6 +32,7 @@ arithmetic, so a row's bits do not depend on n or on the tile it lands in.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,8 +44,14 @@ from kernels.cpu.relayout import Kind
 
 #: Activation quantization block (inputs per float32 scale), as ggml's Q8_0.
 QBLOCK = 32
-#: Row tiles (rows × 64 outputs): 4·R float running sums + R integer accumulators live.
-ROW_TILES = ((5, 2), (4, 2), (3, 4), (2, 4), (1, 4))
+#: Row tiles (rows, 16-output vectors): 2·rows·vectors accumulators (float running sums and
+#: integer dots) + vectors weight registers stay live. Measured (session 7, SmolLM2, one
+#: process per set, ``ECHOLINE_Q8_TILES``): 4 vectors per pass at 3 rows made the 49152 x 576
+#: head slower at 3 rows (0.60-0.65 ms) than at 4 (0.46-0.55); 3 x 2 took 0.49-0.52, and
+#: whole 3-row forwards 0.3 ms less. Two vectors for 1 and 2 rows measured the same.
+ROW_TILES = ((5, 2), (4, 2), (3, 2), (2, 4), (1, 4))
+if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B ("5x2,4x2,3x4,2x4,1x4"); use a fresh cache dir
+    ROW_TILES = tuple(tuple(int(v) for v in t.split("x")) for t in os.environ["ECHOLINE_Q8_TILES"].split(","))
 ROW_CHUNK = 64
 #: 16-output vectors interleaved per weight stream (``vnni_layout`` says why).
 INTERLEAVE = 2
