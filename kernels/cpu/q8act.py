@@ -54,7 +54,7 @@ if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B ("5x2,4x2,3x4,2x4,1x4")
     ROW_TILES = tuple(tuple(int(v) for v in t.split("x")) for t in os.environ["ECHOLINE_Q8_TILES"].split(","))
 ROW_CHUNK = 64
 #: 16-output vectors interleaved per weight stream (``vnni_layout`` says why).
-INTERLEAVE = 2
+INTERLEAVE = int(os.environ.get("ECHOLINE_Q8_INTERLEAVE", 2))  # env: developer A/B only
 
 
 def vnni_available() -> bool:
