@@ -1,6 +1,7 @@
 """int8-activation (VNNI) products against the float32-FMA kernels, per real model shape.
 
-Run: ``flock /tmp/echoline-cpu.lock python -m kernels.cpu.bench_q8act [--reps 15]``.
+Run: ``flock /tmp/echoline-cpu.lock python -m kernels.cpu.bench_q8act [--reps 15]``, or
+``… --curve head [MODEL.gguf]`` for one matrix at 1-17 rows.
 For each model's layer-0 matrices (fused as the backend fuses them) and the output
 head: ms at 1/8/16 rows for ``matmul`` (fp32) and ``matmul_q8`` (int8 activations),
 timed interleaved in one process (order alternating per rep), medians; the 8- and
@@ -80,11 +81,42 @@ def bench_shape(label: str, tensors: list, reps: int, rng: np.random.Generator) 
     return res
 
 
+def row_curve(path: Path, label: str, reps: int) -> None:
+    """One fused matrix (``qkv``, ``o``, ``gate|up``, ``down``, ``head``) at 1-17 rows: ms of
+    both kernels (interleaved, order alternating), and the q8 kernel's GB/s and G MAC/s."""
+    mats = model_matrices(GGUFFile(path))
+    tensors = next(t for name, t in mats if name == label)
+    pm = prepare_cached(tensors)
+    qm = prepare_q8(pm)
+    x = np.random.default_rng(0).standard_normal((17, pm.in_features)).astype(np.float32)
+    rows = (1, 2, 3, 4, 5, 8, 9, 16, 17)
+    times: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in rows}
+    for rep in range(reps):
+        for n in rows if rep % 2 else rows[::-1]:
+            for sink, (fn, w) in zip(times[n], ((matmul, pm), (matmul_q8, qm)), strict=True):
+                t0 = time.perf_counter()
+                fn(x[:n], w)
+                sink.append(time.perf_counter() - t0)
+    print(f"{path.name} {label} {pm.out_features}x{pm.in_features}, q8 weights {qm.nbytes / 1e6:.1f} MB, "
+          f"median of {reps}")
+    one = float(np.median(times[1][1]))
+    for n in rows:
+        f32, q8 = (float(np.median(t)) for t in times[n])
+        macs = n * pm.out_features * pm.in_features
+        print(f"{n:3d} rows  f32 {f32 * 1e3:7.3f} ms  q8 {q8 * 1e3:7.3f} ms  q8 x{q8 / one:5.2f}  "
+              f"{qm.nbytes / q8 / 1e9:6.1f} GB/s  {macs / q8 / 1e9:6.1f} G MAC/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("models", nargs="*", type=Path, default=MODELS)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--curve", metavar="MATRIX", help="qkv|o|gate|up|down|head: that matrix at 1-17 rows")
     args = ap.parse_args()
+    if args.curve:
+        for path in args.models:
+            row_curve(path, args.curve, max(args.reps, 25))
+        return
     rng = np.random.default_rng(0)
     head = (
         f"{'matrix':8} {'types':11} {'out x in':>12}"
