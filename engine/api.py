@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from engine.backends import get_backend
 from engine.backends.base import Backend
 from engine.calibration import measure_verify_cost
 from engine.drafting.controller import DraftController
@@ -45,9 +46,12 @@ class Engine:
         prefill_chunk: int = 512,
         max_draft: int = MAX_DRAFT,
         tokenizer: Tokenizer | None = None,
+        cpu_activations: str | None = None,
     ) -> None:
         t0 = time.perf_counter()
         self.model_path = Path(model_path)
+        if isinstance(backend, str):
+            backend = get_backend(backend, cpu_activations=cpu_activations)
         self.gguf, self.model = load_model(self.model_path, backend)
         self.config = self.model.config
         self.backend = self.model.backend
@@ -82,13 +86,17 @@ class Engine:
         backend: str = "auto",
         kv_budget_bytes: int | None = None,
         prefill_chunk: int = 512,
+        cpu_activations: str | None = None,
     ) -> Engine:
-        """Resolve a model name or path (pulling a known name if needed) and load it."""
+        """Resolve a model name or path (pulling a known name if needed) and load it.
+
+        ``cpu_activations``: the cpu backend's f32 | q8 mode (None: the environment's)."""
         return cls(
             resolve_model(model),
             backend=backend,
             kv_budget_bytes=kv_budget_bytes,
             prefill_chunk=prefill_chunk,
+            cpu_activations=cpu_activations,
         )
 
     @property

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 BACKENDS = ("auto", "cpu", "numpy", "cuda", "mlx")  # engine.backends.BACKEND_NAMES
+CPU_ACTIVATIONS = ("f32", "q8")  # engine.backends.CPU_ACTIVATIONS
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class Settings:
 
     model: str = "smollm2"
     backend: str = "auto"
+    cpu_activations: str | None = None  # None: the server's environment decides (default f32)
     speculation: bool = True
     max_tokens: int = 512
     kv_budget_mb: int | None = None
@@ -37,9 +39,9 @@ class Settings:
     def max_index_bytes(self) -> int:
         return int(self.max_index_mb * 1024 * 1024)
 
-    def engine_key(self) -> tuple[str, str, int | None]:
+    def engine_key(self) -> tuple[str, str, str | None, int | None]:
         """What requires a model reload when it changes."""
-        return (self.model, self.backend, self.kv_budget_mb)
+        return (self.model, self.backend, self.cpu_activations, self.kv_budget_mb)
 
 
 # LSP key -> (field name, validator). Validators return the converted value or raise ValueError.
@@ -55,6 +57,15 @@ def _backend(v: Any) -> str:
     v = _str(v)
     if v not in BACKENDS:
         raise ValueError(f"must be one of {', '.join(BACKENDS)}")
+    return v
+
+
+def _cpu_activations(v: Any) -> str | None:
+    if v is None:
+        return None
+    v = _str(v)
+    if v not in CPU_ACTIVATIONS:
+        raise ValueError(f"must be one of {', '.join(CPU_ACTIVATIONS)} (or null)")
     return v
 
 
@@ -93,6 +104,7 @@ def _pos_number(v: Any) -> float:
 KEYS: dict[str, tuple[str, Any]] = {
     "model": ("model", _str),
     "backend": ("backend", _backend),
+    "cpuActivations": ("cpu_activations", _cpu_activations),
     "speculation": ("speculation", _bool),
     "maxTokens": ("max_tokens", _int_range(1, 8192)),
     "kvBudgetMB": ("kv_budget_mb", _opt_int_range(1, 1 << 20)),

@@ -161,7 +161,8 @@ class EcholineServer(LanguageServer):
         s = self.settings
         self._loaded_key = s.engine_key()
         # Queue the load first: from here on, requests see "loading" and wait for it.
-        job = self.worker.load(s.model, backend=s.backend, kv_budget_bytes=s.kv_budget_bytes)
+        job = self.worker.load(s.model, backend=s.backend, kv_budget_bytes=s.kv_budget_bytes,
+                               cpu_activations=s.cpu_activations)
         token = await self.progress_begin("echoline", f"Loading model {s.model}")
         self.send_status(f"loading {s.model}")
         t0 = time.monotonic()
@@ -173,7 +174,7 @@ class EcholineServer(LanguageServer):
             self.show_error(f"echoline: {msg}")
             self.send_status(msg)
             return
-        backend = getattr(engine, "backend_name", "?")
+        backend = getattr(getattr(engine, "backend", None), "variant", None) or getattr(engine, "backend_name", "?")
         done = f"{self.worker.model_label} on {backend} in {time.monotonic() - t0:.1f}s"
         self.progress_end(token, done)
         self.send_status(done)
@@ -668,6 +669,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     engine = ls.worker.engine
     if engine is not None:
         out["backend"] = getattr(engine, "backend_name", None)
+        out["variant"] = getattr(getattr(engine, "backend", None), "variant", out["backend"])
     if ls.index is not None:
         out["index"] = ls.index.stats().as_dict()
         out["index"]["pendingSources"] = ls.worker.pending_sources()

@@ -43,6 +43,21 @@ def test_settings_good_and_bad_values() -> None:
     assert cfg.apply(s3, {"kvBudgetMB": 2})[0].kv_budget_bytes == 2 * 1024 * 1024
 
 
+def test_cpu_activations_setting_reloads_the_engine() -> None:
+    """cpuActivations picks the cpu backend's mode; a change is a reload, a bad value an error."""
+    from engine.backends import CPU_ACTIVATIONS
+
+    assert cfg.CPU_ACTIVATIONS == CPU_ACTIVATIONS  # the sidecar's copy keeps up with the engine
+    base = cfg.Settings()
+    q8, errs = cfg.apply(base, {"cpuActivations": "q8"})
+    assert q8.cpu_activations == "q8" and errs == []
+    assert q8.engine_key() != base.engine_key()
+    back, errs = cfg.apply(q8, {"cpuActivations": None})
+    assert back.cpu_activations is None and back.engine_key() == base.engine_key() and errs == []
+    kept, errs = cfg.apply(q8, {"cpuActivations": "int4"})
+    assert kept.cpu_activations == "q8" and any("cpuActivations" in e and "one of" in e for e in errs)
+
+
 def test_rewrite_prompt_layout_file_first() -> None:
     text = "import os\n\ndef f(t):\n    return t\n"
     start = text.index("def")

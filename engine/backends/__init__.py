@@ -44,9 +44,15 @@ def resolve_backend_name(name: str) -> str:
     return "cpu"
 
 
-def get_backend(name: str = "auto") -> Backend:
-    """Instantiate a backend by name, with a clear error when its library is missing."""
+def get_backend(name: str = "auto", cpu_activations: str | None = None) -> Backend:
+    """Instantiate a backend by name, with a clear error when its library is missing.
+
+    ``cpu_activations`` (``CPU_ACTIVATIONS``) is the cpu backend's mode; None leaves it to
+    ``ECHOLINE_CPU_ACTIVATIONS`` (default f32). Other backends ignore it.
+    """
     resolved = resolve_backend_name(name)
+    if cpu_activations is not None and cpu_activations not in CPU_ACTIVATIONS:
+        raise EcholineError(f"unknown CPU activations {cpu_activations!r}; choose one of {', '.join(CPU_ACTIVATIONS)}")
     try:
         if resolved == "numpy":
             from engine.backends.numpy_backend import NumpyBackend
@@ -55,7 +61,7 @@ def get_backend(name: str = "auto") -> Backend:
         if resolved == "cpu":
             from engine.backends.cpu_backend import CpuBackend
 
-            return CpuBackend()
+            return CpuBackend(activations=cpu_activations)
         if resolved == "cuda":
             from engine.backends.cupy_backend import CupyBackend
 

@@ -6,6 +6,7 @@ import * as vscode from 'vscode';
 export interface ServerSettings {
   model: string;
   backend: string;
+  cpuActivations: string | null; // null: the server's default (f32); sent so a reset reaches it
   speculation: boolean;
   maxTokens: number;
   kvBudgetMB?: number;
@@ -23,6 +24,7 @@ export function serverSettings(): ServerSettings {
   const out: ServerSettings = {
     model: cfg.get<string>('model', 'smollm2'),
     backend: cfg.get<string>('backend', 'auto'),
+    cpuActivations: cfg.get<string | null>('cpuActivations', null),
     speculation: cfg.get<boolean>('speculation', true),
     maxTokens: cfg.get<number>('maxTokens', 256),
     prefillOnIdle: cfg.get<boolean>('prefillOnIdle', true),

@@ -119,7 +119,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
         log.info('settings changed');
       }
       // Only the keys the server knows (it reports unknown ones as errors).
-      const serverKeys = ['model', 'backend', 'speculation', 'maxTokens', 'kvBudgetMB'];
+      const serverKeys = ['model', 'backend', 'cpuActivations', 'speculation', 'maxTokens', 'kvBudgetMB'];
       if (client?.isRunning() && serverKeys.some((k) => e.affectsConfiguration(`echoline.${k}`))) {
         void client.sendNotification(DidChangeConfigurationNotification.type, {
           settings: { echoline: serverSettings() },

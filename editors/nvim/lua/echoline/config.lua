@@ -12,6 +12,7 @@ M.defaults = {
   -- Server settings (initializationOptions and workspace/didChangeConfiguration).
   model = 'smollm2',
   backend = 'auto',
+  cpu_activations = nil, -- cpu backend: 'f32' (default) or 'q8' (int8 activations, AVX-512 VNNI)
   speculation = true,
   max_tokens = 256,
   kv_budget_mb = nil,
@@ -45,6 +46,7 @@ function M.server_settings(o)
   return {
     model = o.model,
     backend = o.backend,
+    cpuActivations = o.cpu_activations,
     speculation = o.speculation,
     maxTokens = o.max_tokens,
     kvBudgetMB = o.kv_budget_mb,
