@@ -174,6 +174,12 @@ def test_cpu_backend_activation_modes(monkeypatch) -> None:
     assert CpuBackend().variant == "cpu"
     with pytest.raises(EcholineError, match="unknown CPU activations"):
         CpuBackend(activations="int4")
+    from engine.backends import get_backend
+
+    assert get_backend("cpu", cpu_activations="q8").variant == "cpu/q8"
+    assert get_backend("numpy", cpu_activations="q8").variant == "numpy"  # other backends ignore it
+    with pytest.raises(EcholineError, match="unknown CPU activations"):
+        get_backend("numpy", cpu_activations="int4")
     monkeypatch.setattr(q8act, "vnni_available", lambda: False)
     with pytest.raises(EcholineError, match="VNNI"):
         CpuBackend(activations="q8")
