@@ -277,11 +277,26 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool):
     return tile
 
 
+def _make_pass(rows: int, vecs: int, block: int, offset: bool) -> Callable:
+    """``rows`` rows starting at r0 through one weight group, a tile of ``vecs`` vectors at a time."""
+    tile = _make_tile(rows, vecs, block, offset)
+    width = 16 * vecs
+
+    @njit(inline="always", nogil=True, boundscheck=False)
+    def run(qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq):
+        for c in range(0, GROUP, width):
+            tile(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq,
+                 nbq, s, m, sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+
+    return run
+
+
 def _make_kernel(block: int, offset: bool) -> Callable:
     if any(v % INTERLEAVE or GROUP % (16 * v) for _, v in ROW_TILES):
         raise ValueError("each tile's vectors must be whole weight streams dividing the group")
-    t5, t4, t3, t2, t1 = (_make_tile(r, v, block, offset) for r, v in ROW_TILES)
-    v5, v4, v3, v2, v1 = (16 * v for _, v in ROW_TILES)
+    if [r for r, _ in ROW_TILES] != [5, 4, 3, 2, 1]:
+        raise ValueError("the row plan below is written for 5-, 4-, 3-, 2- and 1-row tiles")
+    p5, p4, p3, p2, p1 = (_make_pass(r, v, block, offset) for r, v in ROW_TILES)
 
     @njit(parallel=True, cache=True, nogil=True, boundscheck=False)
     def kernel(xq, xsum, xd, d, qv, s, m, out, n, cols, ldo, col0, nblocks, ngroups):
@@ -303,29 +318,19 @@ def _make_kernel(block: int, offset: bool) -> Callable:
             oc = col0 + g * GROUP
             r0 = 0
             while r0 + 5 <= n and r0 < nabs * 5:
-                for c in range(0, GROUP, v5):
-                    t5(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
-                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                p5(qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq)
                 r0 += 5
             while r0 + 4 <= n:
-                for c in range(0, GROUP, v4):
-                    t4(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
-                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                p4(qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq)
                 r0 += 4
             if r0 + 3 <= n:
-                for c in range(0, GROUP, v3):
-                    t3(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
-                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                p3(qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq)
                 r0 += 3
             if r0 + 2 <= n:
-                for c in range(0, GROUP, v2):
-                    t2(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
-                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                p2(qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq)
                 r0 += 2
             if r0 < n:
-                for c in range(0, GROUP, v1):
-                    t1(qv, qb + c * nblocks * block, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d, r0 * nbq, nbq, s, m,
-                       sb + c, nblocks, out, r0 * ldo + oc + c, ldo)  # fmt: skip
+                p1(qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq)
 
     return kernel
 
