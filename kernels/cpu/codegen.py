@@ -187,17 +187,25 @@ def matmul_source(spec: KernelSpec) -> str:
 
 def load_kernel(spec: KernelSpec) -> Callable:
     """Import (writing first if needed) the generated module for ``spec``; cached per process."""
-    key = spec.key()
+    return load_generated(f"echoline_mm_{spec.key()}", lambda: matmul_source(spec))
+
+
+def load_generated(name: str, source: Callable[[], str]) -> Callable:
+    """``kernel`` of the module ``name`` written from ``source()`` under the cache root.
+
+    Also for other generated kernels (``q8act``): numba caches a compiled function by its
+    file, but not a closure over objects made at run time (it recompiled those in every
+    process), so a kernel that must call such objects gets a module of its own.
+    """
     with _LOCK:
-        fn = _LOADED.get(key)
+        fn = _LOADED.get(name)
         if fn is not None:
             return fn
-        name = f"echoline_mm_{key}"
         path = cache_root() / f"{name}.py"
-        source = matmul_source(spec)
-        if not path.exists() or path.read_text() != source:
+        text = source()
+        if not path.exists() or path.read_text() != text:
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(source)
+            tmp.write_text(text)
             os.replace(tmp, path)
         mod_spec = importlib.util.spec_from_file_location(name, path)
         assert mod_spec is not None and mod_spec.loader is not None
@@ -205,5 +213,5 @@ def load_kernel(spec: KernelSpec) -> Callable:
         sys.modules[name] = module
         mod_spec.loader.exec_module(module)
         fn = module.kernel
-        _LOADED[key] = fn
+        _LOADED[name] = fn
         return fn
