@@ -107,6 +107,11 @@ class Engine:
     def backend_name(self) -> str:
         return self.backend.name
 
+    @property
+    def backend_variant(self) -> str:
+        """``backend_name`` plus a numeric mode when one is set (``Backend.variant``)."""
+        return self.backend.variant
+
     # ---- prompts ---------------------------------------------------------------------------
     @property
     def has_chat_template(self) -> bool:

@@ -60,7 +60,7 @@ def check(engine: Engine) -> dict:
     ok = all(v["identical"] for v in verify.values()) and all(v["identical"] for v in chunks.values())
     return {
         "backend": engine.backend_name,
-        "variant": engine.model.backend.variant,
+        "variant": engine.backend_variant,
         "model": engine.model_name,
         "batch_invariant": ok,
         "backend_claims_invariant": bool(engine.backend.batch_invariant),

@@ -106,7 +106,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         out = {
             "model": engine.model_name,
             "backend": engine.backend_name,
-            "variant": engine.model.backend.variant,
+            "variant": engine.backend_variant,
             "text": result.text,
             "prompt_ids": prompt_ids,
             "token_ids": result.token_ids,

@@ -174,7 +174,7 @@ class EcholineServer(LanguageServer):
             self.show_error(f"echoline: {msg}")
             self.send_status(msg)
             return
-        backend = getattr(getattr(engine, "backend", None), "variant", None) or getattr(engine, "backend_name", "?")
+        backend = getattr(engine, "backend_variant", None) or getattr(engine, "backend_name", "?")
         done = f"{self.worker.model_label} on {backend} in {time.monotonic() - t0:.1f}s"
         self.progress_end(token, done)
         self.send_status(done)
@@ -669,7 +669,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     engine = ls.worker.engine
     if engine is not None:
         out["backend"] = getattr(engine, "backend_name", None)
-        out["variant"] = getattr(getattr(engine, "backend", None), "variant", out["backend"])
+        out["variant"] = getattr(engine, "backend_variant", out["backend"])
     if ls.index is not None:
         out["index"] = ls.index.stats().as_dict()
         out["index"]["pendingSources"] = ls.worker.pending_sources()

@@ -6,14 +6,27 @@ Imports are lazy so that, say, the CPU path never imports CuPy.
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 
 from engine.backends.base import Backend
 from engine.errors import EcholineError
 
 BACKEND_NAMES = ("auto", "cpu", "numpy", "cuda", "mlx")
-#: The cpu backend's activation modes (``cpu_backend.CpuBackend`` says what each does).
+#: The cpu backend's activation modes. ``f32``: products in float32 (the default; closest
+#: to the model's own function). ``q8``: activations quantized to int8 per 32 inputs and
+#: multiplied with AVX-512 VNNI (``kernels.cpu.q8act``): faster, most at verify widths, with
+#: ~5e-3 relative error per product (docs/kernels-cpu.md, "int8 activations"). Either way a
+#: row's bits do not depend on the row count, so speculation is exact within the mode.
 CPU_ACTIVATIONS = ("f32", "q8")
+
+
+def cpu_activations_mode(value: str | None = None) -> str:
+    """The mode asked for: ``value``, else ``ECHOLINE_CPU_ACTIVATIONS``, else f32 (checked)."""
+    mode = value or os.environ.get("ECHOLINE_CPU_ACTIVATIONS") or "f32"
+    if mode not in CPU_ACTIVATIONS:
+        raise EcholineError(f"unknown CPU activations {mode!r}; choose one of {', '.join(CPU_ACTIVATIONS)}")
+    return mode
 
 
 def _cuda_available() -> bool:
@@ -51,8 +64,8 @@ def get_backend(name: str = "auto", cpu_activations: str | None = None) -> Backe
     ``ECHOLINE_CPU_ACTIVATIONS`` (default f32). Other backends ignore it.
     """
     resolved = resolve_backend_name(name)
-    if cpu_activations is not None and cpu_activations not in CPU_ACTIVATIONS:
-        raise EcholineError(f"unknown CPU activations {cpu_activations!r}; choose one of {', '.join(CPU_ACTIVATIONS)}")
+    if cpu_activations is not None:
+        cpu_activations_mode(cpu_activations)  # a bad value is an error whichever backend runs
     try:
         if resolved == "numpy":
             from engine.backends.numpy_backend import NumpyBackend

@@ -7,12 +7,11 @@ plain one-row decoding produce the same bits. Arrays are numpy float32.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import numpy as np
 
-from engine.backends import CPU_ACTIVATIONS
+from engine.backends import cpu_activations_mode
 from engine.backends.base import Array, Backend
 from engine.backends.host_cache import HostCacheMixin
 from engine.errors import EcholineError
@@ -20,13 +19,6 @@ from engine.gguf_file import QuantTensor
 from kernels.cpu import ops
 from kernels.cpu.embed import embed_rows
 from kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
-
-#: ``f32``: products in float32 (the default; closest to the model's own function).
-#: ``q8``: activations quantized to int8 per 32 inputs and multiplied with AVX-512 VNNI
-#: (``kernels.cpu.q8act``): faster, most at verify widths, with ~5e-3 relative error per
-#: product (docs/kernels-cpu.md, "int8 activations"). Either way every row's bits are
-#: independent of the row count, so speculation stays exact within the chosen mode.
-ACTIVATIONS = CPU_ACTIVATIONS
 
 
 @lru_cache(maxsize=16)
@@ -46,12 +38,10 @@ class CpuBackend(HostCacheMixin, Backend):
     batch_invariant = True
 
     def __init__(self, activations: str | None = None) -> None:
-        """``activations``: one of ``ACTIVATIONS``; None reads ``ECHOLINE_CPU_ACTIVATIONS``
-        (default ``f32``). q8 on a CPU without AVX-512 VNNI is an error, not a quiet
-        fallback: the two modes give different replies."""
-        mode = activations or os.environ.get("ECHOLINE_CPU_ACTIVATIONS") or "f32"
-        if mode not in ACTIVATIONS:
-            raise EcholineError(f"unknown CPU activations {mode!r}; choose one of {', '.join(ACTIVATIONS)}")
+        """``activations``: one of ``engine.backends.CPU_ACTIVATIONS`` (what each does is
+        there); None reads ``ECHOLINE_CPU_ACTIVATIONS`` (default f32). q8 on a CPU without
+        AVX-512 VNNI is an error, not a quiet fallback: the two modes give different replies."""
+        mode = cpu_activations_mode(activations)
         if mode == "q8":
             from kernels.cpu.q8act import vnni_available
 

@@ -109,14 +109,14 @@ def run(args) -> dict:
     result = {
         "model": engine.model_name,
         "backend": engine.backend_name,
-        "variant": engine.model.backend.variant,
+        "variant": engine.backend_variant,
         "prompt_tokens": len(original),
         "cold_ttft_s": round(statistics.median(cold_original), 4),
         "identical": identical,
         "cases": result_cases,
     }
     print_table(
-        f"bench cache: {engine.model_name} on {engine.model.backend.variant}, {len(original)}-token prompt",
+        f"bench cache: {engine.model_name} on {engine.backend_variant}, {len(original)}-token prompt",
         ["case", "warm TTFT s", "cold TTFT s", "warm/cold", "prefilled share"],
         [[k, v["ttft_s"], v["cold_ttft_s"], v["ratio"], v["prefilled_share"]] for k, v in result_cases.items()],
     )

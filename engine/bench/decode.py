@@ -30,14 +30,14 @@ def run(args) -> dict:
     times = row_costs(engine, context=128, ks=ROW_COUNTS, reps=max(3, args.rounds))
     cost = {str(k): round(times[k] / times[1], 3) for k in ROW_COUNTS}
     print_table(
-        f"bench decode: {engine.model_name} on {engine.model.backend.variant}: plain {tok_s:.1f} tok/s",
+        f"bench decode: {engine.model_name} on {engine.backend_variant}: plain {tok_s:.1f} tok/s",
         ["rows", "forward ms", "cost vs 1 row"],
         [[k, f"{times[k] * 1e3:.2f}", cost[str(k)]] for k in ROW_COUNTS],
     )
     return {
         "model": engine.model_name,
         "backend": engine.backend_name,
-        "variant": engine.model.backend.variant,
+        "variant": engine.backend_variant,
         "plain_tok_s": round(tok_s, 2),
         "row_cost": cost,
         "row_ms": {str(k): round(times[k] * 1e3, 3) for k in ROW_COUNTS},

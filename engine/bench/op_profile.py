@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [int(r) for r in args.rows.split(",")]
     got = profile(engine, args.context, rows, args.reps)
     names = ["total"] + [n for n in OPS if n in got[rows[0]]]
-    print(f"{engine.model_name} on {engine.model.backend.variant}, context {args.context}: ms per forward (median)")
+    print(f"{engine.model_name} on {engine.backend_variant}, context {args.context}: ms per forward (median)")
     print("rows " + " ".join(f"{n:>13}" for n in names) + "  vs 1 row")
     base = got[rows[0]]["total"]
     for r in rows:

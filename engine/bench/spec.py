@@ -122,7 +122,7 @@ def run(args) -> dict:
     result = {
         "model": engine.model_name,
         "backend": engine.backend_name,
-        "variant": engine.model.backend.variant,
+        "variant": engine.backend_variant,
         "traffic": kind,
         "plain_tok_s": round(plain_tok_s, 2),
         "spec_tok_s": round(spec_tok_s, 2),
@@ -140,7 +140,7 @@ def run(args) -> dict:
         "rounds": rounds,
     }
     print_table(
-        f"bench spec: {engine.model_name} on {engine.model.backend.variant}, {kind} traffic, {rounds} interleaved rounds",
+        f"bench spec: {engine.model_name} on {engine.backend_variant}, {kind} traffic, {rounds} interleaved rounds",
         ["mode", "tok/s (median)", "ratio", "identical", "acceptance", "tokens/round"],
         [
             ["plain", f"{plain_tok_s:.1f}", "1.00", "", "", "1.00"],
