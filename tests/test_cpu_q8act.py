@@ -27,7 +27,7 @@ from kernels.cpu.matmul import prepare
 from kernels.cpu.q8act import (
     QBLOCK,
     ROW_TILES,
-    kernel_for,
+    kernel_asm,
     matmul_q8,
     prepare_q8,
     quantize_rows,
@@ -132,7 +132,7 @@ def test_kernels_use_vpdpbusd() -> None:
     """The integer dot products are VNNI instructions (what this module exists to measure)."""
     t = make_tensor(Q.Q4_1, 64, 64, 0)
     matmul_q8(np.ones((3, 64), np.float32), prepare_q8(prepare([t])))
-    asm = "".join(kernel_for(32, True).inspect_asm().values())
+    asm = kernel_asm(32, True)
     # each tile: 8 steps (32-input block / 4) × rows × vectors, straight-line in its block loop
     expected = sum(8 * rows * vecs for rows, vecs in ROW_TILES)
     assert len(re.findall(r"\bvpdpbusd\b", asm)) >= expected

@@ -23,7 +23,7 @@ import numpy as np
 from engine.gguf_file import GGUFFile
 from kernels.cpu.bench import model_matrices
 from kernels.cpu.matmul import matmul, prepare_cached
-from kernels.cpu.q8act import KERNELS, KINDS_Q8, kernel_for, matmul_q8, prepare_q8
+from kernels.cpu.q8act import KINDS_Q8, kernel_asm, kernel_for, matmul_q8, prepare_q8
 
 MODELS = [
     Path.home() / ".cache/echoline/models/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -36,11 +36,10 @@ def vnni_instructions() -> dict[str, int]:
     """Count of VNNI instructions in every compiled q8 kernel's assembly."""
     counts: dict[str, int] = {}
     for key in sorted(KINDS_Q8):
-        kernel_for(*key)
-    for key, kern in KERNELS.items():
-        for asm in kern.inspect_asm().values():
-            for ins in re.findall(r"\b(vpdpbusds?|vpdpwssds?)\b", asm):
-                counts[f"{key}:{ins}"] = counts.get(f"{key}:{ins}", 0) + 1
+        if not kernel_for(*key).signatures:
+            continue  # a kind no matrix of these models used
+        for ins in re.findall(r"\b(vpdpbusds?|vpdpwssds?)\b", kernel_asm(*key)):
+            counts[f"{key}:{ins}"] = counts.get(f"{key}:{ins}", 0) + 1
     return counts
 
 

@@ -351,6 +351,19 @@ KERNELS: dict[tuple[int, bool], Callable] = {}
 _DUMMY = np.zeros(1, np.float32)  # the offset arguments of kinds without an offset
 
 
+def kernel_asm(block: int, offset: bool) -> str:
+    """Assembly of the kernel for every signature it has run with, compiled afresh.
+
+    Why afresh: a kernel loaded from numba's disk cache has no assembly to show, so a check
+    of the generated code (tests, ``bench_q8act``) compiles an uncached copy.
+    """
+    kern = kernel_for(block, offset)
+    fresh = njit(parallel=True, nogil=True, boundscheck=False)(kern.py_func)
+    for sig in kern.signatures:
+        fresh.compile(sig)
+    return "".join(fresh.inspect_asm(sig) for sig in kern.signatures)
+
+
 def kernel_for(block: int, offset: bool) -> Callable:
     """The compiled kernel for a weight-block kind (written, imported and cached on first use)."""
     key = (block, bool(offset))
