@@ -183,3 +183,40 @@ def test_cpu_backend_activation_modes(monkeypatch) -> None:
     monkeypatch.setattr(q8act, "vnni_available", lambda: False)
     with pytest.raises(EcholineError, match="VNNI"):
         CpuBackend(activations="q8")
+
+
+def test_q8_weight_cache_round_trip(tmp_path, monkeypatch) -> None:
+    """The q8 layout read back from the weight cache gives the fresh layout's bits; its key
+    differs from the float32 layout's; a damaged entry is ignored and rewritten."""
+    import dataclasses
+
+    from kernels.cpu import weight_cache
+    from kernels.cpu.matmul import GROUP
+    from kernels.cpu.q8act import INTERLEAVE, prepare_q8_cached
+
+    monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("ECHOLINE_WEIGHT_CACHE", "1")
+    parts = [make_tensor(Q.Q5_0, 70, 512, 1), make_tensor(Q.Q6_K, 40, 512, 3)]
+    parts = [dataclasses.replace(p, origin=f"file-1@{i}") for i, p in enumerate(parts)]
+    x = np.random.default_rng(0).standard_normal((5, 512)).astype(np.float32)
+    fresh = matmul_q8(x, prepare_q8(prepare(parts)))
+    first = prepare_q8_cached(parts)  # miss: computes and writes (only the q8 entry)
+    entries = sorted(p.name for p in (tmp_path / "relayout").iterdir())
+    assert len(entries) == 2
+    second = prepare_q8_cached(parts)  # hit: read from disk
+
+    def read_back(m) -> bool:  # a cached matrix's arrays are views of one file-sized buffer
+        base = m.parts[0].qv.base
+        return base is not None and base.size > m.parts[0].qv.size
+
+    assert read_back(second) and not read_back(first)
+    assert np.array_equal(matmul_q8(x, first), fresh) and np.array_equal(matmul_q8(x, second), fresh)
+    assert second.valid_cols is not None and np.array_equal(second.valid_cols, first.valid_cols)
+    assert weight_cache.matrix_key(parts, GROUP, ("q8", INTERLEAVE)) != weight_cache.matrix_key(
+        parts, GROUP, ((5, 64),)
+    )
+    bin_name = next(e for e in entries if e.endswith(".bin"))
+    (tmp_path / "relayout" / bin_name).write_bytes(b"short")  # damaged: size mismatch
+    third = prepare_q8_cached(parts)
+    assert not read_back(third)
+    assert np.array_equal(matmul_q8(x, third), fresh)

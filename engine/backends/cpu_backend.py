@@ -19,6 +19,7 @@ from engine.gguf_file import QuantTensor
 from kernels.cpu import ops
 from kernels.cpu.embed import embed_rows
 from kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
+from kernels.cpu.relayout import KINDS
 
 
 @lru_cache(maxsize=16)
@@ -55,15 +56,14 @@ class CpuBackend(HostCacheMixin, Backend):
 
     def prepare_matrix(self, tensors: list[QuantTensor]):
         # Re-laid-out weights are cached on disk keyed by the file's identity (weight_cache).
-        pm = prepare_cached(list(tensors))
-        if self.activations == "q8" and all(p.kind.wdtype == "int8" for p in pm.parts):
-            from kernels.cpu.q8act import prepare_q8
+        tensors = list(tensors)
+        if self.activations == "q8" and all(t.qtype in KINDS and KINDS[t.qtype].wdtype == "int8" for t in tensors):
+            from kernels.cpu.q8act import prepare_q8_cached
 
-            # A matrix with float parts stays float32 whatever the row count: rows stay
-            # independent of n either way. The int8 weights are re-laid out per start
-            # (SmolLM2: ~0.2 s); the float32 layout's copy is dropped with ``pm``.
-            return prepare_q8(pm)
-        return pm
+            return prepare_q8_cached(tensors)
+        # f32 mode, or a matrix with float parts: float32 products whatever the row count
+        # (rows stay independent of n either way).
+        return prepare_cached(tensors)
 
     def prepare_vector(self, values: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
