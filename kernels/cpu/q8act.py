@@ -1,14 +1,15 @@
-"""Exploration (issue #3): int8 activations with integer dot products (AVX-512 VNNI).
+"""int8 activations with integer dot products (AVX-512 VNNI): the cpu backend's ``q8`` mode.
 
-Not wired into the engine. ``matmul_q8(x, w)`` computes y = x · Wᵀ like
-``kernels.cpu.matmul.matmul`` but first quantizes every row of x per block of 32
-inputs to int8 with one float32 scale (symmetric, like ggml's Q8_0), then takes
-each weight block's dot product as an exact int32 sum with ``vpdpbusd``.
+``matmul_q8(x, w)`` computes y = x · Wᵀ like ``kernels.cpu.matmul.matmul`` but first
+quantizes every row of x per block of 32 inputs to int8 with one float32 scale
+(symmetric, like ggml's Q8_0), then takes each weight block's dot product as an exact
+int32 sum with ``vpdpbusd``. Opt-in (``CpuBackend(activations="q8")``): it changes the
+model's numbers slightly (docs/kernels-cpu.md, "int8 activations").
 
 Why an LLVM intrinsic and not plain numba loops: numba promotes int32 products to
 int64, and whether LLVM narrows them back to ``vpdpwssd``/``vpdpbusd`` depends on the
 tile shape (measured: a 1×16 tile narrowed, a 2×16 tile of the same source compiled
-to int64 ``vpmuldq``). ``_make_dot`` emits ``llvm.x86.avx512.vpdpbusd.512`` directly,
+to int64 ``vpmuldq``). ``_make_tile`` emits ``llvm.x86.avx512.vpdpbusd.512`` directly,
 so the instruction is guaranteed, not hoped for.
 
 ``vpdpbusd`` multiplies unsigned bytes by signed bytes. Weights are stored as
@@ -21,13 +22,14 @@ of BS inputs (32, or 16 for Q6_K), d = the activation scale of the 32-block hold
 
     t = 0
     for each block b in order:
-        i = Σ_{i in b} q[o, i] · xq[r, i]                  # exact int32, |i| < 2^24
-        t = t + f32(i) * (scale[b, o] * d)                  # two roundings, no FMA
-        t = t + (f32(Σ_{i in b} xq[r, i]) * d) * offset[b, o]   # offset kinds
+        i = Σ_{i in b} q[o, i] · xq[r, i]                   # exact int32, |i| < 2^24
+        t = fma(f32(i), scale[b, o] * d, t)                  # s·d rounded, then one FMA
+        t = fma(f32(Σ_{i in b} xq[r, i]) * d, offset[b, o], t)   # offset kinds
 
-No fast-math anywhere, so LLVM may not contract or reorder these operations; the
-integer part is exact whatever order the hardware sums it in. Rows never share any
-arithmetic, so a row's bits do not depend on n or on the tile it lands in.
+The FMAs are explicit ``llvm.fma`` calls and nothing has fast-math flags, so LLVM may not
+contract or reorder anything else; the integer part is exact whatever order the
+hardware sums it in. Rows never share any arithmetic, so a row's bits do not depend on
+n or on the tile it lands in.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ QBLOCK = 32
 #: head slower at 3 rows (0.60-0.65 ms) than at 4 (0.46-0.55); 3 x 2 took 0.49-0.52, and
 #: whole 3-row forwards 0.3 ms less. Two vectors for 1 and 2 rows measured the same.
 ROW_TILES = ((5, 2), (4, 2), (3, 2), (2, 4), (1, 4))
-if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B ("5x2,4x2,3x4,2x4,1x4"); use a fresh cache dir
+if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B only, e.g. "5x2,4x2,3x4,2x4,1x4"
     ROW_TILES = tuple(tuple(int(v) for v in t.split("x")) for t in os.environ["ECHOLINE_Q8_TILES"].split(","))
 ROW_CHUNK = 64
 #: 16-output vectors interleaved per weight stream (``vnni_layout`` says why).
