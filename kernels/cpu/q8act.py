@@ -54,6 +54,7 @@ QBLOCK = 32
 #: process per set, ``ECHOLINE_Q8_TILES``): 4 vectors per pass at 3 rows made the 49152 x 576
 #: head slower at 3 rows (0.60-0.65 ms) than at 4 (0.46-0.55); 3 x 2 took 0.49-0.52, and
 #: whole 3-row forwards 0.3 ms less. Two vectors for 1 and 2 rows measured the same.
+#: Reproduce: ``ECHOLINE_Q8_TILES=… python -m kernels.cpu.bench_q8act --curve head MODEL.gguf``.
 ROW_TILES = ((5, 2), (4, 2), (3, 2), (2, 4), (1, 4))
 if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B only, e.g. "5x2,4x2,3x4,2x4,1x4"
     ROW_TILES = tuple(tuple(int(v) for v in t.split("x")) for t in os.environ["ECHOLINE_Q8_TILES"].split(","))
@@ -415,8 +416,9 @@ def vnni_layout(q: np.ndarray, ngroups: int, nblocks: int, block: int) -> np.nda
 
     Why streams: a tile streams its own vectors from memory on a group's first pass.
     With all 4 vectors interleaved per block, a 2-vector tile read half of every 256-byte
-    run and 5-row products took longer than 9-row ones; with each vector its own stream,
-    one row (4 vectors) read 4 streams and lost 15 %. Pairs serve both.
+    run, and SmolLM2's 5-row products cost 3.3 ms more than one row's while the next four
+    rows cost 1.0 ms (``op_profile``, context 1,300). Pairs fixed that; four vectors per
+    stream measured the same at one row and slower at 4-17 rows (``ECHOLINE_Q8_INTERLEAVE``).
     """
     iv = INTERLEAVE
     q7 = q.reshape(ngroups, nblocks, block // 4, 4, 4 // iv, 16 * iv)  # (g, b, j, i%4, p, o')
