@@ -8,6 +8,7 @@ plain one-row decoding produce the same bits. Arrays are numpy float32.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from kernels.cpu import ops
 from kernels.cpu.embed import embed_rows
 from kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
 from kernels.cpu.relayout import KINDS
+
+if TYPE_CHECKING:  # q8act loads only when the q8 mode is used
+    from kernels.cpu.q8act import Q8Matrix
 
 
 @lru_cache(maxsize=16)
@@ -54,7 +58,7 @@ class CpuBackend(HostCacheMixin, Backend):
     def variant(self) -> str:
         return self.name if self.activations == "f32" else f"{self.name}/{self.activations}"
 
-    def prepare_matrix(self, tensors: list[QuantTensor]):
+    def prepare_matrix(self, tensors: list[QuantTensor]) -> PreparedMatrix | Q8Matrix:
         # Re-laid-out weights are cached on disk keyed by the file's identity (weight_cache).
         tensors = list(tensors)
         if self.activations == "q8" and all(t.qtype in KINDS and KINDS[t.qtype].wdtype == "int8" for t in tensors):
@@ -85,7 +89,7 @@ class CpuBackend(HostCacheMixin, Backend):
     def embed(self, table: QuantTensor, ids: np.ndarray) -> np.ndarray:
         return embed_rows(table.qtype, table.data, table.cols, ids)
 
-    def matmul(self, x: Array, w) -> np.ndarray:
+    def matmul(self, x: Array, w: PreparedMatrix | Q8Matrix) -> np.ndarray:
         if isinstance(w, PreparedMatrix):
             return matmul(_f32(x), w)
         from kernels.cpu.q8act import matmul_q8
