@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.drafting import Draft, NgramIndex
-from engine.drafting.ngram_index import brute_force_match
+from engine.drafting.ngram_index import brute_force_draft, brute_force_match
 
 SIDS = ["file:/a.py", "prompt", "reply", "file:/b.py"]
 
@@ -23,7 +23,7 @@ def _check(idx: NgramIndex, srcs: dict[str, list[int]], ctx: list[int], max_len:
         assert d.tokens == [] and d.match_len == 0
         return
     assert (d.match_len, d.source, d.position) == (ref_len, ref_sid, ref_end)
-    assert d.tokens == srcs[ref_sid][ref_end : ref_end + max_len]
+    assert d.tokens == brute_force_draft([(s, srcs[s]) for s in order], ctx, idx.max_n, max_len)
 
 
 streams = st.lists(st.integers(0, 3), max_size=300)
@@ -299,3 +299,23 @@ def test_gram_filter_skips_files_that_cannot_match(monkeypatch) -> None:
     d = idx.draft(target, 3)  # only the needle holds the context's tail (32 tokens, max_n)
     assert d.source == "file:/needle" and d.match_len == 32 and d.tokens == [7, 8, 9]
     assert "file:/needle" in calls and len(calls) <= 8, calls  # of 62 sources
+
+
+def test_a_repeating_reply_is_drafted_past_its_end() -> None:
+    """A reply caught in a loop of period P drafts the loop up to max_len, not P tokens;
+    other sources (and a reply that is not the context's tail) stop at their end."""
+    loop = [5, 6, 7]
+    reply = [1, 2] + loop * 4
+    idx = NgramIndex(max_n=8)
+    idx.set_source("prompt", [9, 9, 9])
+    idx.set_source("reply", reply)
+    d = idx.draft([9, 9, 9] + reply, 10)
+    assert d.source == "reply" and d.match_len == 8
+    assert d.tokens == (loop * 4)[:10]  # after ...5,6,7 comes 5,6,7,5,...
+    # The same text as a workspace file: its end is not where the writing is.
+    other = NgramIndex(max_n=8)
+    other.set_source("file:/loop.py", reply)
+    assert other.draft(reply, 10).tokens == loop
+    # A reply that does not end with the context's tail is not the text being written.
+    idx.set_source("reply", reply + [4])
+    assert idx.draft(reply, 10).tokens == [4]

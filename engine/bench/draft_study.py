@@ -58,10 +58,19 @@ def candidates(prompt: Sequence[int], stream: Sequence[int], end: int, max_n: in
 
 
 def _confirmed(prompt, stream, e: int, i: int, reply: Sequence[int], end: int, max_draft: int) -> int:
-    """How many tokens of the continuation at e the reply confirms after its position i."""
-    stop = len(prompt) if e < len(prompt) else end
+    """How many tokens of the continuation at e the reply confirms after its position i.
+
+    A continuation in the prompt stops at the prompt's end; one in the reply repeats the
+    reply's last ``end - e`` tokens, as the index drafts a repeating reply."""
+    in_prompt = e < len(prompt)
+    period = end - e
     a = 0
-    while a < max_draft and i + 1 + a < len(reply) and e + a < stop and stream[e + a] == reply[i + 1 + a]:
+    while a < max_draft and i + 1 + a < len(reply):
+        if in_prompt and e + a >= len(prompt):
+            break
+        tok = stream[e + a] if in_prompt or a < period else stream[e + a % period]
+        if tok != reply[i + 1 + a]:
+            break
         a += 1
     return a
 

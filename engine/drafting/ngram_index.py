@@ -433,7 +433,10 @@ class NgramIndex:
                     probe = None
             if best_src is None:
                 return Draft()
-            toks = best_src.toks[best_end : best_end + max_len].tolist()
+            src_toks = best_src.toks
+            toks = src_toks[best_end : best_end + max_len].tolist()
+            if len(toks) < max_len and best_src.sid == REPLY and best_end + len(toks) == len(src_toks):
+                toks = _repeat_if_current(toks, src_toks, q, max_len)
             return Draft(toks, best_src.sid, best_len, best_end)
 
     # ----- internals -----
@@ -489,6 +492,37 @@ class NgramIndex:
             self._order = None
             if self.on_evict is not None:
                 self.on_evict(v.sid)
+
+
+def _repeat_if_current(toks: list[int], src_toks: Sequence[int], q: Sequence[int], max_len: int) -> list[int]:
+    """A continuation that ran into the end of the reply, repeated up to ``max_len``.
+
+    Why: when the reply is the text being written (its last tokens are the context's
+    tail, ``q`` reversed), a match P tokens back means the text is repeating with period P,
+    and the best guess past the reply's end is more of the same. Without this, a model
+    caught in a loop (small models often are) drafted at most P tokens a round.
+    """
+    n = min(len(q), len(src_toks))
+    if any(src_toks[-1 - i] != q[i] for i in range(n)):
+        return toks
+    period = len(toks)
+    return [toks[j % period] for j in range(max_len)]
+
+
+def brute_force_draft(
+    sources: Sequence[tuple[str, Sequence[int]]], context: Sequence[int], max_n: int, max_len: int
+) -> list[int]:
+    """Reference for tests: the tokens ``NgramIndex.draft`` proposes, found by brute force."""
+    n, sid, end = brute_force_match(sources, context, max_n)
+    if n == 0:
+        return []
+    toks = list(dict(sources)[sid])
+    out = toks[end : end + max_len]
+    tail = list(context)[-max_n:]
+    m = min(len(tail), len(toks))
+    if sid == REPLY and len(out) < max_len and end + len(out) == len(toks) and toks[len(toks) - m :] == tail[len(tail) - m :]:
+        out = [out[j % len(out)] for j in range(max_len)]
+    return out
 
 
 def brute_force_match(
