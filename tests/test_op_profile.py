@@ -17,3 +17,20 @@ def test_parts_add_up_to_at_most_the_whole_and_the_backend_is_restored(tmp_path)
         assert parts["matmul"] > 0 and parts["attention"] > 0
         assert sum(parts.values()) <= got[rows]["total"]
     assert "matmul" not in vars(engine.model.backend)  # the timing wrappers are gone
+
+
+def test_fidelity_counts_every_position_and_f32_follows_float64(tmp_path):
+    """engine.bench.fidelity: the f32 mode tracks the float64 model; q8 (where the host has
+    VNNI) is scored on the same positions."""
+    import random
+
+    from engine.bench.fidelity import agreement, modes_available
+
+    path = write_model(tmp_path / "m.gguf", "llama", context=512)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(1, 96) for _ in range(n)] for n in (60, 90)]
+    got = agreement(path, prompts, tokenizer=StandInTokenizer())
+    assert got["positions"] == 150
+    assert got["f32"] >= 0.97
+    for mode in modes_available():
+        assert 0.0 <= got[mode] <= 1.0
