@@ -26,6 +26,12 @@ from engine.tokenizer import Tokenizer
 from engine.types import GenerationResult, GenerationStats, TokenEvent
 
 MAX_DRAFT = 16
+#: Earlier replies kept as draft sources (``history:<n>``). Why: an editor asks again about
+#: text it was just given — an inline completion re-requested after a keystroke, a rewrite
+#: retried with another instruction — and the new reply repeats much of the last one.
+REPLY_HISTORY = 4
+HISTORY = "history"
+HISTORY_CONTEXT = 16  # prompt tokens kept in front of a remembered reply
 # Room a prefill leaves for the request that follows it: a selection, an instruction and a
 # default-length reply (maxTokens 256) fit without growing the cache.
 PREFILL_HEADROOM = 1024
@@ -47,6 +53,7 @@ class Engine:
         max_draft: int = MAX_DRAFT,
         tokenizer: Tokenizer | None = None,
         cpu_activations: str | None = None,
+        reply_history: int = REPLY_HISTORY,
     ) -> None:
         t0 = time.perf_counter()
         self.model_path = Path(model_path)
@@ -66,6 +73,9 @@ class Engine:
         self.sessions = SessionStore(self.model, kv_budget_bytes, max_rows=max(prefill_chunk, max_draft + 1))
         self.index = NgramIndex()
         self.max_draft = max_draft
+        self.reply_history = max(0, int(reply_history))
+        self._history: list[str] = []  # source ids of the kept replies, oldest first
+        self._history_count = 0
         self._controller: DraftController | None = None
         self.load_s = time.perf_counter() - t0
 
@@ -87,6 +97,7 @@ class Engine:
         kv_budget_bytes: int | None = None,
         prefill_chunk: int = 512,
         cpu_activations: str | None = None,
+        reply_history: int = REPLY_HISTORY,
     ) -> Engine:
         """Resolve a model name or path (pulling a known name if needed) and load it.
 
@@ -97,6 +108,7 @@ class Engine:
             kv_budget_bytes=kv_budget_bytes,
             prefill_chunk=prefill_chunk,
             cpu_activations=cpu_activations,
+            reply_history=reply_history,
         )
 
     @property
@@ -141,6 +153,32 @@ class Engine:
 
     def source_memory_bytes(self) -> int:
         return self.index.memory_bytes()
+
+    def remember_reply(self, reply_ids: Sequence[int], before: Sequence[int] = ()) -> None:
+        """Keep a finished reply as a draft source; the oldest beyond ``reply_history`` goes.
+
+        ``before``: the last tokens of its prompt, kept in front of the reply so that a request
+        ending the same way (a retry; every chat prompt ends with the assistant header) matches
+        them and drafts the reply from its first token, not only once it has begun.
+        """
+        if self.reply_history <= 0 or len(reply_ids) < 2:
+            return
+        sid = f"{HISTORY}:{self._history_count}"
+        self._history_count += 1
+        self.index.set_source(sid, [int(t) for t in before] + [int(t) for t in reply_ids])
+        self._history.append(sid)
+        while len(self._history) > self.reply_history:
+            self.index.remove_source(self._history.pop(0))
+
+    def forget_replies(self) -> None:
+        """Drop every kept reply (benchmarks measure requests that have no history)."""
+        for sid in self._history:
+            self.index.remove_source(sid)
+        self._history.clear()
+
+    def history_sources(self) -> list[str]:
+        """Ids of the kept replies still in the index, oldest first."""
+        return [s for s in self._history if self.index.has_source(s)]
 
     # ---- generation ------------------------------------------------------------------------
     def prefill(
@@ -247,6 +285,9 @@ class Engine:
             raise
         if session is not None:
             self.sessions.finish(sess, prompt, result.token_ids)
+        self.remember_reply(
+            [t for t in result.token_ids if t not in self.tokenizer.stop_ids], before=prompt[-HISTORY_CONTEXT:]
+        )
         result.stats.kv_bytes = self.sessions.bytes_in_use
         return result
 

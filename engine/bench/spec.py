@@ -57,7 +57,11 @@ def _interleave(units, rounds: int):
 
 def _single_turn(engine, prompts, max_tokens: int, rounds: int):
     def unit(prompt):
-        return lambda mode: [(prompt, engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec"))]
+        def run_one(mode: str):
+            engine.forget_replies()  # a fresh request: no earlier reply of this prompt to draft from
+            return [(prompt, engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec"))]
+
+        return run_one
 
     return _interleave([unit(p) for p in prompts], rounds)
 
@@ -68,6 +72,7 @@ def _chat(engine, max_tokens: int, rounds: int):
             messages: list[dict[str, str]] = []
             history: list[int] = []
             results = []
+            engine.forget_replies()  # the other mode's run of these turns is no draft source
             for question in turns:
                 messages.append({"role": "user", "content": question})
                 if engine.has_chat_template:
