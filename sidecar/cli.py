@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks (speed ratios measured in one run)")
     b.add_argument("kind", choices=BENCH_KINDS)
     _add_model_args(b)
-    b.add_argument("--traffic", choices=("copy", "edit", "chat"), default="copy", help="bench spec only")
+    b.add_argument("--traffic", choices=("copy", "edit", "chat", "followup"), default="copy",
+                   help="bench spec only")
     b.add_argument("--source", action="append", default=[],
                    help="bench spec: source file(s) to copy/edit; bench lsp: the file to rewrite (the first)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")

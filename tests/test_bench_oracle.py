@@ -101,3 +101,28 @@ def test_draft_study_controller_replay_is_bounded_by_its_oracle() -> None:
     pairs = [(prompt, list(range(100, 150)) + [7, 8] + list(range(120, 150)))]
     got, best = controller_replay(pairs, ratios, 16)
     assert 1.0 <= got <= best + 1e-9 and best > 2.0
+
+
+def test_oracle_counts_extra_sources() -> None:
+    """A reply no prompt holds is undraftable, unless an extra source (a kept reply) holds it."""
+    prompt = [1, 2, 3, 4]
+    reply = list(range(50, 90))
+    ratios = interpolated_ratios({1: 1.0, 2: 1.2, 4: 1.5, 8: 2.0, 16: 3.0}, 17)
+    assert oracle_ratio([(prompt, reply)], ratios, max_draft=16) == 1.0
+    kept = [[3, 4] + reply]
+    assert oracle_ratio([(prompt, reply)], ratios, max_draft=16, extras=[kept]) > 3.0
+
+
+def test_bench_spec_followup_drafts_the_kept_reply(smollm2_path) -> None:
+    """Type-through on the real model: the second request drafts the first reply, exactly."""
+    from argparse import Namespace
+
+    from engine.bench import spec
+    from tests.conftest import cpu_backend_name
+
+    args = Namespace(model=str(smollm2_path), backend=cpu_backend_name(), traffic="followup",
+                     source=["engine/kvcache.py"], rounds=1, max_tokens=24)
+    result = spec.run(args)
+    assert result["identical"] is True and result["replies"] == 1
+    assert result["tokens_per_round"] > 4.0, result  # fresh requests of this kind draw ~1.4
+    assert result["oracle_ratio"] > 1.5

@@ -19,9 +19,15 @@ from engine.drafting.ngram_index import NgramIndex
 from engine.generate import DRAFT_CONTEXT
 
 
-def confirmed_draft_lengths(prompt: Sequence[int], reply: Sequence[int], max_draft: int) -> list[int]:
-    """For each reply position i: how many draft tokens after reply[:i+1] equal reply[i+1:]."""
+def confirmed_draft_lengths(
+    prompt: Sequence[int], reply: Sequence[int], max_draft: int, extra: Sequence[Sequence[int]] = ()
+) -> list[int]:
+    """For each reply position i: how many draft tokens after reply[:i+1] equal reply[i+1:].
+
+    ``extra``: further sources the request could draft from (e.g. a kept earlier reply)."""
     idx = NgramIndex()
+    for i, toks in enumerate(extra):
+        idx.set_source(f"extra:{i}", list(toks))
     idx.set_source("prompt", list(prompt))
     idx.set_source("reply", [])
     context = list(prompt)
@@ -79,13 +85,19 @@ def interpolated_ratios(measured: dict[int, float], max_rows: int) -> list[float
 
 
 def oracle_ratio(
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], ratios: Sequence[float], max_draft: int
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    ratios: Sequence[float],
+    max_draft: int,
+    extras: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> float:
-    """Plain steps / oracle cost over (prompt, reply) pairs: the best speculative speedup."""
+    """Plain steps / oracle cost over (prompt, reply) pairs: the best speculative speedup.
+
+    ``extras[i]``: the extra draft sources pair i's request had (none by default)."""
     steps = cost = 0.0
-    for prompt, reply in pairs:
+    for i, (prompt, reply) in enumerate(pairs):
         if len(reply) < 2:
             continue
         steps += len(reply) - 1
-        cost += oracle_cost(confirmed_draft_lengths(prompt, reply, max_draft), ratios)
+        extra = extras[i] if extras is not None else ()
+        cost += oracle_cost(confirmed_draft_lengths(prompt, reply, max_draft, extra), ratios)
     return steps / cost if cost > 0 else 1.0

@@ -1,4 +1,10 @@
-"""``echoline bench spec``: speculative vs plain decoding on copy, edit or chat traffic.
+"""``echoline bench spec``: speculative vs plain decoding on copy, edit, chat or followup traffic.
+
+``followup`` is an editor's type-through: a raw completion in the middle of a source file,
+then the same request once the user accepted its first token; the second is timed, with the
+first reply kept by the engine as a draft source (``Engine.remember_reply``). The other
+traffics measure fresh requests: the engine forgets earlier replies before each one, or the
+plain run of a prompt would hand its reply to the speculative run of the same prompt.
 
 Both modes run the same requests in interleaved rounds (the order rotates
 each round) and the medians are compared, in one process, so machine noise
@@ -11,11 +17,13 @@ from __future__ import annotations
 import statistics
 import sys
 
+from engine.api import HISTORY_CONTEXT
 from engine.bench import traffic
 from engine.bench.common import load, print_table, row_costs
 from engine.bench.oracle import interpolated_ratios, oracle_ratio
 
 VERIFY_ROWS = (1, 2, 4, 8, 16)
+FOLLOWUP_TOKENS = 64  # an inline completion's length, not a rewrite's
 
 
 def _prompts(engine, kind: str, paths) -> list[list[int]]:
@@ -66,6 +74,30 @@ def _single_turn(engine, prompts, max_tokens: int, rounds: int):
     return _interleave([unit(p) for p in prompts], rounds)
 
 
+def _followup(engine, prefixes: list[list[int]], max_tokens: int, rounds: int):
+    """Type-through: a completion, then the same request after its first token was accepted.
+
+    Only the second request is timed and compared. The first runs plainly in both modes
+    (same state either way), and the engine keeps its reply as a draft source — the one
+    extra source the second request has, which ``history`` returns for the oracle.
+    """
+    history: dict[int, list[int]] = {}
+
+    def unit(pi: int, prefix: list[int]):
+        def run_pair(mode: str):
+            engine.forget_replies()
+            first = engine.generate(prefix, max_tokens=max_tokens, spec=False)
+            stops = engine.tokenizer.stop_ids
+            history[pi] = prefix[-HISTORY_CONTEXT:] + [t for t in first.token_ids if t not in stops]
+            follow = prefix + first.token_ids[:1]
+            return [(follow, engine.generate(follow, max_tokens=max(1, max_tokens - 1), spec=mode == "spec"))]
+
+        return run_pair
+
+    out = _interleave([unit(i, p) for i, p in enumerate(prefixes)], rounds)
+    return out, [[history[i]] for i in range(len(prefixes))]
+
+
 def _chat(engine, max_tokens: int, rounds: int):
     def conversation(ci: int, turns):
         def run_turns(mode: str):
@@ -96,8 +128,17 @@ def run(args) -> dict:
     kind = args.traffic
     rounds = max(1, args.rounds)
     engine.generate(engine.encode("def f(x):\n"), max_tokens=4, spec=False)  # warm-up / JIT
+    extras = None
     if kind == "chat":
         per_round, replies, stats, prompts = _chat(engine, min(args.max_tokens, 96), rounds)
+    elif kind == "followup":
+        paths = traffic.source_paths(args.source)
+        if not paths:
+            raise SystemExit("no source files found for the benchmark")
+        prefixes = [engine.tokenizer.encode(t, parse_special=False) for t in traffic.followup_prefixes(paths)]
+        (per_round, replies, stats, prompts), extras = _followup(
+            engine, prefixes, min(args.max_tokens, FOLLOWUP_TOKENS), rounds
+        )
     else:
         paths = traffic.source_paths(args.source)
         if not paths:
@@ -123,6 +164,7 @@ def run(args) -> dict:
         list(zip(prompts, replies["plain"], strict=True)),
         interpolated_ratios(costs, engine.max_draft + 1),
         engine.max_draft,
+        extras,
     )
     result = {
         "model": engine.model_name,

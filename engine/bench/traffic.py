@@ -76,3 +76,22 @@ def raw_prompt(messages: list[dict[str, str]]) -> str:
     """For a model without a chat template (Gemma 3 base): the request as plain text."""
     body = "\n\n".join(m["content"] for m in messages)
     return body + "\n\n```python\n"
+
+
+#: Characters of code before the cursor in a follow-up (completion) request.
+FOLLOWUP_PREFIX_CHARS = 3000
+
+
+def followup_prefixes(paths: list[Path]) -> list[str]:
+    """Code before a cursor at the start of the line nearest each file's middle.
+
+    The ``followup`` traffic completes there, then asks again after the user accepted the
+    suggestion's first token — the editor's type-through: the second reply repeats the rest
+    of the first, which the engine keeps as a draft source.
+    """
+    out = []
+    for p in paths:
+        text = p.read_text()
+        cut = text.rfind("\n", 0, len(text) // 2) + 1
+        out.append(text[max(0, cut - FOLLOWUP_PREFIX_CHARS) : cut])
+    return out
