@@ -46,7 +46,7 @@ def test_history_is_bounded_and_forgettable(model_path) -> None:
     p = buffer(30, 3)
     reply = eng.generate(p, max_tokens=6, spec=False).token_ids
     newest = eng.history_sources()[-1]
-    assert eng.index.source_len(newest) == HISTORY_CONTEXT + len(reply)
+    assert eng.index.source_tokens(newest) == p[-HISTORY_CONTEXT:] + reply
     eng.forget_replies()
     assert eng.history_sources() == [] and not any(s.startswith("history:") for s in eng.index.sources())
     off = make_engine(model_path, reply_history=0)

@@ -40,9 +40,14 @@ def modes_available() -> list[str]:
     return [m for m in CPU_ACTIVATIONS if m != "q8" or vnni_available()]
 
 
-def agreement(path: Path, prompts: list[list[int]], tokenizer=None) -> dict[str, object]:
+def reference(path: Path, tokenizer=None) -> Engine:
+    """The float64 model (numpy backend): the function the file defines."""
+    return Engine(path, backend=NumpyBackend(dtype=np.float64), tokenizer=tokenizer)
+
+
+def agreement(path: Path, prompts: list[list[int]], tokenizer=None, ref: Engine | None = None) -> dict[str, object]:
     """Share of positions whose argmax equals float64's, per cpu mode this host runs."""
-    ref = Engine(path, backend=NumpyBackend(dtype=np.float64), tokenizer=tokenizer)
+    ref = ref or reference(path, tokenizer)
     want = [top1(ref, p) for p in prompts]
     out: dict[str, object] = {"model": path.name, "positions": int(sum(len(w) for w in want))}
     for mode in modes_available():
@@ -59,9 +64,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     path = resolve_model(args.model)
-    tok_engine = Engine(path, backend=NumpyBackend())
-    prompts = _prompts(tok_engine, "copy", traffic.source_paths([]))[: max(1, args.prompts)]
-    out = agreement(path, prompts)
+    ref = reference(path)
+    prompts = _prompts(ref, "copy", traffic.source_paths([]))[: max(1, args.prompts)]
+    out = agreement(path, prompts, ref=ref)
     if args.json:
         print(json.dumps(out))
         return

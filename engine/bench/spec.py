@@ -17,7 +17,6 @@ from __future__ import annotations
 import statistics
 import sys
 
-from engine.api import HISTORY_CONTEXT
 from engine.bench import traffic
 from engine.bench.common import load, print_table, row_costs
 from engine.bench.oracle import interpolated_ratios, oracle_ratio
@@ -79,23 +78,22 @@ def _followup(engine, prefixes: list[list[int]], max_tokens: int, rounds: int):
 
     Only the second request is timed and compared. The first runs plainly in both modes
     (same state either way), and the engine keeps its reply as a draft source — the one
-    extra source the second request has, which ``history`` returns for the oracle.
+    extra source the second request has; ``kept`` returns it per request for the oracle.
     """
-    history: dict[int, list[int]] = {}
+    kept: dict[int, list[list[int]]] = {}
 
     def unit(pi: int, prefix: list[int]):
         def run_pair(mode: str):
             engine.forget_replies()
             first = engine.generate(prefix, max_tokens=max_tokens, spec=False)
-            stops = engine.tokenizer.stop_ids
-            history[pi] = prefix[-HISTORY_CONTEXT:] + [t for t in first.token_ids if t not in stops]
+            kept[pi] = [engine.index.source_tokens(s) for s in engine.history_sources()]
             follow = prefix + first.token_ids[:1]
             return [(follow, engine.generate(follow, max_tokens=max(1, max_tokens - 1), spec=mode == "spec"))]
 
         return run_pair
 
     out = _interleave([unit(i, p) for i, p in enumerate(prefixes)], rounds)
-    return out, [[history[i]] for i in range(len(prefixes))]
+    return out, [kept[i] for i in range(len(prefixes))]
 
 
 def _chat(engine, max_tokens: int, rounds: int):

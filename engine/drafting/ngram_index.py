@@ -397,6 +397,11 @@ class NgramIndex:
         src = self._sources.get(source_id)
         return len(src.toks) if src is not None else 0
 
+    def source_tokens(self, source_id: str) -> list[int]:
+        """A copy of a source's tokens (empty when it is not indexed)."""
+        src = self._sources.get(source_id)
+        return src.toks.tolist() if src is not None else []
+
     def memory_bytes(self) -> int:
         """Estimated bytes held by all sources (tokens, sorted runs, tails, overhead)."""
         return self._total
