@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     b.add_argument("--max-tokens", type=int, default=256)
     b.add_argument("--instruction", default="", help="bench lsp: the rewrite instruction ('' = reproduce)")
+    b.add_argument("--reply-history", type=int, default=None, metavar="N",
+                   help="bench spec: earlier replies the engine keeps as draft sources (default 4; "
+                        "0 = none, to measure followup traffic without them)")
 
     d = sub.add_parser("doctor", help="check batch invariance of this backend on this machine")
     _add_model_args(d)

@@ -121,8 +121,13 @@ def test_bench_spec_followup_drafts_the_kept_reply(smollm2_path) -> None:
     from tests.conftest import cpu_backend_name
 
     args = Namespace(model=str(smollm2_path), backend=cpu_backend_name(), traffic="followup",
-                     source=["engine/kvcache.py"], rounds=1, max_tokens=24)
+                     source=["engine/kvcache.py"], rounds=1, max_tokens=24, reply_history=None)
     result = spec.run(args)
-    assert result["identical"] is True and result["replies"] == 1
-    assert result["tokens_per_round"] > 4.0, result  # fresh requests of this kind draw ~1.4
-    assert result["oracle_ratio"] > 1.5
+    assert result["identical"] is True and result["replies"] == 1 and result["reply_history"] == 4
+    assert result["tokens_per_round"] > 4.0, result
+    # --reply-history 0: the same second request with nothing kept (measured 2.3 a round).
+    args.reply_history = 0
+    without = spec.run(args)
+    assert without["identical"] is True and without["reply_history"] == 0
+    assert without["tokens_per_round"] < result["tokens_per_round"] - 1.0, (without, result)
+    assert without["oracle_ratio"] < result["oracle_ratio"]

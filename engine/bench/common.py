@@ -10,7 +10,10 @@ from engine.calibration import row_times
 
 
 def load(args) -> Engine:
-    return Engine.load(args.model, backend=args.backend)
+    history = getattr(args, "reply_history", None)
+    if history is None:
+        return Engine.load(args.model, backend=args.backend)
+    return Engine.load(args.model, backend=args.backend, reply_history=history)
 
 
 def row_costs(engine: Engine, context: int, ks: Sequence[int], reps: int = 5) -> dict[int, float]:

@@ -169,6 +169,7 @@ def run(args) -> dict:
         "backend": engine.backend_name,
         "variant": engine.backend_variant,
         "traffic": kind,
+        "reply_history": engine.reply_history,
         "plain_tok_s": round(plain_tok_s, 2),
         "spec_tok_s": round(spec_tok_s, 2),
         "ratio": round(statistics.median(ratios), 3) if ratios else 0.0,
