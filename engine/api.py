@@ -170,6 +170,12 @@ class Engine:
         while len(self._history) > self.reply_history:
             self.index.remove_source(self._history.pop(0))
 
+    def set_reply_history(self, n: int) -> None:
+        """Keep at most ``n`` earlier replies from now on (0: none); the oldest beyond go."""
+        self.reply_history = max(0, int(n))
+        while len(self._history) > self.reply_history:
+            self.index.remove_source(self._history.pop(0))
+
     def forget_replies(self) -> None:
         """Drop every kept reply (benchmarks measure requests that have no history)."""
         for sid in self._history:

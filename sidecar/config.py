@@ -30,6 +30,7 @@ class Settings:
     ready_timeout_s: float = 60.0
     prefill_on_idle: bool = True
     prefill_idle_ms: int = 400
+    reply_history: int = 4  # engine.api.REPLY_HISTORY: earlier replies kept as draft sources
 
     @property
     def kv_budget_bytes(self) -> int | None:
@@ -114,6 +115,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "readyTimeoutS": ("ready_timeout_s", _pos_number),
     "prefillOnIdle": ("prefill_on_idle", _bool),
     "prefillIdleMs": ("prefill_idle_ms", _int_range(0, 60_000)),
+    "replyHistory": ("reply_history", _int_range(0, 64)),
 }
 
 # Nested spellings accepted as well: {"index": {"maxFileBytes": ..}, "inlineCompletion": {"maxTokens": ..}}

@@ -162,7 +162,7 @@ class EcholineServer(LanguageServer):
         self._loaded_key = s.engine_key()
         # Queue the load first: from here on, requests see "loading" and wait for it.
         job = self.worker.load(s.model, backend=s.backend, kv_budget_bytes=s.kv_budget_bytes,
-                               cpu_activations=s.cpu_activations)
+                               cpu_activations=s.cpu_activations, reply_history=s.reply_history)
         token = await self.progress_begin("echoline", f"Loading model {s.model}")
         self.send_status(f"loading {s.model}")
         t0 = time.monotonic()
@@ -229,6 +229,10 @@ class EcholineServer(LanguageServer):
             self.index.max_file_bytes = new.max_file_bytes
             self.index.max_total_bytes = new.max_index_bytes
             threading.Thread(target=self.index.scan, daemon=True).start()
+        if new.reply_history != old.reply_history and self._loaded_key == new.engine_key():
+            # No reload: the loaded engine keeps fewer (or more) replies from now on.
+            n = new.reply_history
+            self.worker.submit(lambda e, _c: e.set_reply_history(n) if e is not None else None, kind="settings")
         if self._loaded_key is not None and new.engine_key() != self._loaded_key:
             self._loaded_key = new.engine_key()
             asyncio.ensure_future(self.load_model())

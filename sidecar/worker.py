@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 _DELETE = object()
 BACKGROUND = frozenset({"prefill"})  # jobs any request cancels (work done ahead of need)
-NO_PREEMPT = BACKGROUND | {"status", "sync"}  # jobs that leave background jobs running
+NO_PREEMPT = BACKGROUND | {"status", "sync", "settings"}  # jobs that leave background jobs running
 
 
 class JobCancelled(Exception):

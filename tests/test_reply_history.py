@@ -52,3 +52,14 @@ def test_history_is_bounded_and_forgettable(model_path) -> None:
     off = make_engine(model_path, reply_history=0)
     off.generate(p, max_tokens=6, spec=False)
     assert off.history_sources() == []
+
+
+def test_lowering_the_history_drops_the_oldest(model_path) -> None:
+    eng = make_engine(model_path, reply_history=3)
+    for seed in range(3):
+        eng.generate(buffer(30, seed), max_tokens=5, spec=False)
+    newest = eng.history_sources()[-1]
+    eng.set_reply_history(1)
+    assert eng.history_sources() == [newest] and eng.reply_history == 1
+    eng.set_reply_history(0)
+    assert eng.history_sources() == []

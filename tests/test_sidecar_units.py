@@ -356,3 +356,46 @@ def test_load_warms_the_engine_up_before_ready() -> None:
         assert calls == ["controller", "generate:2:False"]
     finally:
         w.stop()
+
+
+def test_reply_history_setting_applies_to_the_loaded_engine_without_a_reload() -> None:
+    """replyHistory (earlier replies kept as draft sources) is validated, is no engine_key
+    change, and reaches the loaded engine through a worker job."""
+    from sidecar.server import EcholineServer
+
+    base = cfg.Settings()
+    two, errs = cfg.apply(base, {"replyHistory": 2})
+    assert two.reply_history == 2 and errs == [] and two.engine_key() == base.engine_key()
+    kept, errs = cfg.apply(two, {"replyHistory": -1})
+    assert kept.reply_history == 2 and any("replyHistory" in e for e in errs)
+    assert cfg.as_lsp_dict(two)["replyHistory"] == 2
+
+    class HistoryEngine:
+        def __init__(self, **kw: object) -> None:
+            self.loaded_with = kw.get("reply_history")
+            self.set_to: list[int] = []
+
+        @property
+        def controller(self) -> object:
+            return object()
+
+        def encode(self, text: str) -> list[int]:
+            return [1, 2, 3]
+
+        def generate(self, ids: list[int], **kw: object) -> None:
+            return None
+
+        def set_reply_history(self, n: int) -> None:
+            self.set_to.append(n)
+
+    ls = EcholineServer(loader=lambda model, **kw: HistoryEngine(**kw))
+    try:
+        engine = ls.worker.load("m", reply_history=ls.settings.reply_history).future.result(5)
+        assert engine.loaded_with == 4
+        ls._loaded_key = ls.settings.engine_key()
+        ls.apply_settings({"replyHistory": 1})
+        ls.apply_settings({"replyHistory": 1})  # unchanged: no second job
+        ls.worker.sync_sources().future.result(5)
+        assert engine.set_to == [1] and ls.settings.reply_history == 1
+    finally:
+        ls.worker.stop()

@@ -12,6 +12,7 @@ export interface ServerSettings {
   kvBudgetMB?: number;
   prefillOnIdle: boolean;
   prefillIdleMs: number;
+  replyHistory: number;
 }
 
 export function section(): vscode.WorkspaceConfiguration {
@@ -29,6 +30,7 @@ export function serverSettings(): ServerSettings {
     maxTokens: cfg.get<number>('maxTokens', 256),
     prefillOnIdle: cfg.get<boolean>('prefillOnIdle', true),
     prefillIdleMs: cfg.get<number>('prefillIdleMs', 400),
+    replyHistory: cfg.get<number>('replyHistory', 4),
   };
   const budget = cfg.get<number | null>('kvBudgetMB', null);
   if (typeof budget === 'number') {

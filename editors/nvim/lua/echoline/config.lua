@@ -19,6 +19,8 @@ M.defaults = {
   -- Prefill the edited file's part of the rewrite prompt while you pause (replies unchanged).
   prefill_on_idle = true,
   prefill_idle_ms = 400,
+  -- Earlier replies the engine keeps as draft sources (0: none).
+  reply_history = 4,
   -- Rewrite: preview as a diff and apply on accept; false applies directly.
   confirm = true,
   -- Inline completion (ghost text).
@@ -52,6 +54,7 @@ function M.server_settings(o)
     kvBudgetMB = o.kv_budget_mb,
     prefillOnIdle = o.prefill_on_idle,
     prefillIdleMs = o.prefill_idle_ms,
+    replyHistory = o.reply_history,
   }
 end
 
