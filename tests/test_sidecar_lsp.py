@@ -401,6 +401,40 @@ async def test_truncated_reply_is_not_applied(lsp: LanguageClient, workspace: Pa
     assert lsp.rec.edits == []
 
 
+@pytest.mark.slow
+async def test_a_retried_rewrite_drafts_the_kept_reply_and_replyhistory_0_drops_it(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    """Over stdio with the real model: the same rewrite asked again drafts the engine's kept
+    reply (a ``history:`` source) and gives the same text; ``replyHistory: 0`` (applied to
+    the loaded engine, no reload) drops the kept replies, so a third ask drafts none."""
+    text = "def amplify(signal, t):\n    return signal * t + t\n"
+    uri = open_doc(lsp, workspace, text)
+    ask = {"uri": uri, "version": 1, "range": rng(0, 0, 2, 0),
+           "instruction": "Rename the parameter t to gain.", "mode": "preview"}
+
+    def from_history(res: Any) -> int:
+        per = res["stats"]["per_source"]
+        return sum(v["accepted"] for k, v in per.items() if k.startswith("history:"))
+
+    first = await rewrite(lsp, **ask)
+    again = await rewrite(lsp, **ask)
+    assert again["text"] == first["text"]
+    assert from_history(again) > 0, again["stats"]
+    lsp.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"echoline": {"replyHistory": 0}})
+    )
+    try:
+        assert (await status(lsp))["settings"]["replyHistory"] == 0
+        third = await rewrite(lsp, **ask)
+    finally:
+        lsp.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"echoline": {"replyHistory": 4}})
+        )
+    assert third["text"] == first["text"]
+    assert from_history(third) == 0, third["stats"]
+
+
 # ---- cancellation and supersession -------------------------------------------------------
 
 
