@@ -131,3 +131,20 @@ def test_bench_spec_followup_drafts_the_kept_reply(smollm2_path) -> None:
     assert without["identical"] is True and without["reply_history"] == 0
     assert without["tokens_per_round"] < result["tokens_per_round"] - 1.0, (without, result)
     assert without["oracle_ratio"] < result["oracle_ratio"]
+
+
+def test_scaled_excess_curve_keeps_one_row_and_scales_the_rest() -> None:
+    """--excess-scale: 1 leaves the curve as measured, 0 makes every verify cost one row, and a
+    cheaper verify never lowers the oracle on the same replies."""
+    from engine.bench.draft_study import scale_excess
+
+    curve = {1: 0.008, 2: 0.009, 17: 0.024}
+    assert scale_excess(curve, 1.0) == {1: 1.0, 2: 0.009 / 0.008, 17: 3.0}
+    assert scale_excess(curve, 0.0) == {1: 1.0, 2: 1.0, 17: 1.0}
+    half = scale_excess(curve, 0.5)
+    assert abs(half[17] - 2.0) < 1e-12
+    prompt = list(range(100, 160)) * 2
+    pairs = [(prompt, list(range(100, 150)) + [7, 8] + list(range(120, 150)))]
+    full = oracle_ratio(pairs, interpolated_ratios(scale_excess(curve, 1.0), 17), max_draft=16)
+    cheap = oracle_ratio(pairs, interpolated_ratios(scale_excess(curve, 0.5), 17), max_draft=16)
+    assert cheap > full > 1.0

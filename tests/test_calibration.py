@@ -141,3 +141,12 @@ def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_
     assert on_disk == theirs  # the waiter reused the other process's curve rather than measuring its own
     with open(cache_file.with_suffix(".lock"), "a") as h:  # and let go of the lock when done
         fcntl.flock(h, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_the_curve_is_measured_as_wide_as_the_engine_drafts():
+    """The longest verify (MAX_DRAFT drafts + the pending token) is a measured row count, so the
+    controller never prices the verifies it picks most on copy traffic by extrapolation."""
+    from engine import calibration
+    from engine.api import MAX_DRAFT
+
+    assert max(calibration.CAL_ROWS) >= MAX_DRAFT + 1

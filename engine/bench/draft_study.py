@@ -1,8 +1,9 @@
 """Offline studies of the drafter and the controller on recorded replies.
 
 Run: ``python -m engine.bench.draft_study --model NAME --traffic copy|edit
-[--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47]``. It records the plain replies of the `bench
-spec` requests, then replays them (no model involved):
+[--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47] [--context 1300] [--excess-scale 1,0.8,0.7]``.
+It records the plain replies of the `bench spec` requests, then replays them (no model
+involved):
 
 * **tie-break rules**: when several earlier places match the context's tail equally long,
   which one's continuation to draft. For each rule, the oracle ratio (best draft lengths
@@ -12,8 +13,10 @@ spec` requests, then replays them (no model involved):
   reply's confirmations, against the oracle, for several maximum draft lengths.
 
 Why it exists: `docs/benchmarks.md` quotes these studies; this is the command that
-reproduces them. The cost curve is the engine's measured one at context 1024 unless
-``--curve`` gives another (e.g. the H200's, to study the controller at GPU costs).
+reproduces them. The cost curve is the engine's measured one at ``--context`` (1024 unless
+given; copy replies run at ~1,000-1,300) unless ``--curve`` gives another (e.g. the H200's,
+to study the controller at GPU costs); ``--excess-scale`` replays at curves whose cost above
+one row is scaled (what a cheaper verify would buy).
 """
 
 from __future__ import annotations
@@ -162,6 +165,16 @@ def controller_replay(pairs, ratios: Sequence[float], max_draft: int) -> tuple[f
     return steps / cost, steps / best
 
 
+def scale_excess(curve: dict[int, float], scale: float) -> dict[int, float]:
+    """The curve with every verify's cost above one row scaled: T'(r)/T'(1) = 1 + s (T(r)/T(1) - 1).
+
+    Why: "how much cheaper would a wide verify have to be for a target ratio?" is a question
+    about the controller and the replies as much as about kernels; replaying at scaled curves
+    answers it without writing the kernels first (``--excess-scale``)."""
+    t1 = curve[1]
+    return {r: 1.0 + scale * (t / t1 - 1.0) for r, t in curve.items()}
+
+
 def parse_curve(text: str) -> dict[int, float]:
     """"1:1,2:1.05,17:1.47" → {1: 1.0, 2: 1.05, 17: 1.47} (rows: T(rows)/T(1))."""
     out = {}
@@ -190,6 +203,12 @@ def main() -> None:
     ap.add_argument("--traffic", choices=("copy", "edit"), default="copy")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--curve", help="rows:T(rows)/T(1),… instead of this machine's curve")
+    ap.add_argument("--context", type=int, default=1024, help="context of the measured curve")
+    ap.add_argument(
+        "--excess-scale",
+        default="1",
+        help="comma-separated factors for the curve's cost above one row (1 = as measured)",
+    )
     ap.add_argument("--max-n", type=int, default=INDEX_MAX_N, help="the index's match cap (replay)")
     ap.add_argument(
         "--draft-context", type=int, default=DRAFT_CONTEXT, help="tokens handed to the lookup (replay)"
@@ -199,8 +218,10 @@ def main() -> None:
     engine = Engine.load(args.model)
     prompts = _prompts(engine, args.traffic, traffic.source_paths([]))
     pairs = [(p, engine.generate(p, max_tokens=args.max_tokens, spec=False).token_ids) for p in prompts]
-    curve = parse_curve(args.curve) if args.curve else row_costs(engine, context=1024, ks=(1, 2, 4, 8, 17), reps=3)
-    ratios = interpolated_ratios(curve, 65)
+    rows = (1, 2, 4, 6, 8, 12, 17, 33, 65)  # up to the longest draft the replay tries
+    curve = parse_curve(args.curve) if args.curve else row_costs(engine, context=args.context, ks=rows, reps=3)
+    scales = [float(x) for x in args.excess_scale.split(",")]
+    ratios = interpolated_ratios(scale_excess(curve, scales[0]), 65)
     steps = sum(len(r) - 1 for _, r in pairs)
     print(
         f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, curve {curve}, "
@@ -210,10 +231,12 @@ def main() -> None:
     for rule in RULES:
         cost = sum(oracle_cost(confirmed_by_rule(p, r, rule), ratios) for p, r in pairs)
         print(f"  {rule:<12s} {steps / cost:.2f}x", flush=True)
-    print("max draft -> controller replay / oracle")
-    for kmax in (16, 32, 64):
-        got, best = controller_replay(pairs, ratios, kmax)
-        print(f"  {kmax:<3d} {got:.2f}x / {best:.2f}x ({got / best:.0%})", flush=True)
+    for scale in scales:
+        ratios = interpolated_ratios(scale_excess(curve, scale), 65)
+        print(f"max draft -> controller replay / oracle (verify cost above one row x{scale:g})")
+        for kmax in (16, 32, 64):
+            got, best = controller_replay(pairs, ratios, kmax)
+            print(f"  {kmax:<3d} {got:.2f}x / {best:.2f}x ({got / best:.0%})", flush=True)
 
 
 if __name__ == "__main__":
