@@ -224,7 +224,9 @@ def main() -> None:
     ratios = interpolated_ratios(scale_excess(curve, scales[0]), 65)
     steps = sum(len(r) - 1 for _, r in pairs)
     print(
-        f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, curve {curve}, "
+        f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, "
+        f"curve T(rows)/T(1) {({r: round(t / curve[1], 3) for r, t in sorted(curve.items())})} "
+        f"(one row {curve[1] * 1e3:.2f} ms), "
         f"index max_n {INDEX_MAX_N}, lookup context {LOOKUP_CONTEXT}"
     )
     print("tie-break rule -> oracle ratio (max draft 16)")
