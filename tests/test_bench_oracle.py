@@ -135,7 +135,7 @@ def test_bench_spec_followup_drafts_the_kept_reply(smollm2_path) -> None:
 
 def test_scaled_excess_curve_keeps_one_row_and_scales_the_rest() -> None:
     """--excess-scale: 1 leaves the curve as measured, 0 makes every verify cost one row, and a
-    cheaper verify never lowers the oracle on the same replies."""
+    cheaper verify raises the oracle on the same replies."""
     from engine.bench.draft_study import scale_excess
 
     curve = {1: 0.008, 2: 0.009, 17: 0.024}

@@ -221,7 +221,7 @@ def main() -> None:
     rows = (1, 2, 4, 6, 8, 12, 17, 33, 65)  # up to the longest draft the replay tries
     curve = parse_curve(args.curve) if args.curve else row_costs(engine, context=args.context, ks=rows, reps=3)
     scales = [float(x) for x in args.excess_scale.split(",")]
-    ratios = interpolated_ratios(scale_excess(curve, scales[0]), 65)
+    by_scale = {s: interpolated_ratios(scale_excess(curve, s), 65) for s in scales}
     steps = sum(len(r) - 1 for _, r in pairs)
     print(
         f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, "
@@ -229,12 +229,11 @@ def main() -> None:
         f"(one row {curve[1] * 1e3:.2f} ms), "
         f"index max_n {INDEX_MAX_N}, lookup context {LOOKUP_CONTEXT}"
     )
-    print("tie-break rule -> oracle ratio (max draft 16)")
+    print(f"tie-break rule -> oracle ratio (max draft 16, verify cost above one row x{scales[0]:g})")
     for rule in RULES:
-        cost = sum(oracle_cost(confirmed_by_rule(p, r, rule), ratios) for p, r in pairs)
+        cost = sum(oracle_cost(confirmed_by_rule(p, r, rule), by_scale[scales[0]]) for p, r in pairs)
         print(f"  {rule:<12s} {steps / cost:.2f}x", flush=True)
-    for scale in scales:
-        ratios = interpolated_ratios(scale_excess(curve, scale), 65)
+    for scale, ratios in by_scale.items():
         print(f"max draft -> controller replay / oracle (verify cost above one row x{scale:g})")
         for kmax in (16, 32, 64):
             got, best = controller_replay(pairs, ratios, kmax)
