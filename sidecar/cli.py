@@ -15,13 +15,13 @@ import threading
 
 from engine.backends import BACKEND_NAMES, CPU_ACTIVATIONS
 from engine.errors import EcholineError
-from engine.models_registry import DEFAULT_MODEL
+from engine.models_registry import DEFAULT_MODEL, MODELS
 
-BENCH_KINDS = ("decode", "spec", "cache", "lsp")
+BENCH_KINDS = ("decode", "spec", "cache", "lsp", "edits")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="model name (smollm2, gemma3-270m) or GGUF path")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name ({', '.join(MODELS)}) or GGUF path")
     p.add_argument("--backend", default="auto", choices=BACKEND_NAMES, help="where to compute")
     p.add_argument("--cpu-activations", choices=CPU_ACTIVATIONS, default=None,
                    help="cpu backend: f32 (default) or q8 (int8 activations, AVX-512 VNNI: faster, "
@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     b.add_argument("--max-tokens", type=int, default=256)
     b.add_argument("--instruction", default="", help="bench lsp: the rewrite instruction ('' = reproduce)")
+    b.add_argument("--split", choices=("all", "tune", "heldout"), default="all",
+                   help="bench edits: which part of the edit set")
+    b.add_argument("--case", action="append", default=[], metavar="ID",
+                   help="bench edits: run only these case ids (repeatable)")
     b.add_argument("--reply-history", type=int, default=None, metavar="N",
                    help="bench spec: earlier replies the engine keeps as draft sources (default 4; "
                         "0 = none, to measure followup traffic without them)")
@@ -136,11 +140,52 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _ByteProgress:
+    """A tqdm bar in bytes on stderr, one per phase (downloading, verifying)."""
+
+    def __init__(self) -> None:
+        self._bar = None
+        self._label = ""
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if self._bar is None or label != self._label:
+            self.close()
+            self._label = label
+            self._bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024,
+                             file=sys.stderr, leave=True)
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _ensure_model(name: str) -> None:
+    """Pull or verify a named model with a progress bar before an engine loads it."""
+    from engine.models_registry import MODELS, resolve_model
+
+    if name in MODELS:
+        bar = _ByteProgress()
+        try:
+            resolve_model(name, progress=bar)
+        finally:
+            bar.close()
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from engine.models_registry import list_models, pull
 
     if args.models_command == "pull":
-        path = pull(args.name)
+        bar = _ByteProgress()
+        try:
+            path = pull(args.name, progress=bar)
+        finally:
+            bar.close()
         print(path)
         return 0
     rows = list_models()
@@ -148,8 +193,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
     else:
         for row in rows:
-            state = "downloaded" if row["downloaded"] else "not downloaded"
-            print(f"{row['name']:<14} {state:<15} {row['path']}\n{'':14} {row['description']}")
+            mark = " (default)" if row["default"] else ""
+            size = f"{row['size_bytes'] / 2**20:,.0f} MiB"
+            print(f"{row['name']}{mark}: {row['hash_state']}, {size}, sha256 {row['sha256'][:16]}…")
+            print(f"    {row['description']}")
+            print(f"    for: {row['fits']}")
+            print(f"    {row['path']}")
     return 0
 
 
@@ -160,6 +209,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from engine.bench.spec import run
     elif args.kind == "lsp":
         from sidecar.bench_lsp import run
+    elif args.kind == "edits":
+        from sidecar.bench_edits import run
     else:
         from engine.bench.cache import run
     result = run(args)
@@ -205,7 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": _cmd_doctor,
         "serve": _cmd_serve,
     }
-    return _guard(lambda: handlers[args.command](args))
+
+    def run() -> int:
+        if args.command in ("generate", "bench", "doctor"):
+            _ensure_model(args.model)
+        return handlers[args.command](args)
+
+    return _guard(run)
 
 
 def _guard(fn) -> int:

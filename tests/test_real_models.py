@@ -16,11 +16,17 @@ import pytest
 
 from engine.api import Engine
 from engine.drafting.controller import DraftController, VerifyCost
-from tests.conftest import cpu_backend_name, reference_data
+from engine.models_registry import MODELS
+from tests.conftest import cpu_backend_name, greedy_reference, large_models_enabled
 
 pytestmark = pytest.mark.slow
 
-FILES = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
+LARGE = pytest.mark.skipif(not large_models_enabled(), reason="the 1.5B model: set ECHOLINE_TEST_LARGE=1")
+#: Every named model; the 1.5B only where ECHOLINE_TEST_LARGE=1 gives it the time.
+NAMES = ["smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",
+         pytest.param("qwen2.5-coder-1.5b", marks=[LARGE, pytest.mark.large])]
+#: The issue's bar for the real code models; the two small ones were held to 95 %.
+MIN_AGREEMENT = {"qwen2.5-coder-0.5b": 0.97, "qwen2.5-coder-1.5b": 0.97}
 _ENGINES: dict[tuple[str, str], Engine] = {}
 
 
@@ -59,10 +65,14 @@ BACKENDS = [*CPU_MODES, pytest.param("mlx", marks=pytest.mark.skipif(not _mlx_av
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", list(FILES))
+@pytest.mark.parametrize("name", NAMES)
 def test_agreement_with_llamacpp(name, backend):
+    if backend == "mlx" and name.startswith("qwen"):
+        # mlx[cpu] on Linux is MLX's portable CPU path, not what an Apple user runs: 7 min
+        # for the 0.5B here. The MLX backend's exactness is covered on the small models.
+        pytest.skip("Qwen on MLX: only meaningful on Apple silicon (mlx[cpu] took 7 min here)")
     eng = engine_for(name, backend)
-    ref = reference_data()["models"][FILES[name]]
+    ref = greedy_reference(MODELS[name].filename)
     agree = total = 0
     prefixes = {}
     for key, case in ref.items():
@@ -86,7 +96,7 @@ def test_agreement_with_llamacpp(name, backend):
     out = Path(__file__).parent / "reports"
     out.mkdir(exist_ok=True)
     (out / f"llamacpp-agreement-{name}-{eng.backend_name}.json").write_text(json.dumps(report, indent=1))
-    assert rate >= 0.95, report
+    assert rate >= MIN_AGREEMENT.get(name, 0.95), report
 
 
 CODE = Path(__file__).resolve().parent.parent / "engine" / "sessions.py"
@@ -139,7 +149,7 @@ def check_spec_equals_plain(eng: Engine) -> int:
 
 
 @pytest.mark.parametrize("mode", CPU_MODES)
-@pytest.mark.parametrize("name", list(FILES))
+@pytest.mark.parametrize("name", NAMES)
 def test_speculative_equals_plain_on_real_prompts(name, mode):
     eng = engine_for(name, mode)
     # Exactness, not policy, is under test: a near-flat cost curve makes the controller
@@ -152,7 +162,7 @@ def test_speculative_equals_plain_on_real_prompts(name, mode):
 
 
 @pytest.mark.parametrize("mode", CPU_MODES)
-@pytest.mark.parametrize("name", list(FILES))
+@pytest.mark.parametrize("name", NAMES)
 def test_multi_turn_on_a_reused_cache(name, mode):
     """Second and third turns on the same session: spec == plain == cold, token ids."""
     eng = engine_for(name, mode)

@@ -15,12 +15,13 @@ from engine import tokenizer as tokmod
 from engine.chat_template import ChatTemplateError, NoChatTemplateError, encode_chat, render_chat
 from engine.errors import EcholineError, TokenizerError
 from engine.gguf_file import GGUFFile
+from engine.models_registry import MODELS, resolve_model
 from engine.tokenizer import FimTokens, Tokenizer
+from tests.conftest import qwen_reference, reference_data
 
-MODELS = Path.home() / ".cache" / "echoline" / "models"
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
-REFERENCE = Path("/work/shared/reference/llamacpp-greedy.json")
+QWEN = "qwen2.5-coder-0.5b-instruct.gguf"
 FIXTURES = Path(__file__).with_name("fixtures_tokenizer.json")
 
 TRICKY = [
@@ -43,16 +44,13 @@ TRICKY = [
 
 
 def _reference() -> dict[str, Any]:
-    if not REFERENCE.is_file():
-        pytest.skip("llama.cpp reference ids not available")
-    return json.loads(REFERENCE.read_text())["models"]
+    return reference_data()["models"]
 
 
-def _gguf(name: str) -> GGUFFile:
-    path = MODELS / name
-    if not path.is_file():
-        pytest.skip(f"model {name} not on disk")
-    return GGUFFile(path)
+def _gguf(filename: str) -> GGUFFile:
+    """A named model's file, pulled (and verified) on a fresh machine."""
+    name = next(spec.name for spec in MODELS.values() if spec.filename == filename)
+    return GGUFFile(resolve_model(name))
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +107,32 @@ def test_llamacpp_fixture_ids(model_tok: tuple[str, Tokenizer]) -> None:
     for case in cases:
         got = tok.encode(case["text"], add_bos=False, parse_special=case["parse_special"])
         assert got == case["ids"], (case["text"][:60], case["parse_special"])
+
+
+@pytest.fixture(scope="session")
+def qwen(cache_dir: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(_gguf(QWEN), cache_dir=cache_dir)
+
+
+def test_qwen2_ids_equal_llamacpp_on_a_code_corpus(qwen: Tokenizer) -> None:
+    """The qwen2 pre-tokenizer on the real 151,936-entry vocabulary: llama.cpp's ids on
+    ~22k tokens of code (stdlib modules, JS, Rust, C with CRLF, digits, contractions,
+    whitespace runs, scripts and emoji), with special-token text kept as plain text."""
+    corpus = qwen_reference()[QWEN]["tokenization"]
+    assert sum(len(c["ids"]) for c in corpus.values()) > 20_000
+    for key, case in corpus.items():
+        got = qwen.encode(case["text"], add_bos=False, parse_special=False)
+        assert got == case["ids"], key
+        assert qwen.decode(got) == case["text"], key
+    for key, case in qwen_reference()[QWEN]["prompts"].items():  # special tokens parsed
+        assert qwen.encode(case["prompt"]) == case["prompt_ids"], key
+
+
+def test_qwen_special_and_fim_tokens(qwen: Tokenizer) -> None:
+    assert (qwen.vocab_size, qwen.bos_id, qwen.eos_id, qwen.add_bos) == (151936, 151643, 151645, False)
+    assert qwen.fim is not None
+    ids = qwen.encode("<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>")
+    assert (ids[0], ids[2], ids[4]) == (qwen.fim.prefix, qwen.fim.suffix, qwen.fim.middle)
 
 
 def test_model_attributes(smol: Tokenizer, gemma: Tokenizer) -> None:

@@ -1,0 +1,105 @@
+"""``echoline bench edits``: how often a model's rewrite is RIGHT, checked by running it.
+
+Each case of ``sidecar.edit_cases`` goes through the same path as ``echoline rewrite``
+and the editor's rewrite command (``run_rewrite``: the rewrite prompt, exact speculative
+decoding, the code taken out of the fence). The edited file is then run against the
+case's check (``sidecar.edit_checks``). Quality is a pass rate, per split: prompts are
+tuned on ``tune`` and ``heldout`` is reported untouched, so a gain there is not the
+benchmark being learned.
+
+Prints one line per case, a summary table, and (with ``--json``) one JSON object:
+``{"model", "backend", "cases", "passed", "pass_rate", "per_split": {split: {"cases",
+"passed", "pass_rate"}}, "per_language": {...}, "skipped": [...], "results": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+from sidecar.edit_cases import CASES, EditCase
+from sidecar.edit_checks import RuntimeUnavailable, apply_edit, run_check, runtime_available, split_lines
+from sidecar.rewrite import run_rewrite
+
+
+def selection_offsets(case: EditCase) -> tuple[int, int]:
+    """Character offsets [start, end) of the case's selected lines."""
+    lines = split_lines(case.source)
+    first, last = case.lines
+    start = sum(len(x) for x in lines[: first - 1])
+    return start, start + sum(len(x) for x in lines[first - 1 : last])
+
+
+def pick_cases(split: str, ids: list[str]) -> list[EditCase]:
+    chosen = [c for c in CASES if split == "all" or c.split == split]
+    if ids:
+        unknown = set(ids) - {c.id for c in CASES}
+        if unknown:
+            raise SystemExit(f"echoline bench edits: unknown case id(s): {', '.join(sorted(unknown))}")
+        chosen = [c for c in chosen if c.id in ids]
+    return chosen
+
+
+def _rate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    passed = sum(r["passed"] for r in rows)
+    return {"cases": len(rows), "passed": passed, "pass_rate": round(passed / len(rows), 4) if rows else None}
+
+
+def _group(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    return {k: _rate([r for r in rows if r[key] == k]) for k in sorted({r[key] for r in rows})}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.api import Engine
+
+    cases = pick_cases(getattr(args, "split", "all"), getattr(args, "case", []) or [])
+    engine = Engine.load(args.model, backend=args.backend)
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    for case in cases:
+        if not runtime_available(case.language):
+            skipped.append(case.id)
+            continue
+        start, end = selection_offsets(case)
+        t0 = time.perf_counter()
+        out = run_rewrite(engine, case.source, start, end, case.instruction, name=case.filename,
+                          max_tokens=args.max_tokens, spec=True)
+        seconds = time.perf_counter() - t0
+        edited = apply_edit(case, out.text)
+        try:
+            passed, detail = run_check(case, edited)
+        except RuntimeUnavailable:
+            skipped.append(case.id)
+            continue
+        row = {
+            "id": case.id, "split": case.split, "language": case.language, "passed": passed,
+            "seconds": round(seconds, 3), "generated_tokens": out.stats.get("generated_tokens"),
+            "tokens_per_s": round(out.stats.get("tokens_per_s", 0.0), 2),
+            "acceptance": round(out.stats.get("acceptance", 0.0), 3),
+            "finish_reason": out.finish_reason, "text": out.text,
+            "detail": "" if passed else detail.splitlines()[-1:][0] if detail else "",
+        }
+        rows.append(row)
+        sys.stderr.write(f"{'PASS' if passed else 'fail'} {case.id:<24} {case.split:<8} "
+                         f"{seconds:6.1f} s  {row['generated_tokens']:>4} tok  {row['detail'][:60]}\n")
+    result = {
+        "model": engine.model_name,
+        "backend": engine.backend_name,
+        **_rate(rows),
+        "per_split": _group(rows, "split"),
+        "per_language": _group(rows, "language"),
+        "median_seconds": round(statistics.median(r["seconds"] for r in rows), 3) if rows else None,
+        "skipped": skipped,
+        "results": rows,
+    }
+    print(f"\nmodel {result['model']} ({result['backend']}): "
+          f"{result['passed']}/{result['cases']} edits pass ({(result['pass_rate'] or 0):.0%})")
+    print(f"{'split/language':<16} {'pass':>5} {'cases':>6} {'rate':>6}")
+    for label, group in [*result["per_split"].items(), *result["per_language"].items()]:
+        print(f"{label:<16} {group['passed']:>5} {group['cases']:>6} {group['pass_rate']:>6.0%}")
+    if skipped:
+        print(f"skipped (no runtime here): {', '.join(skipped)}")
+    return result

@@ -1,0 +1,1 @@
+"""Developer tools: reference data and side-by-side measurements. Not installed with echoline."""
