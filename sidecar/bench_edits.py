@@ -21,7 +21,13 @@ import time
 from typing import Any
 
 from sidecar.edit_cases import CASES, EditCase
-from sidecar.edit_checks import RuntimeUnavailable, apply_edit, run_check, runtime_available, split_lines
+from sidecar.edit_checks import (
+    RuntimeUnavailable,
+    apply_edit,
+    run_check,
+    runtime_available,
+    split_lines,
+)
 from sidecar.rewrite import run_rewrite
 
 

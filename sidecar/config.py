@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from engine.models_registry import DEFAULT_MODEL
+
 BACKENDS = ("auto", "cpu", "numpy", "cuda", "mlx")  # engine.backends.BACKEND_NAMES
 CPU_ACTIVATIONS = ("f32", "q8")  # engine.backends.CPU_ACTIVATIONS
 
@@ -18,7 +20,7 @@ CPU_ACTIVATIONS = ("f32", "q8")  # engine.backends.CPU_ACTIVATIONS
 class Settings:
     """Everything the user can tune. Names mirror the LSP keys (camelCase there)."""
 
-    model: str = "smollm2"
+    model: str = DEFAULT_MODEL
     backend: str = "auto"
     cpu_activations: str | None = None  # None: the server's environment decides (default f32)
     speculation: bool = True

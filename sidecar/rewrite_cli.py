@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.models_registry import DEFAULT_MODEL, MODELS
 from sidecar.rewrite import run_rewrite
 
 
@@ -40,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--range", required=True, help="lines L1:L2, 1-based and inclusive")
     p.add_argument("--instruction", default="", help="what to change (empty: reproduce exactly)")
     p.add_argument("--diff", action="store_true", help="print a unified diff of the whole file")
-    p.add_argument("--model", default="smollm2", help="model name or .gguf path")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"model name ({', '.join(MODELS)}) or .gguf path")
     p.add_argument("--backend", default="auto")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--no-spec", action="store_true", help="plain decoding (same output, slower)")

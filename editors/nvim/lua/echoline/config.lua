@@ -10,6 +10,9 @@ M.defaults = {
   filetypes = nil,
   root_markers = { '.git', 'pyproject.toml', 'package.json' },
   -- Server settings (initializationOptions and workspace/didChangeConfiguration).
+  -- 'qwen2.5-coder-0.5b' (edits and completion on a laptop CPU), 'qwen2.5-coder-1.5b'
+  -- (better edits: GPU, Apple silicon or 4+ cores), 'smollm2' (tiny, quick tests),
+  -- 'gemma3-270m' (base model, plain completion), or a path to a .gguf file.
   model = 'smollm2',
   backend = 'auto',
   cpu_activations = nil, -- cpu backend: 'f32' (default) or 'q8' (int8 activations, AVX-512 VNNI)

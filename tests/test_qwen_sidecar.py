@@ -1,0 +1,88 @@
+"""The real Qwen2.5-Coder-0.5B through the real server over stdio: FIM inline completion,
+a rewrite applied as a versioned edit, and a second request reusing the buffer's cache.
+
+The completion is checked against llama.cpp: on the same fill-in-the-middle layout its
+greedy reply starts ``sum(xs) / len(xs)`` (tests/data/llamacpp-qwen.json, prompt "fim").
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+
+from tests.conftest import qwen_reference
+from tests.test_sidecar_lsp import Recorder, open_doc, rewrite, rng, start_client, wait_state
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
+
+MODEL = "qwen2.5-coder-0.5b"
+PREFIX = "def mean(xs):\n    if not xs:\n        raise ValueError('empty')\n    return "
+SUFFIX = "\n\nprint(mean([1, 2, 3]))\n"
+SCALE = "import math\n\n\ndef scale(x, t):\n    return x * t\n\n\nprint(scale(2, 3))\n"
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.models_registry import resolve_model
+
+    resolve_model(MODEL)  # pull (and verify) before the server starts on a fresh machine
+    root = tmp_path_factory.mktemp("qwen-ws")
+    (root / "README.md").write_text("# demo\n")
+    return root
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def lsp(workspace: Path):
+    rec = Recorder()
+    client = await start_client(workspace, {"model": MODEL, "maxTokens": 128, "inlineMaxTokens": 24}, rec)
+    client.rec = rec  # type: ignore[attr-defined]
+    ready = await wait_state(rec, {"ready", "error"})
+    assert ready["state"] == "ready", ready
+    yield client
+    await client.shutdown_session()
+    await client.stop()
+
+
+async def test_fim_inline_completion_matches_llamacpp(lsp: LanguageClient, workspace: Path) -> None:
+    reference = next(m for m in qwen_reference().values() if m["name"] == MODEL)["prompts"]["fim"]
+    assert reference["greedy_text"].startswith("sum(xs) / len(xs)")
+    uri = open_doc(lsp, workspace, PREFIX + SUFFIX, "stats_mean.py")
+    pos = types.Position(line=3, character=len("    return "))
+    res = await lsp.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+        )
+    )
+    assert isinstance(res, types.InlineCompletionList) and len(res.items) == 1, res
+    item = res.items[0]
+    assert isinstance(item.insert_text, str)
+    assert item.insert_text.startswith("sum(xs) / len(xs)"), item.insert_text
+    assert item.range is not None and item.range.start == pos
+    assert "<|" not in item.insert_text  # no control-token text leaks into the buffer
+
+
+async def test_rewrite_applies_a_versioned_edit_and_reuses_the_cache(
+    lsp: LanguageClient, workspace: Path
+) -> None:
+    uri = open_doc(lsp, workspace, SCALE, "scale_q.py")
+    lsp.rec.edits.clear()
+    res = await rewrite(lsp, uri=uri, version=1, range=rng(3, 0, 5, 0),
+                        instruction="Rename the parameter t to weight.", mode="apply")
+    assert res["applied"] is True, res
+    assert res["text"] == "def scale(x, weight):\n    return x * weight\n", res["text"]
+    [edit] = lsp.rec.edits
+    dc = edit.edit.document_changes[0]
+    assert dc.text_document.uri == uri and dc.text_document.version == 1
+    edited = SCALE.replace("def scale(x, t):\n    return x * t\n", dc.edits[0].new_text)
+    ast.parse(edited)
+    assert res["stats"]["generated_tokens"] > 0
+    # A second request on the same (unchanged) buffer prefills only what follows the file.
+    again = await rewrite(lsp, uri=uri, version=1, range=rng(8, 0, 9, 0), mode="preview")
+    assert again["stats"]["reused_tokens"] >= 30, again["stats"]
+    assert again["text"] == "print(scale(2, 3))\n", again["text"]
