@@ -49,6 +49,13 @@ def pick_cases(split: str, ids: list[str]) -> list[EditCase]:
     return chosen
 
 
+def _reason(output: str) -> str:
+    """The line of a failed check's output that says why (not node's version banner)."""
+    lines = [ln for ln in output.splitlines() if ln.strip() and not ln.startswith("Node.js v")]
+    telling = [ln for ln in lines if "FAIL" in ln or "Error" in ln or "timed out" in ln]
+    return (telling or lines or [""])[-1].strip()
+
+
 def _rate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     passed = sum(r["passed"] for r in rows)
     return {"cases": len(rows), "passed": passed, "pass_rate": round(passed / len(rows), 4) if rows else None}
@@ -86,7 +93,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_s": round(out.stats.get("tokens_per_s", 0.0), 2),
             "acceptance": round(out.stats.get("acceptance", 0.0), 3),
             "finish_reason": out.finish_reason, "text": out.text,
-            "detail": "" if passed else detail.splitlines()[-1:][0] if detail else "",
+            "detail": "" if passed else _reason(detail),
         }
         rows.append(row)
         sys.stderr.write(f"{'PASS' if passed else 'fail'} {case.id:<24} {case.split:<8} "

@@ -1,0 +1,162 @@
+"""echoline against llama.cpp's ``llama-server``, side by side, in one run, same file and prompt.
+
+    python -m tools.versus_llamacpp --model qwen2.5-coder-0.5b [--traffic copy,edit] \
+        [--max-tokens 128] [--rounds 3] [--json]
+
+Both engines get the SAME prompt token ids (echoline renders the chat template; the ids go
+to ``/completion``), greedy, ``cache_prompt: false``. Four arms per traffic, interleaved
+round by round (the order rotates), medians reported:
+
+- ``llama_plain``: llama-server without speculation;
+- ``llama_ngram``: llama-server ``--spec-type ngram-mod`` (its best n-gram mode);
+- ``echo_plain`` / ``echo_spec``: echoline plain and exact speculative decoding.
+
+Decode speed is tokens after the first over the time after the first (both engines report
+it that way: llama.cpp's ``predicted_per_second``, echoline's ``tokens_per_s``). Also
+reported: whether each engine's speculative reply equals its own plain reply, the
+resident memory of each (next to the GGUF size), and echoline's cached start (a fresh
+process: load, prefill, first token). One benchmark at a time: on 2 cores a second
+process makes every figure meaningless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from engine.api import Engine
+from engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
+from engine.models_registry import resolve_model
+from tools.llamacpp_peer import LlamaServer, build
+
+#: Held-out source: a standard-library module, not this repository's code.
+HELD_OUT = Path(inspect.getfile(textwrap))
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def prompts(engine: Engine, traffic: list[str]) -> dict[str, list[int]]:
+    code = excerpt(HELD_OUT, 3000)
+    instruction = {"copy": COPY_INSTRUCTION,
+                   "edit": EDIT_INSTRUCTIONS[0].format(name="width")}
+    return {t: engine.encode_chat([{"role": "user", "content": file_message(code, instruction[t])}])
+            for t in traffic}
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cached_start_s(model: str) -> float:
+    """A fresh process: load the (cached) model, prefill a short prompt, one token."""
+    script = ("import time; t=time.perf_counter(); from engine.api import Engine; "
+              f"e=Engine.load({model!r}); e.generate(e.encode('def add(a, b):'), max_tokens=1, spec=False); "
+              "print(time.perf_counter()-t)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace) -> dict:
+    traffic = args.traffic.split(",")
+    path = resolve_model(args.model)
+    exe = build()
+    engine = Engine.load(args.model, backend=args.backend)
+    ids = prompts(engine, traffic)
+    threads = str(os.cpu_count() or 2)
+    results: dict[str, dict] = {}
+    with LlamaServer(path, exe=exe) as plain_srv, LlamaServer(
+        path, exe=exe, extra=["--spec-type", "ngram-mod"]
+    ) as ngram_srv:
+        for t in traffic:
+            speeds: dict[str, list[float]] = {a: [] for a in ("llama_plain", "llama_ngram", "echo_plain", "echo_spec")}
+            replies: dict[str, list[int]] = {}
+
+            def arm(name: str, t: str = t, speeds: dict = speeds, replies: dict = replies) -> None:
+                if name.startswith("llama"):
+                    srv = plain_srv if name == "llama_plain" else ngram_srv
+                    out = srv.greedy(ids[t], args.max_tokens)
+                    speeds[name].append(float(out["timings"].get("predicted_per_second", 0.0)))
+                    replies.setdefault(name, out["ids"])
+                else:
+                    engine.forget_replies()
+                    res = engine.generate(ids[t], max_tokens=args.max_tokens, spec=name == "echo_spec")
+                    speeds[name].append(res.stats.tokens_per_s)
+                    replies.setdefault(name, list(res.token_ids))
+
+            names = list(speeds)
+            arm("echo_plain")  # warm-up: kernels and caches ready before anything is timed
+            speeds["echo_plain"].clear()
+            for r in range(args.rounds):
+                for name in names[r % 4:] + names[: r % 4]:
+                    arm(name)
+            med = {k: statistics.median(v) for k, v in speeds.items()}
+            results[t] = {
+                **{f"{k}_tok_s": round(v, 2) for k, v in med.items()},
+                "plain_vs_llama": round(med["echo_plain"] / med["llama_plain"], 3),
+                "spec_vs_llama_ngram": round(med["echo_spec"] / med["llama_ngram"], 3),
+                "echo_spec_ratio": round(med["echo_spec"] / med["echo_plain"], 3),
+                "llama_ngram_ratio": round(med["llama_ngram"] / med["llama_plain"], 3),
+                "echo_spec_equals_plain": replies["echo_spec"] == replies["echo_plain"],
+                "llama_ngram_equals_plain": replies["llama_ngram"] == replies["llama_plain"],
+                "prompt_tokens": len(ids[t]),
+            }
+        rss = {"llama_server_mb": round(_rss_mb(plain_srv.proc.pid), 1)}  # type: ignore[union-attr]
+    rss["echoline_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out = {
+        "model": args.model, "gguf_mb": round(path.stat().st_size / 2**20, 1), "cpu": cpu_model(),
+        "cores": os.cpu_count(), "llama_threads": threads, "backend": engine.backend_name,
+        "max_tokens": args.max_tokens, "rounds": args.rounds, "traffic": results, "resident": rss,
+        "echoline_cached_start_s": round(cached_start_s(args.model), 2),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(f"{out['model']} on {out['cpu']} ({out['cores']} cores), {args.max_tokens} tokens, "
+          f"median of {args.rounds} interleaved rounds")
+    print(f"{'traffic':<8} {'llama plain':>12} {'llama ngram':>12} {'echo plain':>11} {'echo spec':>10} "
+          f"{'plain ×':>8} {'spec ×':>7} {'same?':>6}")
+    for t, r in results.items():
+        print(f"{t:<8} {r['llama_plain_tok_s']:>12.1f} {r['llama_ngram_tok_s']:>12.1f} "
+              f"{r['echo_plain_tok_s']:>11.1f} {r['echo_spec_tok_s']:>10.1f} {r['plain_vs_llama']:>8.2f} "
+              f"{r['spec_vs_llama_ngram']:>7.2f} {str(r['echo_spec_equals_plain']):>6}")
+    print(f"resident: echoline {rss['echoline_mb']} MB, llama-server {rss['llama_server_mb']} MB "
+          f"(GGUF {out['gguf_mb']} MB); echoline cached start {out['echoline_cached_start_s']} s")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--traffic", default="copy,edit")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    out = run(args)
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
