@@ -1571,7 +1571,7 @@ _BASH = (
         fi
         """,
         "repeat_str() {",
-        "Print an error and return 1 if the count is negative.",
+        "Print an error to stderr and return 1 if the count is negative.",
         r"""
         source ./strutil.sh || fail "could not source strutil.sh"
         out=$(repeat_str ab 3) || fail "repeat_str ab 3 failed"
