@@ -91,6 +91,27 @@ def test_contended_cached_curve_is_measured_again(tmp_path, monkeypatch):
     assert rewritten[str(lo)][str(wide)] / rewritten[str(lo)]["1"] < 0.6 * (contended[lo][wide] / contended[lo][1])
 
 
+def test_a_cached_curve_slower_everywhere_is_measured_again(tmp_path, monkeypatch):
+    """Measured under load, every time of a curve is inflated (ratios included, by noise):
+    a one-row forward now far faster than the cached one condemns the cached curve, even
+    when its wide/one-row ratio looks plausible; an honest cached curve is kept."""
+    import json
+
+    from engine import calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "m.gguf", "llama", context=1024)
+    _, model = load_model(path, NumpyBackend())
+    measure_verify_cost(model, path, recheck=False)
+    cache_file = calibration._cache_file(path, model.backend.name)
+    table = {int(c): {int(r): t for r, t in v.items()} for c, v in json.loads(cache_file.read_text()).items()}
+    lo = min(table)
+    honest = table
+    assert not calibration.cached_curve_is_pessimistic(model, honest, lo)
+    loaded = {c: {r: t * 3.0 for r, t in v.items()} for c, v in table.items()}  # same ratios, 3x slower
+    assert calibration.cached_curve_is_pessimistic(model, loaded, lo)
+
+
 def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_path, monkeypatch):
     """Two sidecars starting together must not time their forwards against each other:
     while one holds the calibration lock, the other waits, then reads the curve it wrote."""
