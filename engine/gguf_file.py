@@ -5,21 +5,34 @@ which takes ~8 s on Gemma 3's 262k-entry vocabulary. The format itself is a
 short header, so this module walks it with ``struct`` and ``numpy.frombuffer``
 (0.1 s), while taking every constant (value types, quant types, block sizes)
 from the ``gguf`` package so the layouts stay the upstream ones.
+
+Why so many checks: a model file is input from the internet, and the compute
+kernels index weights without bounds checks. So every length, count, dimension
+and offset in the header is checked, in Python's arbitrary-precision integers,
+against the bytes actually left in the file *before* anything is allocated or
+mapped; and, for the architectures echoline runs, every tensor the forward pass
+reads must have exactly the shape its metadata implies. A hostile or damaged
+file therefore ends in a ``ModelFileError`` that names the problem, never in an
+over-read, a huge allocation, a hang or a stray ``ValueError``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
 
 from engine.errors import ModelFileError
+
+if TYPE_CHECKING:
+    from engine.config import ModelConfig
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" little-endian
 _U64 = struct.Struct("<Q")
@@ -68,6 +81,103 @@ SUPPORTED_QTYPES = frozenset(
     }
 )
 
+# ---- limits on what a header may claim ------------------------------------------------------
+# Each is far above any real model (largest seen: 262k-token vocabularies, ~500k merges,
+# a few thousand tensors, a few dozen keys) and low enough that what a hostile header can
+# make us allocate stays a small multiple of the file's own size.
+
+#: Magic, version, tensor count, key-value count.
+_PREAMBLE_BYTES = 24
+#: The smallest key-value pair: empty key (8-byte length), value type (4), a 1-byte value.
+_MIN_KV_BYTES = 8 + 4 + 1
+#: The smallest tensor info: empty name (8), n_dims (4), one dimension (8), type (4), offset (8).
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8
+MAX_KV_COUNT = 1 << 16
+MAX_TENSOR_COUNT = 1 << 16
+MAX_KEY_BYTES = 65535  # the GGUF spec's limit on key length
+MAX_TENSOR_NAME_BYTES = 64  # ggml's GGML_MAX_NAME
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+MAX_ARRAY_LEN = 1 << 22
+#: An array may hold arrays, those may not hold arrays again (nothing real nests at all).
+MAX_ARRAY_DEPTH = 2
+#: ggml counts elements in int64.
+MAX_TENSOR_ELEMENTS = (1 << 63) - 1
+
+#: ``{arch}.<suffix>`` integer hyper-parameters that ``engine.config`` reads: (min, max).
+HPARAM_INT_RANGES: dict[str, tuple[int, int]] = {
+    "block_count": (1, 1024),
+    "embedding_length": (1, 65536),
+    "feed_forward_length": (1, 1 << 18),
+    "attention.head_count": (1, 1024),
+    "attention.head_count_kv": (1, 1024),
+    "attention.key_length": (1, 4096),
+    "attention.value_length": (1, 4096),
+    "context_length": (1, 1 << 24),
+    "vocab_size": (1, 1 << 22),
+    "attention.sliding_window": (0, 1 << 24),
+}
+#: ``{arch}.<suffix>`` float hyper-parameters: (exclusive min, inclusive max); must be finite.
+HPARAM_FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    "rope.freq_base": (0.0, 1e12),
+    "attention.layer_norm_rms_epsilon": (0.0, 1.0),
+}
+
+_STR, _INT, _FLAG, _STR_LIST, _INT_ARRAY, _NUM_ARRAY = (
+    "a string",
+    "an integer",
+    "a bool or integer",
+    "an array of strings",
+    "an array of integers",
+    "an array of numbers",
+)
+#: Value kinds of the keys the engine and the tokenizer read outside ``{arch}.*``: a key
+#: present with another kind would surface as a TypeError deep inside them.
+KEY_KINDS: dict[str, str] = {
+    "general.architecture": _STR,
+    "general.alignment": _INT,
+    "tokenizer.ggml.model": _STR,
+    "tokenizer.ggml.pre": _STR,
+    "tokenizer.ggml.tokens": _STR_LIST,
+    "tokenizer.ggml.merges": _STR_LIST,
+    "tokenizer.ggml.token_type": _INT_ARRAY,
+    "tokenizer.ggml.scores": _NUM_ARRAY,
+    "tokenizer.ggml.add_bos_token": _FLAG,
+    "tokenizer.ggml.add_space_prefix": _FLAG,
+    "tokenizer.chat_template": _STR,
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind_ok(value: Any, kind: str) -> bool:
+    """Whether a parsed metadata value is of ``kind`` (arrays are homogeneous: one item tells)."""
+    if kind == _STR:
+        return isinstance(value, str)
+    if kind == _INT:
+        return _is_int(value)
+    if kind == _FLAG:
+        return isinstance(value, int)
+    if kind == _STR_LIST:
+        return isinstance(value, list) and (not value or isinstance(value[0], str))
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in ("iu" if kind == _INT_ARRAY else "iuf")
+    return False
+
+
+def _describe(value: Any) -> str:
+    """A value's kind for messages (never the value itself: it may be a 262k-item list)."""
+    if isinstance(value, np.ndarray):
+        return f"an array of {len(value)} {value.dtype.name} values"
+    if isinstance(value, list):
+        return f"an array of {len(value)} items"
+    if isinstance(value, bool):
+        return f"the bool {value}"
+    if isinstance(value, int | float):
+        return f"the {type(value).__name__} {value!r}"
+    return f"a {type(value).__name__}"
+
 
 @dataclass(frozen=True)
 class QuantTensor:
@@ -89,7 +199,8 @@ class QuantTensor:
 
     @property
     def rows(self) -> int:
-        return int(np.prod(self.shape[:-1])) if len(self.shape) > 1 else 1
+        # math.prod: Python ints, which cannot wrap around the way np.prod's int64 can.
+        return math.prod(self.shape[:-1])
 
     @property
     def cols(self) -> int:
@@ -113,31 +224,56 @@ class QuantTensor:
         return np.asarray(out, dtype=np.float32).reshape(len(rows), self.shape[-1])
 
 
+@dataclass(frozen=True)
+class _TensorInfo:
+    """One tensor-info record of the header, checked but not yet mapped."""
+
+    name: str
+    ne: tuple[int, ...]  # ggml order: ne[0] is the row length
+    qtype: gguf.GGMLQuantizationType
+    offset: int  # from the start of the data section
+
+
 class _Cursor:
-    """Sequential little-endian reader over the mapped header."""
+    """Sequential little-endian reader over the mapped header.
+
+    Every read is bounds-checked before it happens, and every length read from
+    the file is compared with the bytes left before anything of that length is
+    allocated, so a lying header costs at most what the file itself holds.
+    """
 
     def __init__(self, buf: memoryview, path: Path) -> None:
         self.buf = buf
         self.pos = 0
         self.path = path
 
-    def need(self, n: int) -> None:
+    @property
+    def remaining(self) -> int:
+        return len(self.buf) - self.pos
+
+    def need(self, n: int, what: str = "data") -> None:
         if self.pos + n > len(self.buf):
             raise ModelFileError(
-                f"{self.path}: truncated GGUF header (wanted {n} bytes at offset {self.pos}, "
-                f"file has {len(self.buf)})"
+                f"{self.path}: truncated or corrupt GGUF header: {what} at offset {self.pos} "
+                f"needs {n} bytes, but the file has {len(self.buf)} (only {self.remaining} left)"
             )
 
-    def scalar(self, fmt: str) -> Any:
+    def scalar(self, fmt: str, what: str = "a value") -> Any:
         size = struct.calcsize(fmt)
-        self.need(size)
+        self.need(size, what)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
 
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        self.need(n)
+    def string(self, what: str = "a string", limit: int | None = None) -> str:
+        at = self.pos
+        n = self.scalar("<Q", f"the length of {what}")
+        if limit is not None and n > limit:
+            raise ModelFileError(
+                f"{self.path}: corrupt GGUF header: {what} at offset {at} claims {n} bytes "
+                f"(at most {limit} allowed)"
+            )
+        self.need(n, what)
         raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
@@ -157,38 +293,76 @@ class _Cursor:
         for _ in range(count):
             if pos + 8 > size:
                 self.pos = pos
-                self.need(8)
+                self.need(8, "the length of an array string")
             (n,) = unpack(buf, pos)
             pos += 8
             if pos + n > size:
                 self.pos = pos
-                self.need(n)
+                self.need(n, "an array string")
             append(str(buf[pos : pos + n], "utf-8", "replace"))
             pos += n
         self.pos = pos
         return out
 
-    def value(self, vtype: int) -> Any:
+    def _min_item_bytes(self, item_type: int) -> int:
+        """Fewest bytes one array item of ``item_type`` can take (to bound counts up front)."""
+        if item_type == _VT.STRING:
+            return 8
+        if item_type == _VT.ARRAY:
+            return 4 + 8
+        if item_type in _NUMPY_DTYPES:
+            return np.dtype(_NUMPY_DTYPES[item_type]).itemsize
+        raise ModelFileError(f"{self.path}: unknown GGUF array item type {item_type}")
+
+    def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype == _VT.STRING:
             return self.string()
         if vtype == _VT.ARRAY:
-            item_type = self.scalar("<I")
-            count = self.scalar("<Q")
+            if depth >= MAX_ARRAY_DEPTH:
+                raise ModelFileError(
+                    f"{self.path}: corrupt GGUF header: metadata arrays nested more than "
+                    f"{MAX_ARRAY_DEPTH} deep at offset {self.pos}"
+                )
+            item_type = self.scalar("<I", "an array item type")
+            at = self.pos
+            count = self.scalar("<Q", "an array length")
+            item_bytes = self._min_item_bytes(item_type)
+            if count > MAX_ARRAY_LEN or count * item_bytes > self.remaining:
+                raise ModelFileError(
+                    f"{self.path}: truncated or corrupt GGUF header: array at offset {at} "
+                    f"claims {count} items of at least {item_bytes} bytes, but only "
+                    f"{self.remaining} bytes are left (and at most {MAX_ARRAY_LEN} items allowed)"
+                )
             if item_type == _VT.STRING:
                 return self.strings(count)
-            if item_type in _NUMPY_DTYPES:
-                dtype = np.dtype(_NUMPY_DTYPES[item_type])
-                nbytes = dtype.itemsize * count
-                self.need(nbytes)
-                arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
-                self.pos += nbytes
-                return arr
             if item_type == _VT.ARRAY:
-                return [self.value(_VT.ARRAY) for _ in range(count)]
-            raise ModelFileError(f"{self.path}: unknown GGUF array item type {item_type}")
+                return [self.value(_VT.ARRAY, depth + 1) for _ in range(count)]
+            dtype = np.dtype(_NUMPY_DTYPES[item_type])
+            nbytes = dtype.itemsize * count
+            arr = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
+            self.pos += nbytes
+            return arr
         if vtype in _SCALAR_FORMATS:
             return self.scalar(_SCALAR_FORMATS[vtype])
         raise ModelFileError(f"{self.path}: unknown GGUF value type {vtype}")
+
+
+def _open_map(path: Path) -> mmap.mmap:
+    """Map a regular, non-empty file read-only, or say plainly why not."""
+    try:
+        if path.is_dir():
+            raise ModelFileError(f"{path}: is a directory, not a GGUF model file")
+        if not path.exists():
+            raise ModelFileError(f"model file not found: {path}")
+        if not path.is_file():  # a FIFO or device: opening one may block, mapping fails
+            raise ModelFileError(f"{path}: not a regular file, so not a GGUF model file")
+        with open(path, "rb") as fh:
+            try:
+                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError as exc:  # mmap refuses empty files
+                raise ModelFileError(f"{path}: empty file, not a GGUF model") from exc
+    except (OSError, ValueError) as exc:  # permissions, I/O errors, NUL bytes in the path
+        raise ModelFileError(f"{path}: cannot read the model file ({exc})") from exc
 
 
 class GGUFFile:
@@ -196,71 +370,300 @@ class GGUFFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelFileError(f"model file not found: {self.path}")
-        with open(self.path, "rb") as fh:
-            try:
-                self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            except ValueError as exc:  # empty file
-                raise ModelFileError(f"{self.path}: empty file, not a GGUF model") from exc
+        self._mmap = _open_map(self.path)
         buf = memoryview(self._mmap)
         cur = _Cursor(buf, self.path)
-        magic = cur.scalar("<I")
-        if magic != GGUF_MAGIC:
-            raise ModelFileError(
-                f"{self.path}: not a GGUF file (magic {magic:#010x}, expected {GGUF_MAGIC:#010x})"
-            )
-        self.version = cur.scalar("<I")
-        if self.version not in (2, 3):
-            raise ModelFileError(f"{self.path}: unsupported GGUF version {self.version}")
-        n_tensors = cur.scalar("<Q")
-        n_kv = cur.scalar("<Q")
-        self.metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = cur.string()
-            vtype = cur.scalar("<I")
-            self.metadata[key] = cur.value(vtype)
-        infos = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            n_dims = cur.scalar("<I")
-            ne = [cur.scalar("<Q") for _ in range(n_dims)]
-            ttype = cur.scalar("<I")
-            offset = cur.scalar("<Q")
-            infos.append((name, ne, ttype, offset))
-        alignment = int(self.metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
+        n_tensors, n_kv = self._read_preamble(cur)
+        self.metadata: dict[str, Any] = self._read_metadata(cur, n_kv)
+        infos = self._read_tensor_infos(cur, n_tensors)
+        self._check_key_kinds()
+        alignment = self._alignment()
         data_start = (cur.pos + alignment - 1) // alignment * alignment
         self.identity = self._identity(buf[: cur.pos])
-        self.tensors: dict[str, QuantTensor] = {}
-        raw = np.frombuffer(self._mmap, dtype=np.uint8)
-        for name, ne, ttype, offset in infos:
+        self.tensors: dict[str, QuantTensor] = self._map_tensors(infos, data_start, alignment)
+        self._check_model()
+
+    # ---- the header ---------------------------------------------------------------------
+
+    def _read_preamble(self, cur: _Cursor) -> tuple[int, int]:
+        """Magic and version, then the two counts, bounded by what the file can hold."""
+        if len(cur.buf) < 4:
+            raise ModelFileError(
+                f"{self.path}: not a GGUF file ({len(cur.buf)} bytes, too short for the magic)"
+            )
+        magic = cur.scalar("<I", "the magic")
+        if magic != GGUF_MAGIC:
+            raise ModelFileError(
+                f"{self.path}: not a GGUF file (starts with {bytes(cur.buf[:4])!r}, "
+                f"expected b'GGUF')"
+            )
+        self.version = cur.scalar("<I", "the version")
+        if self.version not in (2, 3):
+            swapped = int.from_bytes(self.version.to_bytes(4, "little"), "big")
+            if swapped in (2, 3):
+                raise ModelFileError(
+                    f"{self.path}: big-endian GGUF (version {swapped}); echoline reads "
+                    "little-endian files only"
+                )
+            raise ModelFileError(
+                f"{self.path}: unsupported GGUF version {self.version} (echoline reads 2 and 3)"
+            )
+        n_tensors = cur.scalar("<Q", "the tensor count")
+        n_kv = cur.scalar("<Q", "the metadata count")
+        if n_kv > MAX_KV_COUNT or n_tensors > MAX_TENSOR_COUNT:
+            raise ModelFileError(
+                f"{self.path}: corrupt GGUF header: {n_tensors} tensors and {n_kv} metadata "
+                f"keys (at most {MAX_TENSOR_COUNT} and {MAX_KV_COUNT} allowed)"
+            )
+        least = n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES
+        if least > cur.remaining:
+            raise ModelFileError(
+                f"{self.path}: truncated or corrupt GGUF header: {n_tensors} tensors and "
+                f"{n_kv} metadata keys need at least {least} bytes, only {cur.remaining} left"
+            )
+        return n_tensors, n_kv
+
+    def _read_metadata(self, cur: _Cursor, n_kv: int) -> dict[str, Any]:
+        metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            at = cur.pos
+            key = cur.string("a metadata key", MAX_KEY_BYTES)
+            if key in metadata:
+                raise ModelFileError(
+                    f"{self.path}: corrupt GGUF header: metadata key {key!r} appears twice "
+                    f"(again at offset {at})"
+                )
+            vtype = cur.scalar("<I", f"the type of {key!r}")
+            metadata[key] = cur.value(vtype)
+        return metadata
+
+    def _read_tensor_infos(self, cur: _Cursor, n_tensors: int) -> list[_TensorInfo]:
+        infos: list[_TensorInfo] = []
+        names: set[str] = set()
+        for _ in range(n_tensors):
+            at = cur.pos
+            name = cur.string("a tensor name", MAX_TENSOR_NAME_BYTES)
+            if name in names:
+                raise ModelFileError(
+                    f"{self.path}: corrupt GGUF header: tensor {name!r} appears twice "
+                    f"(again at offset {at})"
+                )
+            names.add(name)
+            n_dims = cur.scalar("<I", f"the dimension count of tensor {name!r}")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise ModelFileError(
+                    f"{self.path}: tensor {name!r} has {n_dims} dimensions "
+                    f"(GGUF tensors have 1 to {MAX_DIMS})"
+                )
+            ne = tuple(cur.scalar("<Q", f"a dimension of tensor {name!r}") for _ in range(n_dims))
+            if 0 in ne:
+                raise ModelFileError(
+                    f"{self.path}: tensor {name!r} has a zero-length dimension (ne={list(ne)})"
+                )
+            if math.prod(ne) > MAX_TENSOR_ELEMENTS:
+                raise ModelFileError(
+                    f"{self.path}: tensor {name!r} dimensions {list(ne)} overflow ggml's "
+                    "64-bit element count"
+                )
+            ttype = cur.scalar("<I", f"the type of tensor {name!r}")
             try:
                 qtype = gguf.GGMLQuantizationType(ttype)
-            except ValueError as exc:
-                raise ModelFileError(f"{self.path}: tensor {name} has unknown type id {ttype}") from exc
+            except ValueError:
+                raise ModelFileError(
+                    f"{self.path}: tensor {name} has unknown type id {ttype}"
+                ) from None
+            offset = cur.scalar("<Q", f"the data offset of tensor {name!r}")
+            infos.append(_TensorInfo(name, ne, qtype, offset))
+        return infos
+
+    def _check_key_kinds(self) -> None:
+        """Keys read outside ``{arch}.*`` have the kinds their readers expect, and the
+        tokenizer's parallel arrays agree in length (an index past one's end would crash)."""
+        for key, kind in KEY_KINDS.items():
+            value = self.metadata.get(key)
+            if value is not None and not _kind_ok(value, kind):
+                raise ModelFileError(
+                    f"{self.path}: metadata {key} must be {kind}, got {_describe(value)}"
+                )
+        for key, value in self.metadata.items():
+            if (
+                key.startswith("tokenizer.ggml.")
+                and key.endswith("_token_id")
+                and not _is_int(value)
+            ):
+                raise ModelFileError(
+                    f"{self.path}: metadata {key} must be an integer, got {_describe(value)}"
+                )
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if tokens is not None:
+            for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+                arr = self.metadata.get(key)
+                if arr is not None and len(arr) != len(tokens):
+                    raise ModelFileError(
+                        f"{self.path}: metadata {key} has {len(arr)} entries for {len(tokens)} tokens"
+                    )
+
+    def _alignment(self) -> int:
+        """``general.alignment``: like llama.cpp, a power of two (zero would divide by zero)."""
+        alignment = self.metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+        if not _is_int(alignment) or alignment < 1 or alignment & (alignment - 1):
+            raise ModelFileError(
+                f"{self.path}: general.alignment must be a power of two, got {_describe(alignment)}"
+            )
+        return alignment
+
+    def _map_tensors(
+        self, infos: list[_TensorInfo], data_start: int, alignment: int
+    ) -> dict[str, QuantTensor]:
+        """Views of every tensor, each checked to lie aligned, whole and alone in the file."""
+        size = len(self._mmap)
+        raw = np.frombuffer(self._mmap, dtype=np.uint8)
+        spans: list[tuple[int, int, str]] = []
+        tensors: dict[str, QuantTensor] = {}
+        for info in infos:
+            name, qtype = info.name, info.qtype
             block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
-            shape = tuple(int(x) for x in reversed(ne))
-            cols = shape[-1]
-            rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+            cols = info.ne[0]
             if cols % block_elems:
                 raise ModelFileError(
                     f"{self.path}: tensor {name} row of {cols} is not a multiple of "
                     f"{qtype.name}'s block of {block_elems}"
                 )
-            row_bytes = cols // block_elems * block_bytes
-            start = data_start + offset
-            end = start + rows * row_bytes
-            if end > len(raw):
+            if info.offset % alignment:
                 raise ModelFileError(
-                    f"{self.path}: truncated file: tensor {name} ends at byte {end}, "
-                    f"file has {len(raw)} bytes"
+                    f"{self.path}: tensor {name} data offset {info.offset} is not a multiple "
+                    f"of the file's alignment {alignment}"
                 )
+            # Python ints throughout: no product or sum here can wrap around.
+            rows = math.prod(info.ne[1:])
+            row_bytes = cols // block_elems * block_bytes
+            start = data_start + info.offset
+            end = start + rows * row_bytes
+            if end > size:
+                raise ModelFileError(
+                    f"{self.path}: truncated or corrupt file: tensor {name} "
+                    f"({qtype.name}, ne={list(info.ne)}) ends at byte {end}, file has {size} bytes"
+                )
+            spans.append((start, end, name))
             view = raw[start:end].reshape(rows, row_bytes)
             if qtype == gguf.GGMLQuantizationType.F32:
                 view = view.view(np.float32)
             elif qtype == gguf.GGMLQuantizationType.F16:
                 view = view.view(np.float16)
-            self.tensors[name] = QuantTensor(name, qtype, shape, view, f"{self.identity}@{start}")
+            shape = tuple(reversed(info.ne))
+            tensors[name] = QuantTensor(name, qtype, shape, view, f"{self.identity}@{start}")
+        spans.sort()
+        for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:], strict=False):
+            if start_b < end_a:
+                raise ModelFileError(f"{self.path}: corrupt file: tensors {a} and {b} overlap")
+        return tensors
+
+    # ---- the model ----------------------------------------------------------------------
+
+    def _check_model(self) -> None:
+        """For an architecture echoline runs: sane hyper-parameters, then every tensor the
+        forward pass reads present, supported and shaped exactly as they imply.
+
+        A file without the keys a config needs (a vocabulary-only GGUF) is left alone here:
+        ``config_from_gguf`` reports the missing key when something tries to run it.
+        """
+        from engine.config import SUPPORTED_ARCHITECTURES, config_from_gguf
+
+        arch = self.metadata.get("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            return  # no or another architecture: config_from_gguf names it when loading
+        self._check_hparams(arch)
+        try:
+            config = config_from_gguf(self)
+        except ModelFileError:
+            return
+        self._check_tensor_shapes(config)
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if tokens is not None and len(tokens) > config.vocab_size:
+            raise ModelFileError(
+                f"{self.path}: the tokenizer has {len(tokens)} tokens but the model only "
+                f"{config.vocab_size} embedding rows"
+            )
+
+    def _check_hparams(self, arch: str) -> None:
+        """Kinds and ranges of the ``{arch}.*`` keys the config reads, and how they relate."""
+        ints: dict[str, int] = {}
+        for suffix, (lo, hi) in HPARAM_INT_RANGES.items():
+            key = f"{arch}.{suffix}"
+            value = self.metadata.get(key)
+            if value is None:
+                continue
+            if not _is_int(value):
+                raise ModelFileError(
+                    f"{self.path}: metadata {key} must be an integer, got {_describe(value)}"
+                )
+            if not lo <= value <= hi:
+                raise ModelFileError(
+                    f"{self.path}: metadata {key} = {value} is out of range [{lo}, {hi}]"
+                )
+            ints[suffix] = value
+        for suffix, (lo_x, hi_f) in HPARAM_FLOAT_RANGES.items():
+            key = f"{arch}.{suffix}"
+            value = self.metadata.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ModelFileError(
+                    f"{self.path}: metadata {key} must be a number, got {_describe(value)}"
+                )
+            if not (math.isfinite(value) and lo_x < value <= hi_f):
+                raise ModelFileError(
+                    f"{self.path}: metadata {key} = {value} is out of range ({lo_x}, {hi_f}]"
+                )
+        d_model = ints.get("embedding_length")
+        heads = ints.get("attention.head_count")
+        kv_heads = ints.get("attention.head_count_kv")
+        key_len = ints.get("attention.key_length")
+        value_len = ints.get("attention.value_length")
+        if heads is not None and kv_heads is not None and heads % kv_heads:
+            raise ModelFileError(
+                f"{self.path}: {arch}.attention.head_count_kv = {kv_heads} does not divide "
+                f"{arch}.attention.head_count = {heads} (each KV head serves a group of Q heads)"
+            )
+        if key_len is None and heads is not None and d_model is not None and d_model % heads:
+            raise ModelFileError(
+                f"{self.path}: {arch}.embedding_length = {d_model} is not divisible by "
+                f"{arch}.attention.head_count = {heads} (and no attention.key_length is given)"
+            )
+        head_dim = key_len
+        if head_dim is None and heads is not None and d_model is not None:
+            head_dim = d_model // heads
+        if value_len is not None and head_dim is not None and value_len != head_dim:
+            raise ModelFileError(
+                f"{self.path}: {arch}.attention.value_length = {value_len} differs from the key "
+                f"head size {head_dim}; echoline needs equal K and V head sizes"
+            )
+
+    def _check_tensor_shapes(self, config: ModelConfig) -> None:
+        """Each tensor the model reads: present, a supported quant type, exactly its shape.
+
+        Why: the kernels trust these shapes to index weights without bounds checks, so a
+        file whose ``attn_q`` is smaller than ``head_count × head_dim`` rows would read
+        past its data; here it is a message naming the tensor and both shapes instead.
+        """
+        for name, want in expected_tensor_shapes(config).items():
+            t = self.tensors.get(name)
+            if t is None:
+                raise ModelFileError(
+                    f"{self.path}: missing tensor {name!r} (the metadata gives "
+                    f"{config.n_layers} layers)"
+                )
+            if t.qtype not in SUPPORTED_QTYPES:
+                raise ModelFileError(self._unsupported_message(name, t.qtype))
+            if t.shape != want:
+                raise ModelFileError(
+                    f"{self.path}: tensor {name} has shape {t.shape}, but the metadata implies "
+                    f"{want} (vocab {config.vocab_size}, embedding {config.d_model}, "
+                    f"{config.n_heads} heads / {config.n_kv_heads} KV heads of {config.head_dim}, "
+                    f"feed-forward {config.n_ff})"
+                )
+
+    # ---- access -------------------------------------------------------------------------
 
     def _identity(self, header: memoryview) -> str:
         """Size, modification time and a hash of the header: changes whenever the file does.
@@ -271,6 +674,13 @@ class GGUFFile:
         st = self.path.stat()
         digest = hashlib.sha1(header).hexdigest()[:16]
         return f"{st.st_size}-{st.st_mtime_ns}-{digest}"
+
+    def _unsupported_message(self, name: str, qtype: gguf.GGMLQuantizationType) -> str:
+        supported = ", ".join(sorted(q.name for q in SUPPORTED_QTYPES))
+        return (
+            f"{self.path}: tensor {name} uses quant type {qtype.name}, which echoline "
+            f"does not support (supported: {supported})"
+        )
 
     @property
     def architecture(self) -> str:
@@ -286,11 +696,50 @@ class GGUFFile:
         except KeyError:
             raise ModelFileError(f"{self.path}: missing tensor {name!r}") from None
         if t.qtype not in SUPPORTED_QTYPES:
-            raise ModelFileError(
-                f"{self.path}: tensor {name} uses quant type {t.qtype.name}, which echoline "
-                f"does not support (supported: {', '.join(sorted(q.name for q in SUPPORTED_QTYPES))})"
-            )
+            raise ModelFileError(self._unsupported_message(name, t.qtype))
         return t
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name → numpy-order shape of every tensor the forward pass of ``config.arch`` reads.
+
+    The optional parts follow the architecture's model class (its ``has_qkv_bias``,
+    ``qk_norm`` and ``sandwich_norms`` switches), so this list and what the model
+    loads cannot drift apart.
+    """
+    from engine.models import MODEL_CLASSES
+
+    model = MODEL_CLASSES[config.arch]
+    d, hd, ff = config.d_model, config.head_dim, config.n_ff
+    q_rows, kv_rows = config.n_heads * hd, config.n_kv_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (config.vocab_size, d),
+        "output_norm.weight": (d,),
+    }
+    if not config.tied_output:
+        shapes["output.weight"] = (config.vocab_size, d)
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        shapes[p + "attn_norm.weight"] = (d,)
+        shapes[p + "attn_q.weight"] = (q_rows, d)
+        shapes[p + "attn_k.weight"] = (kv_rows, d)
+        shapes[p + "attn_v.weight"] = (kv_rows, d)
+        shapes[p + "attn_output.weight"] = (d, q_rows)
+        shapes[p + "ffn_norm.weight"] = (d,)
+        shapes[p + "ffn_gate.weight"] = (ff, d)
+        shapes[p + "ffn_up.weight"] = (ff, d)
+        shapes[p + "ffn_down.weight"] = (d, ff)
+        if model.has_qkv_bias:
+            shapes[p + "attn_q.bias"] = (q_rows,)
+            shapes[p + "attn_k.bias"] = (kv_rows,)
+            shapes[p + "attn_v.bias"] = (kv_rows,)
+        if model.qk_norm:
+            shapes[p + "attn_q_norm.weight"] = (hd,)
+            shapes[p + "attn_k_norm.weight"] = (hd,)
+        if model.sandwich_norms:
+            shapes[p + "post_attention_norm.weight"] = (d,)
+            shapes[p + "post_ffw_norm.weight"] = (d,)
+    return shapes

@@ -1,4 +1,4 @@
-"""The echoline language server: capabilities and handlers, nothing else.
+"""The echoline language server: capabilities, handlers, and the guards around pygls' transport.
 
 Protocol (see docs/sidecar.md): ``textDocument/inlineCompletion``,
 ``workspace/executeCommand echoline.rewrite`` (+ a code action carrying it),
@@ -6,27 +6,67 @@ Protocol (see docs/sidecar.md): ``textDocument/inlineCompletion``,
 ``echoline/rewriteProgress``, work-done ``$/progress`` for model loading and
 rewrites. All engine work runs on the single worker thread (sidecar.worker);
 handlers here are coroutines that await it, so the loop keeps serving.
+
+Transport: pygls 2 reads a frame with ``read(Content-Length)`` (a header claiming
+10**12 bytes is a MemoryError that ends the server), and hands every JSON object to
+its converter inside ``json.loads`` (a request whose params do not structure, a
+body that is not JSON or not an object, a missing ``jsonrpc``: logged, never
+answered, so the client waits forever). ``FrameParser`` and
+``EcholineProtocol.handle_body`` replace that path: frames are capped at
+``MAX_FRAME_BYTES``, every bad frame gets an error with ``id: null`` and the reader
+resynchronises on the next ``Content-Length`` header, and every request with an id
+gets an answer (-32700 parse error, -32600 invalid request, -32602 invalid params,
+-32601 unknown method, -32002 not initialized).
+
+Positions: converted with ``sidecar.lsp_utils`` (LSP line ends only, the negotiated
+``positionEncoding``), never with pygls' ``TextDocument.lines`` (``str.splitlines``).
 """
+
+from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
+import re
+import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
+from urllib.parse import unquote
 
+import cattrs
 from lsprotocol import types
 from lsprotocol.converters import get_converter
 from pygls import uris
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcMethodNotFound
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
+from pygls.protocol import (
+    JsonRPCNotification,
+    JsonRPCRequestMessage,
+    JsonRPCResponseMessage,
+    LanguageServerProtocol,
+    default_converter,
+    lsp_method,
+)
 from pygls.workspace import TextDocument
 
 from sidecar import config as cfg
 from sidecar.idle_prefill import IdlePrefill, rewrite_session
+from sidecar.lsp_utils import (
+    UTF16,
+    PositionError,
+    apply_change,
+    check_position,
+    line_start,
+    normalize_encoding,
+    rest_of_line,
+    unit_len,
+)
 from sidecar.prompts import (
     block_end,
     finish_completion,
@@ -49,7 +89,21 @@ NOTIFY_REWRITE_PROGRESS = "echoline/rewriteProgress"
 NOTIFY_PREFILL = "echoline/prefill"
 REQUEST_FAILED = -32803  # LSP RequestFailed
 CONTENT_MODIFIED = -32801  # LSP ContentModified
+PARSE_ERROR = types.ErrorCodes.ParseError.value  # -32700
+INVALID_REQUEST = types.ErrorCodes.InvalidRequest.value  # -32600
+INVALID_PARAMS = types.ErrorCodes.InvalidParams.value  # -32602
+INTERNAL_ERROR = types.ErrorCodes.InternalError.value  # -32603
+SERVER_NOT_INITIALIZED = types.ErrorCodes.ServerNotInitialized.value  # -32002
 PROGRESS_INTERVAL_S = 0.1
+UINTEGER_MAX = 2**31 - 1  # the LSP's uinteger: the largest line or character a position holds
+
+# The largest frame body the server reads. Far above any real message (a 10 MB file
+# opened with didOpen is ~10 MB of JSON), far below what would hurt the machine; a
+# larger frame is refused with an error and skipped, never allocated.
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+MAX_HEADER_LINE_BYTES = 8 * 1024  # one header line ("Content-Length: 123")
+MAX_HEADERS = 32  # header lines in one frame's header block
+READ_CHUNK_BYTES = 64 * 1024
 
 _converter = get_converter()
 
@@ -68,14 +122,385 @@ def _default_loader(model: str, **kwargs: Any) -> Any:
     return Engine.load(model, **kwargs)
 
 
+# ---- framing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrameError:
+    """A frame the parser could not read; the server answers it with ``id: null``."""
+
+    code: int
+    message: str
+
+
+_CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:", re.IGNORECASE)
+_HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token
+_RESYNC_TAIL = 64  # bytes kept while resynchronising: a header split across two reads
+
+
+class FrameParser:
+    """The LSP base protocol's framing (``Content-Length: N\\r\\n\\r\\n`` + N bytes),
+    sans I/O and with bounded memory.
+
+    Why not pygls' reader: it trusts the header (``read(10**12)`` allocates, or dies)
+    and, when a header is bad, treats the body as more header lines, losing the
+    frames after it. Here a bad frame (no, negative, non-numeric or too large
+    ``Content-Length``, a header line that is not ``Name: value`` or too long)
+    yields one ``FrameError``; the parser then drops bytes up to the next
+    ``Content-Length`` header (a lying header's body included) and carries on.
+    Memory: the buffer holds at most one frame (<= ``max_frame_bytes``) plus a read.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._headers: dict[bytes, bytes] = {}
+        self._body_len: int | None = None
+        self._resync = False
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def frames(self) -> Iterator[bytes | FrameError]:
+        """Every complete frame body (or error) in what was fed so far, in order."""
+        while True:
+            if self._resync and not self._skip_to_header():
+                return
+            if self._body_len is not None:
+                n = self._body_len
+                if len(self._buf) < n:
+                    return
+                body = bytes(self._buf[:n])
+                del self._buf[:n]
+                self._body_len = None
+                yield body
+                continue
+            end = self._buf.find(b"\n", 0, MAX_HEADER_LINE_BYTES + 1)
+            if end < 0:
+                if len(self._buf) > MAX_HEADER_LINE_BYTES:
+                    yield self._fail(
+                        PARSE_ERROR,
+                        f"a header line is longer than {MAX_HEADER_LINE_BYTES} bytes",
+                        drop=1,
+                    )
+                    continue
+                return
+            line = bytes(self._buf[:end])
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line.strip():
+                del self._buf[: end + 1]
+                if self._headers:  # the blank line that ends a header block
+                    error = self._end_of_headers()
+                    if error is not None:
+                        yield error
+                continue  # (a stray blank line between frames is skipped)
+            name, sep, value = line.partition(b":")
+            if not sep or not _HEADER_NAME.fullmatch(name.strip()):
+                # Drop one byte only: a Content-Length header further along this line
+                # (a body without a line end, then the next frame) is found again.
+                yield self._fail(PARSE_ERROR, f"malformed header line {_show(line)}", drop=1)
+                continue
+            del self._buf[: end + 1]
+            self._headers[name.strip().lower()] = value.strip()
+            if len(self._headers) > MAX_HEADERS:
+                yield self._fail(PARSE_ERROR, f"more than {MAX_HEADERS} header lines")
+
+    def _end_of_headers(self) -> FrameError | None:
+        raw = self._headers.get(b"content-length")
+        self._headers = {}
+        if raw is None:
+            return self._fail(PARSE_ERROR, "a frame without a Content-Length header")
+        if not raw.isdigit():
+            return self._fail(
+                PARSE_ERROR,
+                f"invalid Content-Length {_show(raw)}: not a non-negative integer",
+            )
+        if len(raw) > 18 or int(raw) > self.max_frame_bytes:
+            return self._fail(
+                INVALID_REQUEST,
+                f"Content-Length {_show(raw)} exceeds the limit of {self.max_frame_bytes} "
+                "bytes; the frame is skipped",
+            )
+        self._body_len = int(raw)
+        return None
+
+    def _fail(self, code: int, what: str, drop: int = 0) -> FrameError:
+        """Start resynchronising; ``drop`` bytes first so the same header is not found again."""
+        del self._buf[:drop]
+        self._headers = {}
+        self._body_len = None
+        self._resync = True
+        return FrameError(code, f"{what}; skipping to the next Content-Length header")
+
+    def _skip_to_header(self) -> bool:
+        m = _CONTENT_LENGTH.search(self._buf)
+        if m is None:
+            del self._buf[: max(0, len(self._buf) - _RESYNC_TAIL)]
+            return False
+        del self._buf[: m.start()]
+        self._resync = False
+        return True
+
+
+def _show(raw: bytes, limit: int = 60) -> str:
+    """A header or value for an error message: short and printable."""
+    text = raw[:limit].decode("utf-8", "replace")
+    return repr(text) + ("..." if len(raw) > limit else "")
+
+
+# ---- messages -----------------------------------------------------------------------------
+
+
+class WrongType(TypeError):
+    """A JSON value of the wrong kind where lsprotocol wants a plain int, str, bool, float."""
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _strict(kind: str, ok: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
+    def hook(value: Any, _type: Any) -> Any:
+        if not ok(value):
+            raise WrongType(f"expected {kind}, got {_json_kind(value)}")
+        return value
+
+    return hook
+
+
+def strict_converter() -> cattrs.Converter:
+    """pygls' converter, with plain ``int``/``str``/``bool``/``float`` fields taken only
+    from JSON values of that kind. cattrs would coerce (``int("3")``, ``str(7)``,
+    ``bool("false") is True``), so ``{"line": "3"}`` or ``{"uri": 7}`` would be served
+    as if valid instead of answered with InvalidParams."""
+    conv = default_converter()
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    conv.register_structure_hook(int, _strict("an integer", is_int))
+    conv.register_structure_hook(str, _strict("a string", lambda v: isinstance(v, str)))
+    conv.register_structure_hook(bool, _strict("a boolean", lambda v: isinstance(v, bool)))
+    conv.register_structure_hook(
+        float, _strict("a number", lambda v: is_int(v) or isinstance(v, float))
+    )
+    return conv
+
+
+def _format_leaf(exc: BaseException, type_: Any) -> str:
+    # lsprotocol's validators ("Position.line should be in range [0:2147483647], but was
+    # -1.") and WrongType say exactly what is wrong; cattrs' default says "invalid value".
+    if isinstance(exc, WrongType | ValueError) and exc.args and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return cattrs.v.format_exception(exc, type_)
+
+
+def describe_structure_error(exc: BaseException) -> str:
+    """One line for a client: what was wrong, and where (``$.params.position.line``)."""
+    if isinstance(exc, cattrs.BaseValidationError):
+        parts = cattrs.transform_error(exc, path="$", format_exception=_format_leaf)
+        text = "; ".join(parts[:4]) + ("; ..." if len(parts) > 4 else "")
+    else:
+        text = str(exc) or type(exc).__name__
+    return text[:500]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, int | str) and not isinstance(value, bool)
+
+
 class EcholineProtocol(LanguageServerProtocol):
-    """Forwards ``$/cancelRequest`` to the server so running jobs stop, not just queued ones."""
+    """pygls' protocol with every request answered, LSP line ends in ``didChange``, and
+    ``$/cancelRequest`` forwarded to the server so running jobs stop, not just queued ones."""
 
     def _handle_cancel_notification(self, msg_id: Any) -> None:
         hook = getattr(self._server, "cancel_request", None)
         if hook is not None:
             hook(msg_id)
         super()._handle_cancel_notification(msg_id)
+
+    # -- answering --------------------------------------------------------------------------
+    def reply_error(self, msg_id: Any, code: int, message: str) -> None:
+        """An error response. Written as a dict: lsprotocol's ResponseErrorMessage drops
+        ``"id": null``, which JSON-RPC requires when the id could not be read."""
+        self._send_data(
+            {"jsonrpc": "2.0", "id": msg_id, "error": {"code": int(code), "message": message}}
+        )
+
+    def handle_body(self, body: bytes) -> None:
+        """One frame's body: parse, check the JSON-RPC envelope, structure, dispatch."""
+        try:
+            data = json.loads(body, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            self.reply_error(
+                None, PARSE_ERROR, f"Parse error: the message is not valid JSON ({str(exc)[:200]})"
+            )
+            return
+        if isinstance(data, list):
+            self.reply_error(
+                None,
+                INVALID_REQUEST,
+                "Invalid request: batches (JSON arrays) are not part of the LSP; "
+                "send each message in its own frame",
+            )
+            return
+        if not isinstance(data, dict):
+            self.reply_error(
+                None,
+                INVALID_REQUEST,
+                f"Invalid request: a message is a JSON object, not {_json_kind(data)}",
+            )
+            return
+        self.handle_object(data)
+
+    def handle_object(self, data: dict[str, Any]) -> None:
+        msg_id = data.get("id")
+        reply_id = msg_id if _valid_id(msg_id) else None
+        is_response = "method" not in data and ("result" in data or "error" in data)
+        problem = None
+        if data.get("jsonrpc") != "2.0":
+            problem = f"'jsonrpc' must be \"2.0\", got {_json_kind(data.get('jsonrpc'))}"
+        elif ("id" in data or is_response) and not _valid_id(msg_id):
+            problem = f"'id' must be an integer or a string, got {_json_kind(msg_id)}"
+        elif is_response and "result" in data and "error" in data:
+            problem = "a response has 'result' or 'error', not both"
+        elif not is_response and not isinstance(data.get("method"), str):
+            problem = f"'method' must be a string, got {_json_kind(data.get('method'))}"
+        if problem is not None:
+            if is_response:  # nobody answers a response: fail whoever waits for it
+                self._fail_pending(reply_id, f"malformed response: {problem}")
+            else:
+                self.reply_error(reply_id, INVALID_REQUEST, f"Invalid request: {problem}")
+            return
+        if is_response:
+            self._dispatch_response(data)
+            return
+        method = data["method"]
+        params = data.get("params")
+        if "id" not in data:
+            if params is not None and not isinstance(params, dict | list):
+                log.warning("dropped notification %s: params is %s", method, _json_kind(params))
+                return
+            self._dispatch(data, None, method)
+            return
+        if params is not None and not isinstance(params, dict | list):
+            self.reply_error(
+                msg_id,
+                INVALID_PARAMS,
+                f"Invalid params for {method}: params must be an object or an array, "
+                f"got {_json_kind(params)}",
+            )
+            return
+        if self._shutdown and method != types.EXIT:
+            self.reply_error(
+                msg_id, INVALID_REQUEST, f"{method}: the server is shutting down (after shutdown)"
+            )
+            return
+        if method != types.INITIALIZE and not self._initialized():
+            self.reply_error(
+                msg_id, SERVER_NOT_INITIALIZED, f"{method}: the server is not initialized yet"
+            )
+            return
+        self._dispatch(data, msg_id, method)
+
+    def _initialized(self) -> bool:
+        try:
+            self.workspace  # noqa: B018 - raises RuntimeError before initialize
+        except RuntimeError:
+            return False
+        return True
+
+    def _dispatch(self, data: dict[str, Any], msg_id: Any, method: str) -> None:
+        """Structure a request (``msg_id`` set) or notification, then hand it to pygls."""
+        default = JsonRPCNotification if msg_id is None else JsonRPCRequestMessage
+        try:
+            message = self._converter.structure(data, self.get_message_type(method) or default)
+        except Exception as exc:
+            if msg_id is None:
+                log.warning("dropped notification %s: %s", method, describe_structure_error(exc))
+                return
+            try:
+                self._get_handler(method)
+            except JsonRpcMethodNotFound as err:
+                self.reply_error(msg_id, err.code, err.message)
+                return
+            self.reply_error(
+                msg_id,
+                INVALID_PARAMS,
+                f"Invalid params for {method}: {describe_structure_error(exc)}",
+            )
+            return
+        try:
+            self.handle_message(message)
+        except Exception as exc:  # pygls answers handler errors itself; this is its own
+            log.exception("could not handle %s", method)
+            if msg_id is not None:
+                self.reply_error(msg_id, INTERNAL_ERROR, f"{method}: internal error: {exc}")
+
+    def _dispatch_response(self, data: dict[str, Any]) -> None:
+        msg_id = data["id"]
+        try:
+            if "error" in data:
+                message = self._converter.structure(data, types.ResponseErrorMessage)
+            else:
+                cls = self._result_types.pop(msg_id, None) or JsonRPCResponseMessage
+                message = self._converter.structure(data, cls)
+        except Exception as exc:
+            self._fail_pending(msg_id, f"malformed response: {describe_structure_error(exc)}")
+            return
+        self.handle_message(message)
+
+    def _fail_pending(self, msg_id: Any, message: str) -> None:
+        """A response we cannot read still ends the server's wait for it (as an error)."""
+        log.warning("response %r: %s", msg_id, message)
+        if msg_id is not None and msg_id in self._request_futures:
+            self._result_types.pop(msg_id, None)
+            self._handle_response(
+                msg_id, None, types.ResponseError(code=INVALID_PARAMS, message=message)
+            )
+
+    # -- document sync ----------------------------------------------------------------------
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(
+        self, params: types.DidChangeTextDocumentParams
+    ) -> Iterator[Any]:
+        """Apply edits over LSP lines in the negotiated encoding. pygls' own version
+        indexes ``str.splitlines`` lines, so an edit below a form feed or U+2028 lands
+        on the wrong line and the server's copy of the document drifts from the editor's."""
+        uri = params.text_document.uri
+        doc = find_document(self.workspace, uri)
+        if doc is None:
+            log.warning("didChange for %s, which is not open: ignored", uri)
+        else:
+            text = doc.source
+            encoding = normalize_encoding(self.workspace.position_encoding)
+            for change in params.content_changes:
+                if isinstance(change, types.TextDocumentContentChangePartial):
+                    text = apply_change(text, change.range, change.text, encoding)
+                else:
+                    text = change.text
+            self.workspace.update_text_document(
+                params.text_document, types.TextDocumentContentChangeWholeDocument(text=text)
+            )
+        if (user_handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CHANGE)) is not None:
+            yield user_handler, (params,), None
 
 
 class EcholineServer(LanguageServer):
@@ -84,6 +509,7 @@ class EcholineServer(LanguageServer):
             "echoline",
             VERSION,
             protocol_cls=EcholineProtocol,
+            converter_factory=strict_converter,
             text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
         )
         self.settings = cfg.Settings()
@@ -101,8 +527,79 @@ class EcholineServer(LanguageServer):
         )
 
     def _doc_text(self, uri: str) -> str | None:
-        doc = self.workspace.text_documents.get(uri)
+        doc = find_document(self.workspace, uri)
         return None if doc is None else doc.source
+
+    @property
+    def position_encoding(self) -> str:
+        """The ``positionEncoding`` agreed at initialize (pygls picks the client's first
+        offered one it knows: utf-8, utf-16 or utf-32); UTF-16 before that."""
+        try:
+            return normalize_encoding(self.workspace.position_encoding)
+        except RuntimeError:
+            return UTF16
+
+    # ---- transport ---------------------------------------------------------------------
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """Serve over stdio through ``FrameParser`` (pygls' reader would allocate whatever
+        a ``Content-Length`` claims). Reads run on the thread pool, as pygls' do."""
+        self._stop_event = threading.Event()
+        stream = stdin or sys.stdin.buffer
+        read = getattr(stream, "read1", stream.read)  # read1: what is there, not N bytes
+        pool = self.thread_pool
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+
+        def read_chunk() -> Awaitable[bytes]:
+            return asyncio.get_running_loop().run_in_executor(pool, read, READ_CHUNK_BYTES)
+
+        try:
+            asyncio.run(self.serve(read_chunk))
+        except BrokenPipeError:
+            log.error("the client's pipe is closed; shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
+
+    def start_tcp(self, host: str, port: int) -> None:
+        """Serve one client at a time over TCP, through the same frame reader."""
+        self._stop_event = threading.Event()
+
+        async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.protocol.set_writer(writer)  # type: ignore[arg-type]
+            await self.serve(lambda: reader.read(READ_CHUNK_BYTES))
+            self.shutdown()
+
+        async def main() -> None:
+            self._server = await asyncio.start_server(connection, host, port)
+            async with self._server:
+                await self._server.serve_forever()
+
+        try:
+            asyncio.run(main())
+        except asyncio.CancelledError:
+            log.debug("TCP server stopped")
+
+    async def serve(self, read_chunk: Callable[[], Awaitable[bytes]]) -> None:
+        """Read frames until EOF (or ``exit``); a bad frame is answered and skipped."""
+        parser = FrameParser()
+        stop = self._stop_event
+        while stop is None or not stop.is_set():
+            data = await read_chunk()
+            if not data:
+                break
+            parser.feed(data)
+            for item in parser.frames():
+                if isinstance(item, FrameError):
+                    log.warning("bad frame: %s", item.message)
+                    self.protocol.reply_error(None, item.code, item.message)
+                    continue
+                try:
+                    self.protocol.handle_body(item)
+                except BrokenPipeError:
+                    raise
+                except Exception:  # never let one message end the server
+                    log.exception("could not handle a message")
 
     # ---- plumbing ----------------------------------------------------------------------
     def cancel_request(self, msg_id: Any) -> None:
@@ -261,7 +758,7 @@ class EcholineServer(LanguageServer):
     def buffer_changed(self, uri: str) -> None:
         if self.index is None:
             return
-        doc = self.workspace.text_documents.get(uri)
+        doc = find_document(self.workspace, uri)
         if doc is not None:
             self.index.open_buffer(uri, doc.source)
 
@@ -276,50 +773,42 @@ class InlineOutcome:
 # ---- helpers on documents -----------------------------------------------------------------
 
 
-def utf16_len(s: str) -> int:
-    return len(s.encode("utf-16-le")) // 2
-
-
-def line_body(line: str) -> str:
-    return line.rstrip("\r\n")
-
-
-def completion_end(pos: types.Position, rest_of_line: str, completion: str) -> types.Position:
+def completion_end(
+    pos: types.Position, rest_of_line: str, completion: str, encoding: str = UTF16
+) -> types.Position:
     """Where an inline item's range ends: the end of the cursor's line when the rest of
     that line is blank or repeated at the end of the completion's first line (an
     auto-closed ")" the model wrote too), so accepting it does not duplicate text;
-    otherwise the cursor itself (a pure insertion)."""
+    otherwise the cursor itself (a pure insertion). ``encoding``: the session's
+    position encoding, the unit the end's character is counted in."""
     first = completion.split("\n", 1)[0]
     tail = rest_of_line.strip()
     if rest_of_line and (not tail or first.rstrip().endswith(tail)):
-        return types.Position(line=pos.line, character=pos.character + utf16_len(rest_of_line))
+        width = unit_len(rest_of_line, encoding)
+        return types.Position(line=pos.line, character=pos.character + width)
     return pos
 
 
-def check_position(doc: TextDocument, pos: types.Position, what: str) -> int:
-    """Offset (code points) of a client position; a clear error when it is out of bounds."""
-    lines = doc.lines
-    n = len(lines)
-    if pos.line < 0 or pos.character < 0:
-        raise invalid(f"{what} {pos.line}:{pos.character} is negative")
-    if pos.line >= n:
-        if pos.character == 0 and (pos.line == n and (n == 0 or lines[-1].endswith("\n"))):
-            return len(doc.source)
-        raise invalid(
-            f"{what} line {pos.line} is out of bounds: the document has {n} line(s)"
-        )
-    width = utf16_len(line_body(lines[pos.line]))
-    if pos.character > width:
-        raise invalid(
-            f"{what} {pos.line}:{pos.character} is past the end of line {pos.line} ({width} characters)"
-        )
-    return doc.offset_at_position(pos)
+def checked_offset(text: str, pos: types.Position, encoding: str, what: str) -> int:
+    """Offset (code points) of a client position in ``text``; InvalidParams (-32602) with
+    the reason when it names no place in the document (see lsp_utils.check_position)."""
+    try:
+        return check_position(text, pos, encoding, what)
+    except PositionError as exc:
+        raise invalid(str(exc)) from exc
+
+
+def find_document(workspace: Any, uri: str) -> TextDocument | None:
+    """An open document. pygls files documents under the percent-decoded URI, while
+    clients send it encoded ("my%20file.py"): look both up."""
+    docs = workspace.text_documents
+    return docs.get(unquote(uri)) or docs.get(uri)
 
 
 def get_doc(ls: EcholineServer, uri: Any) -> TextDocument:
     if not isinstance(uri, str) or not uri:
         raise invalid("'uri' must be a non-empty string")
-    doc = ls.workspace.text_documents.get(uri)
+    doc = find_document(ls.workspace, uri)
     if doc is None:
         raise invalid(f"unknown document {uri!r}: open it first (textDocument/didOpen)")
     return doc
@@ -327,10 +816,19 @@ def get_doc(ls: EcholineServer, uri: Any) -> TextDocument:
 
 def parse_position(raw: Any, what: str) -> types.Position:
     if not isinstance(raw, dict) or not all(
-        isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool) for k in ("line", "character")
+        isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
+        for k in ("line", "character")
     ):
-        raise invalid(f"{what} must be {{line: int, character: int}}, got {raw!r}")
-    return types.Position(line=raw["line"], character=raw["character"])
+        raise invalid(f"{what} must be {{line: int, character: int}}, got {raw!r}"[:300])
+    line, character = raw["line"], raw["character"]
+    if line < 0 or character < 0:
+        raise invalid(f"{what} {line}:{character} is negative")
+    if line > UINTEGER_MAX or character > UINTEGER_MAX:
+        raise invalid(
+            f"{what} {line}:{character} is out of range: "
+            f"a line or character is at most {UINTEGER_MAX}"
+        )
+    return types.Position(line=line, character=character)
 
 
 def parse_rewrite_args(args: tuple[Any, ...]) -> dict[str, Any]:
@@ -431,14 +929,16 @@ async def on_inline_completion(
     uri = params.text_document.uri
     doc = get_doc(ls, uri)
     pos = params.position
-    offset = check_position(doc, pos, "position")
-    await ls.engine_ready()
+    encoding = ls.position_encoding
+    # The text the position was sent against: a didChange while the model loads must
+    # not move the cursor's offset under it.
     text = doc.source
+    offset = checked_offset(text, pos, encoding, "position")
+    await ls.engine_ready()
     prefix, suffix = text[:offset], text[offset:]
-    line_start = prefix.rfind("\n") + 1
-    cursor_line = prefix[line_start:]
+    cursor_line = text[line_start(text, offset) : offset]
     indent = indentation(cursor_line)
-    rest_of_line = line_body(suffix.split("\n", 1)[0])
+    rest = rest_of_line(text, offset)
     max_tokens = ls.settings.inline_max_tokens
     spec = ls.settings.speculation
 
@@ -488,7 +988,7 @@ async def on_inline_completion(
     ls.note_stats(out.stats)
     if not completion:
         return types.InlineCompletionList(items=[])
-    end = completion_end(pos, rest_of_line, completion)
+    end = completion_end(pos, rest, completion, encoding)
     item = types.InlineCompletionItem(insert_text=completion, range=types.Range(start=pos, end=end))
     return types.InlineCompletionList(items=[item])
 
@@ -501,7 +1001,7 @@ def on_code_action(ls: EcholineServer, params: types.CodeActionParams) -> list[t
         str(k).startswith("refactor") for k in params.context.only
     ):
         return []
-    doc = ls.workspace.text_documents.get(params.text_document.uri)
+    doc = find_document(ls.workspace, params.text_document.uri)
     if doc is None:
         return []
     arg = {
@@ -532,10 +1032,11 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             code=CONTENT_MODIFIED,
         )
     rng: types.Range = req["range"]
-    start = check_position(doc, rng.start, "range.start")
-    end = check_position(doc, rng.end, "range.end")
+    text = doc.source  # the text of the version checked above, whatever arrives meanwhile
+    encoding = ls.position_encoding
+    start = checked_offset(text, rng.start, encoding, "range.start")
+    end = checked_offset(text, rng.end, encoding, "range.end")
     await ls.engine_ready()
-    text = doc.source
     version = req["version"]
     instruction = req["instruction"]
     last = [0.0]
@@ -638,7 +1139,7 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             "edit not applied (raise echoline.maxTokens or select less)",
             **base,
         }
-    current = ls.workspace.text_documents.get(uri)
+    current = find_document(ls.workspace, uri)
     if current is None or current.version != version:
         now = None if current is None else current.version
         ls.progress_end(token, "document changed; not applied")

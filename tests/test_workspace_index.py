@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from pygls import uris
 
-from sidecar.workspace_index import WorkspaceIndex, is_secret_name, source_id_for, uri_for
+from sidecar import workspace_index as wi
+from sidecar.workspace_index import (
+    WorkspaceIndex,
+    is_secret_name,
+    source_id_for,
+    too_broad_root,
+    uri_for,
+)
 
 
 class DictSink:
@@ -191,3 +200,257 @@ def test_handle_changes_directory_delete(ws: Path) -> None:
     idx.handle_changes({(watchfiles.Change.deleted, str(ws / "src"))})
     assert sid(ws / "src" / "a.py") not in sink.sources
     assert idx.stats().files == 1
+
+
+# ---- hostile or huge workspaces ---------------------------------------------------------
+
+
+@pytest.fixture
+def fake_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    (home / "diary.txt").write_text("dear diary\n")
+    (home / "proj" / "main.py").write_text("print('hi')\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: cls(str(home))))
+    assert Path.home() == home
+    return home
+
+
+def test_home_root_refused_other_roots_still_indexed(fake_home: Path, ws: Path) -> None:
+    proj = fake_home / "proj"
+    events: list[tuple[str, str]] = []
+    sink = DictSink()
+    idx = WorkspaceIndex([fake_home, proj, ws], sink, on_change=lambda k, u: events.append((k, u)))
+    assert idx.roots == [proj, ws]
+    idx.scan()
+    assert sid(proj / "main.py") in sink.sources  # a subfolder of home is fine
+    assert sid(ws / "notes.md") in sink.sources
+    assert sid(fake_home / "diary.txt") not in sink.sources
+    assert not any("dear diary" in t for t in sink.sources.values())
+    assert idx.skip_reason(fake_home / "diary.txt") == "outside"
+    st = idx.stats()
+    assert st.refused_roots == {str(fake_home): "home directory"}
+    assert st.as_dict()["refusedRoots"] == {str(fake_home): "home directory"}
+    only_home = WorkspaceIndex([fake_home], DictSink(), on_change=lambda k, u: events.append((k, u)))
+    only_home.start()  # nothing to watch: reports the refusal and returns, no thread
+    assert only_home._thread is None
+    assert ("refused", uri_for(fake_home)) in events
+
+
+def test_too_broad_roots(fake_home: Path, tmp_path: Path) -> None:
+    for broad in ("/", "/usr", "/etc", "/var", "/tmp", tempfile.gettempdir(), fake_home, tmp_path):
+        assert too_broad_root(broad) is not None, broad
+    assert too_broad_root("/") == "filesystem root"
+    assert too_broad_root(tmp_path) == "contains the home directory"
+    os.symlink(fake_home, tmp_path / "home_link")
+    assert too_broad_root(tmp_path / "home_link") == "home directory"
+    assert too_broad_root(fake_home / "proj") is None
+    assert too_broad_root(tmp_path / "ws") is None
+    assert too_broad_root("/usr/src/project") is None
+    sink = DictSink()
+    idx = WorkspaceIndex(["/", "/etc"], sink)  # must not walk the disk, here or in scan()
+    idx.scan()
+    assert idx.roots == [] and sink.sources == {}
+    assert idx.stats().refused_roots == {"/": "filesystem root", "/etc": "system directory"}
+
+
+def test_file_cap_stops_scan_and_is_reported(ws: Path) -> None:
+    for i in range(10):
+        (ws / f"f{i}.py").write_text(f"v{i} = {i}\n")
+    idx, sink = make(ws, max_index_files=4)
+    idx.scan()
+    st = idx.stats()
+    assert st.files == 4 and len(sink.sources) == 4
+    assert st.file_cap_reached and st.max_files == 4
+    assert st.skipped["file-cap"] == 1  # the walk stopped at the first refusal
+    assert st.as_dict()["fileCapReached"] is True and st.as_dict()["maxFiles"] == 4
+    indexed = sorted(sink.sources)
+    first = Path(uris.to_fs_path(indexed[0].removeprefix("file:")))
+    assert idx.index_file(first)  # re-indexing an indexed file is not a new file
+    idx.remove_path(first)
+    assert idx.index_file(ws / "f9.py")  # room again after a removal
+    assert not idx.index_file(ws / "f8.py")
+
+
+def test_sizes_checked_before_reading(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[tuple[str, int]] = []
+    real_read = wi._read_capped
+
+    def spy(path: Path, expect: os.stat_result, limit: int) -> tuple[bytes, str | None]:
+        reads.append((path.name, limit))
+        return real_read(path, expect, limit)
+
+    monkeypatch.setattr(wi, "_read_capped", spy)
+    with open(ws / "huge.txt", "wb") as fh:  # sparse: costs no disk space
+        fh.truncate(8 * 1024 * 1024)
+    for i in range(6):
+        (ws / f"g{i}.py").write_text("x" * 99 + "\n")  # 100 bytes each
+    idx, sink = make(ws, max_file_bytes=4096, max_total_bytes=400)
+    idx.scan()
+    names = [n for n, _ in reads]
+    assert "huge.txt" not in names
+    assert idx.stats().skipped["huge"] == 1
+    assert idx.stats().skipped["budget"] >= 1
+    assert len(reads) == len(sink.sources)  # nothing over the budget was opened
+    assert all(limit == 4096 + 1 for _, limit in reads)
+    assert idx.stats().bytes <= 400
+
+
+def test_file_growing_after_stat_is_read_capped(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    grown: list[int] = []
+    real_read = wi._read_capped
+
+    def grow_then_read(path: Path, expect: os.stat_result, limit: int) -> tuple[bytes, str | None]:
+        with open(path, "a") as fh:
+            fh.write("y = 2\n" * 2000)
+        data, reason = real_read(path, expect, limit)
+        grown.append(len(data))
+        return data, reason
+
+    monkeypatch.setattr(wi, "_read_capped", grow_then_read)
+    idx, sink = make(ws, max_file_bytes=1000)
+    assert not idx.index_file(ws / "notes.md")
+    assert grown == [1001]
+    assert idx.stats().skipped["huge"] == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifo_is_not_read(ws: Path) -> None:
+    os.mkfifo(ws / "pipe.txt")
+    idx, sink = make(ws)
+    idx.scan()  # would hang if the FIFO were opened for reading
+    assert idx.skip_reason(ws / "pipe.txt") == "not-a-file"
+    assert sid(ws / "pipe.txt") not in sink.sources
+
+
+class NoSumDict(dict):
+    """A dict that fails when summed: the running total must not need it."""
+
+    def values(self):  # type: ignore[override]
+        raise AssertionError("bytes must be a running total, not a sum over all files")
+
+
+def test_running_total_kept_without_resumming(ws: Path) -> None:
+    idx, sink = make(ws)
+    idx.scan()
+    idx._disk = NoSumDict(idx._disk)
+    idx._buffers = NoSumDict(idx._buffers)
+
+    def consistent() -> bool:
+        return idx.stats().bytes == sum(len(t.encode()) for t in sink.sources.values())
+
+    for i in range(50):
+        (ws / f"n{i}.py").write_text(f"n{i} = {'1' * i}\n")
+        assert idx.index_file(ws / f"n{i}.py")
+    assert consistent()
+    (ws / "n3.py").write_text("replaced = True\n")
+    idx.index_file(ws / "n3.py")
+    assert consistent()
+    idx.remove_path(ws / "n4.py")
+    assert consistent()
+    a = ws / "src" / "a.py"
+    assert idx.open_buffer(uri_for(a), "def a():\n    return 'buffer, much longer'\n")
+    assert consistent()  # the buffer replaces the disk copy, counted once
+    assert not idx.open_buffer(uri_for(a), "x\x00")
+    assert consistent()
+    idx.close_buffer(uri_for(a))
+    assert consistent()
+    idx.remove_path(ws)
+    assert idx.stats().bytes == 0 and sink.sources == {}
+
+
+@pytest.fixture
+def secret_home(fake_home: Path) -> Path:
+    (fake_home / ".ssh").mkdir()
+    (fake_home / ".ssh" / "id_rsa").write_text("-----BEGIN KEY----- ssh-secret\n")
+    (fake_home / ".ssh" / "config").write_text("Host x ssh-secret\n")
+    return fake_home
+
+
+def test_symlink_names_harmless_targets_secret(ws: Path, secret_home: Path) -> None:
+    (ws / ".env").write_text("TOKEN=env-secret\n")
+    (ws / ".kube").mkdir()
+    (ws / ".kube" / "config").write_text("token: kube-secret\n")
+    os.symlink(ws / ".env", ws / "notes.txt")
+    os.symlink(ws / ".kube" / "config", ws / "readme.md")
+    os.symlink(ws / ".kube", ws / "plain_dir")
+    os.symlink(secret_home / ".ssh" / "config", ws / "hosts.txt")
+    os.symlink(secret_home / ".ssh" / "id_rsa", ws / "key.txt")
+    idx, sink = make(ws)
+    idx.scan()
+    assert not any("secret" in t for t in sink.sources.values())
+    for name in ("notes.txt", "readme.md", "hosts.txt", "key.txt"):
+        assert sid(ws / name) not in sink.sources
+        assert idx.skip_reason(ws / name) == "secret", name
+    assert idx.skip_reason(ws / "plain_dir" / "config") == "secret"
+    assert not idx.open_buffer(uri_for(ws / "notes.txt"), "TOKEN=env-secret\n")
+    assert not idx.open_buffer(uri_for(ws / "plain_dir" / "config"), "token: kube-secret\n")
+    assert sink.sources.keys() == {sid(ws / "src" / "a.py"), sid(ws / "notes.md")}
+
+
+def test_symlinks_out_of_root_and_loops(ws: Path, tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.py").write_text("outside = 1\n")
+    os.symlink(tmp_path / "elsewhere.py", ws / "harmless.py")
+    os.symlink(ws, ws / "loop")  # directory symlink loops
+    os.symlink(ws / "src", ws / "src" / "again")
+    os.symlink(ws / "b.txt", ws / "a.txt")  # file symlink cycle
+    os.symlink(ws / "a.txt", ws / "b.txt")
+    (ws / ".gitignore").write_text("build/\n")
+    (ws / "build").mkdir()
+    (ws / "build" / "out.txt").write_text("generated\n")
+    os.symlink(ws / "build" / "out.txt", ws / "pub.txt")
+    idx, sink = make(ws)
+    idx.scan()  # terminates
+    assert sink.sources.keys() == {
+        sid(ws / "src" / "a.py"), sid(ws / "notes.md"), sid(ws / ".gitignore")
+    }
+    assert idx.skip_reason(ws / "harmless.py") == "outside"
+    assert idx.skip_reason(ws / "a.txt") == "outside"
+    assert idx.skip_reason(ws / "pub.txt") == "gitignore"
+
+
+NEW_SECRET_FILES = [
+    ".git-credentials", "prod.tfvars", "prod.tfvars.json", "terraform.tfstate",
+    "terraform.tfstate.backup", ".bash_history", ".zsh_history", ".python_history",
+    ".node_repl_history", "psql_history", ".netrc", ".pgpass", ".npmrc", ".pypirc", "id_ecdsa",
+    "id_ed25519", "client.pfx", "server.KEY", ".env.production", "kubeconfig",
+]
+SECRET_DIR_FILES = [
+    ".kube/config", ".docker/config.json", ".aws/credentials", ".aws/config", ".ssh/config",
+    ".gnupg/pubring.kbx", "deploy/.kube/config", ".azure/env/settings.json",
+]
+
+
+@pytest.mark.parametrize("rel", NEW_SECRET_FILES + SECRET_DIR_FILES)
+def test_extended_secret_rules(ws: Path, rel: str) -> None:
+    path = ws / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("SECRET=hunter2\n")
+    idx, sink = make(ws)
+    idx.scan()
+    assert idx.skip_reason(path) == "secret"
+    assert not any("hunter2" in t for t in sink.sources.values())
+    assert not idx.open_buffer(uri_for(path), "SECRET=hunter2\n")  # buffers: same rule
+    assert sid(path) not in sink.sources
+    assert idx.stats().skipped["buffer-refused"] == 1
+
+
+def test_new_rules_keep_ordinary_names() -> None:
+    for name in ("history.md", "docker-compose.yml", "kube.py", "config.json", "main.tf",
+                 "Dockerfile", "history.py", "tfvars.md"):
+        assert not is_secret_name(name), name
+
+
+def test_watch_event_for_skipped_dir_is_not_walked(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import watchfiles
+
+    idx, sink = make(ws)
+    idx.scan()
+    nm = ws / "node_modules" / "pkg"
+    nm.mkdir(parents=True)
+    (nm / "index.js").write_text("module.exports = 1\n")
+    walked: list[Path] = []
+    monkeypatch.setattr(idx, "_scan_dir", lambda root, top: walked.append(top) or True)
+    idx.handle_changes({(watchfiles.Change.added, str(nm))})
+    assert walked == []

@@ -319,6 +319,8 @@ template <int QT>
 struct TcTraits { static constexpr bool ok = false; };
 template <> struct TcTraits<QT_Q4_0> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 8; };
 template <> struct TcTraits<QT_Q4_1> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
+template <> struct TcTraits<QT_Q5_0> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 16; };
+template <> struct TcTraits<QT_Q5_1> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
 template <> struct TcTraits<QT_Q8_0> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 128; };
 template <> struct TcTraits<QT_Q4_K> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
 template <> struct TcTraits<QT_Q6_K> { static constexpr bool ok = true, split = true, has_min = false; static constexpr int off = 32; };
@@ -351,6 +353,47 @@ __device__ __forceinline__ void tc_unit<QT_Q4_1>(const u8* row, int u, int t, u3
         u32 v = *reinterpret_cast<const u32*>(blk + 4 + 4 * t);
         w[i][0] = v & 0x0F0F0F0Fu;
         w[i][1] = (v >> 4) & 0x0F0F0F0Fu;
+        s0[i] = s1[i] = h2f((u16)(dm & 0xFFFF));
+        mn[i] = h2f((u16)(dm >> 16));
+    }
+}
+
+// Four bits of a 32-bit high-bit word (bits 4 of four consecutive elements) spread to bit 4
+// of each byte: a Q5 block's fifth bits joined to its nibbles one word at a time.
+__device__ __forceinline__ u32 q5_high4(u32 qh, int first) {
+    u32 h = (qh >> first) & 0xFu;
+    return ((h & 1u) | ((h & 2u) << 7) | ((h & 4u) << 14) | ((h & 8u) << 21)) << 4;
+}
+
+// Q5_0 (22-byte blocks: d, qh, 16 nibble bytes; w = d * (code - 16)): element j < 16 is the
+// low nibble of byte j, j >= 16 the high nibble of byte j - 16, bit 4 is bit j of qh.
+template <>
+__device__ __forceinline__ void tc_unit<QT_Q5_0>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u8* blk = row + (long long)(2 * u + i) * 22;  // 2-aligned
+        u32 qh = ld32u(blk + 2);
+        u32 v = ld32u(blk + 6 + 4 * t);
+        w[i][0] = (v & 0x0F0F0F0Fu) | q5_high4(qh, 4 * t);
+        w[i][1] = ((v >> 4) & 0x0F0F0F0Fu) | q5_high4(qh, 16 + 4 * t);
+        s0[i] = s1[i] = ldh(blk);
+        mn[i] = 0.0f;
+    }
+}
+
+// Q5_1 (24-byte blocks: d, m, qh, 16 nibble bytes; w = d * code + m), same element order.
+template <>
+__device__ __forceinline__ void tc_unit<QT_Q5_1>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u8* blk = row + (long long)(2 * u + i) * 24;  // 4-aligned
+        u32 dm = *reinterpret_cast<const u32*>(blk);
+        u32 qh = *reinterpret_cast<const u32*>(blk + 4);
+        u32 v = *reinterpret_cast<const u32*>(blk + 8 + 4 * t);
+        w[i][0] = (v & 0x0F0F0F0Fu) | q5_high4(qh, 4 * t);
+        w[i][1] = ((v >> 4) & 0x0F0F0F0Fu) | q5_high4(qh, 16 + 4 * t);
         s0[i] = s1[i] = h2f((u16)(dm & 0xFFFF));
         mn[i] = h2f((u16)(dm >> 16));
     }
