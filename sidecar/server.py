@@ -331,6 +331,9 @@ class EcholineProtocol(LanguageServerProtocol):
     ``$/cancelRequest`` forwarded to the server so running jobs stop, not just queued ones."""
 
     def _handle_cancel_notification(self, msg_id: Any) -> None:
+        if not _valid_id(msg_id):  # lsprotocol lets any JSON value through as an id
+            log.warning("$/cancelRequest with an invalid id %r: ignored", msg_id)
+            return
         hook = getattr(self._server, "cancel_request", None)
         if hook is not None:
             hook(msg_id)
