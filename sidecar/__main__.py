@@ -6,15 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-
-def parse_hostport(spec: str) -> tuple[str, int]:
-    """"HOST:PORT" or ":PORT"/"PORT" (host defaults to 127.0.0.1, never all interfaces)."""
-    host, sep, port = spec.rpartition(":")
-    if not sep:
-        host, port = "", spec
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"--tcp wants HOST:PORT, got {spec!r}")
-    return host or "127.0.0.1", int(port)
+from sidecar.cli import parse_hostport
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,6 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     serve = sub.add_parser("serve", help="run the language server (stdio by default)")
     serve.add_argument("--tcp", type=parse_hostport, metavar="HOST:PORT")
+    serve.add_argument("--stdio", action="store_true", help="stdio (the default)")
     sub.add_parser("rewrite", help="rewrite lines of a file (see: rewrite --help)")
     args = p.parse_args(argv)
     from sidecar import server

@@ -17,6 +17,27 @@ from engine.backends import BACKEND_NAMES, CPU_ACTIVATIONS
 from engine.errors import EcholineError
 from engine.models_registry import DEFAULT_MODEL, MODELS
 
+
+def package_version() -> str:
+    """The installed distribution's version (one source: pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("echoline")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+def parse_hostport(spec: str) -> tuple[str, int]:
+    """"HOST:PORT" or ":PORT"/"PORT" (host defaults to 127.0.0.1, never all interfaces)."""
+    host, sep, port = spec.rpartition(":")
+    if not sep:
+        host, port = "", spec
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"--tcp wants HOST:PORT, got {spec!r}")
+    return host or "127.0.0.1", int(port)
+
+
 BENCH_KINDS = ("decode", "spec", "cache", "lsp", "edits")
 
 
@@ -31,6 +52,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="echoline", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"echoline {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="stream a greedy reply to a prompt")
@@ -73,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(d)
 
     s = sub.add_parser("serve", help="run the language server (stdio unless --tcp)")
-    s.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP (host defaults to 127.0.0.1)")
+    s.add_argument("--tcp", type=parse_hostport, metavar="HOST:PORT",
+                   help="listen on TCP (host defaults to 127.0.0.1)")
+    s.add_argument("--stdio", action="store_true",
+                   help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)")
 
     r = sub.add_parser("rewrite", help="rewrite lines of a file without an editor (prints, never writes)")
     r.add_argument("rest", nargs=argparse.REMAINDER)
@@ -231,9 +256,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from sidecar import server
 
+    if args.tcp and args.stdio:
+        raise EcholineError("--tcp and --stdio exclude each other")
     if args.tcp:
-        host, _, port = args.tcp.rpartition(":")
-        server.run_tcp(host or "127.0.0.1", int(port))
+        server.run_tcp(*args.tcp)
     else:
         server.run_stdio()
     return 0

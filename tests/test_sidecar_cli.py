@@ -88,3 +88,37 @@ def test_serve_tcp_answers_initialize(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_version_and_stdio_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    from sidecar.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"echoline {version('echoline')}"
+    args = build_parser().parse_args(["serve", "--stdio"])  # editors that pass it
+    assert args.stdio and args.tcp is None
+    assert build_parser().parse_args(["serve", "--tcp", ":2087"]).tcp == ("127.0.0.1", 2087)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--tcp", "host:notaport"])
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_every_file_the_backends_read(tmp_path: Path) -> None:
+    """A non-editable install reads kernels/cuda/*.cu AND quant.cuh (it is inlined into
+    every module): the built wheel must hold them all, and every package folder."""
+    import zipfile
+
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(root)],
+                   check=True, capture_output=True, timeout=600)
+    [wheel] = tmp_path.glob("echoline-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in sorted((root / "kernels" / "cuda").glob("*.cu*")):
+        assert f"kernels/cuda/{f.name}" in names, f.name
+    for pkg in ("engine", "kernels", "sidecar", "engine/drafting", "engine/models", "kernels/cpu"):
+        assert f"{pkg}/__init__.py" in names, pkg
+    assert not any(n.startswith(("tests/", "tools/")) for n in names)  # dev-only parts stay out
