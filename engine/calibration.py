@@ -152,8 +152,13 @@ def _exclusive(path: Path | None) -> Iterator[None]:
     except ImportError:  # Windows: no advisory locks; calibrations may overlap there
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "a") as handle:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_suffix(".lock"), "a")  # closed by the with below
+    except OSError:  # a read-only or full cache: measure without the lock
+        yield
+        return
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -169,6 +174,20 @@ def _read_table(path: Path | None) -> dict[int, dict[int, float]] | None:
         return {int(c): _sane({int(r): t for r, t in v.items()}) for c, v in raw.items()}
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def _write_table(path: Path, table: dict[int, dict[int, float]]) -> None:
+    """Cache the curve, written whole then renamed (a reader never sees half a file).
+
+    A cache that cannot be written (disk full, read-only home) costs the next process a
+    new measurement, never this request: the curve in hand is used either way.
+    """
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(table))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def measure_verify_cost(model: Transformer, model_path: Path | None = None, recheck: bool = True) -> VerifyCost:
@@ -189,10 +208,7 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None, rech
             # The fastest of the reps: noise only ever adds time.
             table = {c: _sane(row_times(model, c, CAL_ROWS, reps=5, stat=min)) for c in sorted(set(contexts))}
             if path is not None:
-                # Written whole, then renamed: a reader never sees half a file.
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(table))
-                tmp.replace(path)
+                _write_table(path, table)
     c0, c1 = contexts
     columns = []
     for c in GRID_CONTEXTS:

@@ -171,3 +171,23 @@ def test_the_curve_is_measured_as_wide_as_the_engine_drafts():
     from engine.api import MAX_DRAFT
 
     assert max(calibration.CAL_ROWS) >= MAX_DRAFT + 1
+
+
+def test_an_unwritable_cache_costs_a_measurement_not_the_request(tmp_path, monkeypatch):
+    """Disk full or a read-only cache: the curve is measured and used, nothing raises."""
+    from pathlib import Path
+
+    from engine import calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_model(tmp_path / "m.gguf", "llama", context=1024)
+    _, model = load_model(path, NumpyBackend())
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(Path, "mkdir", full)
+    cost = measure_verify_cost(model, path)
+    assert cost.ratio(max(calibration.CAL_ROWS), 64) >= 1.0
+    assert not calibration._cache_file(path, model.backend.name).exists()
