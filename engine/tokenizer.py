@@ -218,6 +218,15 @@ def _vocab_dict(tokens: Sequence[str]) -> dict[str, int]:
     return {tok: i for i, tok in enumerate(tokens)}
 
 
+def _bpe_model(vocab: dict[str, int], merges: list[tuple[str, str]], **kw: Any) -> models.BPE:
+    """``models.BPE``, with its bare ``Exception`` (a merge naming a token that is not in
+    the vocabulary: a corrupt or hostile file) turned into a clear TokenizerError."""
+    try:
+        return models.BPE(vocab, merges, **kw)
+    except Exception as exc:  # tokenizers raises plain Exception here
+        raise TokenizerError(f"the file's BPE vocabulary and merges do not fit together: {exc}") from None
+
+
 def _build_bpe(meta: dict[str, Any], vocab: dict[str, int]) -> HFTokenizer:
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _BPE_PRE:
@@ -235,7 +244,7 @@ def _build_bpe(meta: dict[str, Any], vocab: dict[str, int]) -> HFTokenizer:
         if pos < 0:
             raise TokenizerError(f"malformed BPE merge {m!r}")
         merges.append((m[:pos], m[pos + 1 :]))
-    model = models.BPE(vocab, merges, ignore_merges=ignore_merges)
+    model = _bpe_model(vocab, merges, ignore_merges=ignore_merges)
     tok = HFTokenizer(model)
     if regexes == (_GPT2_RE,):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -261,7 +270,7 @@ def _build_spm(
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     tokens = meta["tokenizer.ggml.tokens"]
     unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
-    model = models.BPE(vocab, merges, unk_token=unk, byte_fallback=True)
+    model = _bpe_model(vocab, merges, unk_token=unk, byte_fallback=True)
     tok = HFTokenizer(model)
     steps = [normalizers.Replace(" ", "▁")]
     if meta.get("tokenizer.ggml.add_space_prefix", False):

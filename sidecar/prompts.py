@@ -71,14 +71,19 @@ _VOLATILE_HEAD = "Rewrite"
 
 
 def rewrite_prompt(
-    file_text: str, start: int, end: int, instruction: str, *, name: str = ""
+    file_text: str, start: int, end: int, instruction: str, *, name: str = "",
+    window: int = MAX_FILE_CHARS,
 ) -> RewritePrompt:
-    """Messages for rewriting ``file_text[start:end]`` as ``instruction`` says."""
+    """Messages for rewriting ``file_text[start:end]`` as ``instruction`` says.
+
+    ``window``: at most this many characters of the file (whole lines around the
+    selection); ``fitted_rewrite_ids`` shrinks it until the prompt fits in tokens.
+    """
     lang = language_for(name)
     selection = file_text[start:end]
     body = selection[:-1] if selection.endswith("\n") else selection
     instr = instruction.strip() or REPRODUCE_INSTRUCTION
-    context = file_window(file_text, start, end)
+    context = file_window(file_text, start, end, window)
     stable = _stable_part(context, name)
     # Measured on SmolLM2-135M (the default), with the answer primed by an opening fence:
     # - reproducing: the instruction BEFORE the fenced selection copied it exactly in 3 of
@@ -104,6 +109,38 @@ def rewrite_prompt_ids(engine: Any, prompt: RewritePrompt) -> list[int]:
         ids = list(engine.encode_chat(prompt.messages))
         return ids + list(tok.encode(prompt.prime, add_bos=False, parse_special=False))
     return list(tok.encode(prompt.plain, parse_special=False))
+
+
+def _context_tokens(engine: Any) -> int | None:
+    config = getattr(engine, "config", None)
+    return getattr(config, "context_length", None)
+
+
+def fitted_rewrite_ids(
+    engine: Any, file_text: str, start: int, end: int, instruction: str, *, name: str = "",
+    reply_room: int = 512,
+) -> tuple[RewritePrompt, list[int]]:
+    """The rewrite prompt and its ids, the file window shrunk until they fit the context.
+
+    Why tokens, not characters: the window is cut in characters, and dense text (CJK,
+    emoji, minified code) can be one token a character or more, so a 16,000-character
+    window could overflow a model's context and the request would fail instead of
+    seeing less of the file. ``reply_room`` tokens are kept free for the reply.
+    Raises ``ValueError`` when even the selection alone does not fit.
+    """
+    limit = _context_tokens(engine)
+    window = MAX_FILE_CHARS
+    while True:
+        prompt = rewrite_prompt(file_text, start, end, instruction, name=name, window=window)
+        ids = rewrite_prompt_ids(engine, prompt)
+        if limit is None or len(ids) + reply_room <= limit:
+            return prompt, ids
+        if window <= end - start:
+            raise ValueError(
+                f"the selection needs {len(ids)} prompt tokens, more than the model's context "
+                f"({limit}) leaves beside {reply_room} for the reply: select less"
+            )
+        window = max(end - start, window // 2)
 
 
 def rewrite_prefix_ids(engine: Any, file_text: str, *, name: str = "") -> list[int] | None:
@@ -172,18 +209,25 @@ def inline_prompt(engine: Any, prefix: str, suffix: str) -> InlinePrompt:
     if len(prefix) > INLINE_PREFIX_CHARS:  # start at a line boundary
         nl = head.find("\n")
         head = head[nl + 1 :] if nl >= 0 else head
+    # Characters bound the work; tokens bound the context (dense text is ~1 token a char).
+    limit = _context_tokens(engine)
+    room = None if limit is None else max(64, limit // 2)  # the rest: reply and drafts
     fim = getattr(tok, "fim", None)
     if fim is not None:
         tail = suffix[:INLINE_SUFFIX_CHARS]
-        ids = (
-            [fim.prefix]
-            + list(tok.encode(head, add_bos=False, parse_special=False))
-            + [fim.suffix]
-            + list(tok.encode(tail, add_bos=False, parse_special=False))
-            + [fim.middle]
-        )
+        head_ids = list(tok.encode(head, add_bos=False, parse_special=False))
+        tail_ids = list(tok.encode(tail, add_bos=False, parse_special=False))
+        if room is not None and len(head_ids) + len(tail_ids) + 3 > room:
+            keep_tail = min(len(tail_ids), room // 4)
+            tail_ids = tail_ids[:keep_tail]
+            head_ids = head_ids[-max(1, room - 3 - keep_tail):]  # the text nearest the cursor
+        ids = [fim.prefix, *head_ids, fim.suffix, *tail_ids, fim.middle]
         return InlinePrompt(ids=ids, mode="fim")
-    return InlinePrompt(ids=list(tok.encode(head, parse_special=False)), mode="prefix")
+    ids = list(tok.encode(head, parse_special=False))
+    if room is not None and len(ids) > room:
+        bos = ids[:1] if getattr(tok, "add_bos", False) else []
+        ids = bos + ids[-(room - len(bos)):]
+    return InlinePrompt(ids=ids, mode="prefix")
 
 
 def heal_prefix(prefix: str) -> tuple[str, str]:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.prompts import FENCE, fit_selection, rewrite_prompt, rewrite_prompt_ids, strip_fence
+from engine.errors import EcholineError
+from sidecar.prompts import FENCE, fit_selection, fitted_rewrite_ids, strip_fence
 
 
 @dataclass
@@ -47,8 +48,11 @@ def run_rewrite(
     cancel: threading.Event | None = None,
 ) -> RewriteOutcome:
     """Rewrite ``file_text[start:end]``. Raises nothing special on cancel: see finish_reason."""
-    prompt = rewrite_prompt(file_text, start, end, instruction, name=name)
-    ids = rewrite_prompt_ids(engine, prompt)
+    try:
+        prompt, ids = fitted_rewrite_ids(engine, file_text, start, end, instruction, name=name,
+                                         reply_room=min(max_tokens, 1024))
+    except ValueError as exc:
+        raise EcholineError(str(exc)) from None
 
     def on_token(ev: Any) -> None:
         if on_progress is None:

@@ -399,3 +399,29 @@ def test_reply_history_setting_applies_to_the_loaded_engine_without_a_reload() -
         assert engine.set_to == [1] and ls.settings.reply_history == 1
     finally:
         ls.worker.stop()
+
+
+def test_prompts_fit_the_context_in_tokens_not_characters() -> None:
+    """Dense text is ~1 token a character: a 16,000-character window would overflow a 2k
+    context. The rewrite window shrinks (keeping the selection) until prompt + reply room
+    fit; the inline prompt keeps the tokens nearest the cursor; a selection too large for
+    the context is a clear error."""
+    from types import SimpleNamespace
+
+    from sidecar.prompts import fitted_rewrite_ids
+
+    eng = SimpleNamespace(tokenizer=CharTokenizer(False), has_chat_template=False,
+                          config=SimpleNamespace(context_length=2000))
+    line = "東京タワー" * 10 + "\n"
+    text = line * 200 + "def f(x):\n    return x\n" + line * 200
+    start = text.index("def f")
+    end = start + len("def f(x):\n    return x\n")
+    prompt, ids = fitted_rewrite_ids(eng, text, start, end, "rename x", reply_room=256)
+    assert len(ids) + 256 <= 2000 and "def f(x):\n    return x" in prompt.plain
+    with pytest.raises(ValueError, match="select less"):
+        fitted_rewrite_ids(eng, text, 0, len(text), "", reply_room=256)
+    fim_eng = SimpleNamespace(tokenizer=CharTokenizer(True), config=SimpleNamespace(context_length=600))
+    fim = inline_prompt(fim_eng, "頭" * 5000 + "cursor", "尾" * 1900)
+    assert len(fim.ids) <= 300 and fim.ids[0] == 1 and fim.ids[-1] == 3
+    cut = fim.ids.index(2)
+    assert fim.ids[cut - 6 : cut] == [ord(c) for c in "cursor"]  # the text at the cursor kept

@@ -490,3 +490,8 @@ def test_build_times(tmp_path: Path) -> None:
         )
         if name == GEMMA:  # the cache must save most of the work
             assert warm_cpu < 0.6 * cold_cpu
+
+
+def test_a_merge_outside_the_vocabulary_is_a_clear_error() -> None:
+    with pytest.raises(TokenizerError, match="merges do not fit"):
+        tokmod._bpe_model({"a": 0, "b": 1}, [("a", "zz")])
