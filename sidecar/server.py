@@ -25,6 +25,7 @@ Positions: converted with ``sidecar.lsp_utils`` (LSP line ends only, the negotia
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import itertools
 import json
 import logging
@@ -35,10 +36,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, get_origin
 from urllib.parse import unquote
 
+import attrs
 import cattrs
+import cattrs.gen
+from cattrs.cols import homogenous_tuple_structure_factory
 from lsprotocol import types
 from lsprotocol.converters import get_converter
 from pygls import uris
@@ -220,7 +224,7 @@ class FrameParser:
             return self._fail(
                 INVALID_REQUEST,
                 f"Content-Length {_show(raw)} exceeds the limit of {self.max_frame_bytes} "
-                "bytes; the frame is skipped",
+                "bytes",
             )
         self._body_len = int(raw)
         return None
@@ -272,30 +276,83 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _strict(kind: str, ok: Callable[[Any], bool]) -> Callable[[Any, Any], Any]:
-    def hook(value: Any, _type: Any) -> Any:
+def _strict(
+    kind: str, ok: Callable[[Any], bool], exact: type, plain: cattrs.Converter
+) -> Callable[[Any, Any], Any]:
+    """A hook for ``exact`` that refuses other JSON kinds. The hook also receives the
+    subclasses (an ``IntEnum`` is an ``int`` to cattrs' dispatch): those are built the
+    way pygls' own converter (``plain``) builds them, so ``SymbolKind`` stays an enum."""
+
+    def hook(value: Any, type_: Any) -> Any:
         if not ok(value):
             raise WrongType(f"expected {kind}, got {_json_kind(value)}")
-        return value
+        return value if type_ is exact else plain.structure(value, type_)
+
+    return hook
+
+
+def _is_sequence(t: Any) -> bool:
+    return get_origin(t) is collections.abc.Sequence  # lsprotocol's arrays: Sequence[X]
+
+
+def _strict_sequence(t: Any, conv: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    base = homogenous_tuple_structure_factory(t, conv)  # what cattrs does for Sequence[X]
+
+    def hook(value: Any, type_: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            raise WrongType(f"expected an array, got {_json_kind(value)}")
+        return base(value, type_)
+
+    return hook
+
+
+def _camel(name: str) -> str:
+    """lsprotocol's wire name of a field: ``text_document`` -> ``textDocument``,
+    ``from_`` -> ``from`` (lsprotocol._hooks._to_camel_case)."""
+    first, *rest = name.removesuffix("_").split("_")
+    return first + "".join(p.title() for p in rest)
+
+
+def _strict_attrs(cls: Any, conv: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    # lsprotocol's own hook for its classes (camelCase names), behind an object check:
+    # its generated code tests ``"key" in value``, which a string or an array also
+    # answers, so ``"capabilities": "none"`` would pass as an empty object.
+    renames = {a.name: cattrs.gen.override(rename=_camel(a.name)) for a in attrs.fields(cls)}
+    base = cattrs.gen.make_dict_structure_fn(cls, conv, **renames)
+
+    def hook(value: Any, type_: Any) -> Any:
+        if not isinstance(value, dict):
+            raise WrongType(f"expected an object, got {_json_kind(value)}")
+        return base(value, type_)
 
     return hook
 
 
 def strict_converter() -> cattrs.Converter:
     """pygls' converter, with plain ``int``/``str``/``bool``/``float`` fields taken only
-    from JSON values of that kind. cattrs would coerce (``int("3")``, ``str(7)``,
-    ``bool("false") is True``), so ``{"line": "3"}`` or ``{"uri": 7}`` would be served
-    as if valid instead of answered with InvalidParams."""
+    from JSON values of that kind, arrays only from JSON arrays, objects only from JSON
+    objects. cattrs would coerce (``int("3")``, ``str(7)``, ``bool("false") is True``,
+    ``"all"`` as the array ``["a", "l", "l"]``, ``"none"`` as an empty object), so
+    ``{"line": "3"}`` or ``{"uri": 7}`` would be served as if valid instead of answered
+    with InvalidParams. (pygls' own message classes keep their hooks: cattrs asks
+    class-specific hooks before these factories.)"""
     conv = default_converter()
+    conv.register_structure_hook_factory(_is_sequence, _strict_sequence)
+    conv.register_structure_hook_factory(attrs.has, _strict_attrs)
 
     def is_int(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
-    conv.register_structure_hook(int, _strict("an integer", is_int))
-    conv.register_structure_hook(str, _strict("a string", lambda v: isinstance(v, str)))
-    conv.register_structure_hook(bool, _strict("a boolean", lambda v: isinstance(v, bool)))
+    plain = default_converter()
+    conv.register_structure_hook(int, _strict("an integer", is_int, int, plain))
     conv.register_structure_hook(
-        float, _strict("a number", lambda v: is_int(v) or isinstance(v, float))
+        str, _strict("a string", lambda v: isinstance(v, str), str, plain)
+    )
+    conv.register_structure_hook(
+        bool, _strict("a boolean", lambda v: isinstance(v, bool), bool, plain)
+    )
+    conv.register_structure_hook(
+        float, _strict("a number", lambda v: is_int(v) or isinstance(v, float), float, plain)
     )
     return conv
 

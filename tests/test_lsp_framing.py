@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -23,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lsprotocol import types
 from pygls.workspace import TextDocument
 
 from sidecar.lsp_utils import check_position, unit_len
 from sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
+from sidecar.server import FrameError, FrameParser
 from tests.synth import write_fim_qwen2_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +57,7 @@ class RawServer:
 
     def __init__(self, stderr_path: Path) -> None:
         env = {**os.environ, "ECHOLINE_LOG": "WARNING", "PYTHONUNBUFFERED": "1"}
-        self._stderr = open(stderr_path, "wb")  # noqa: SIM115 - closed in close()
+        self._stderr = open(stderr_path, "wb")  # closed in close()
         self.stderr_path = stderr_path
         self.proc = subprocess.Popen(
             SERVER_CMD,
@@ -129,7 +133,9 @@ class RawServer:
 
     def response(self, msg_id: Any, timeout: float = ANSWER_S) -> dict[str, Any]:
         return self.wait_for(
-            lambda m: m.get("id") == msg_id and ("result" in m or "error" in m) and "method" not in m,
+            lambda m: (
+                m.get("id") == msg_id and ("result" in m or "error" in m) and "method" not in m
+            ),
             timeout,
             f"response to id {msg_id!r}",
         )
@@ -203,8 +209,9 @@ class RawServer:
 
     def wait_ready(self) -> None:
         msg = self.wait_for(
-            lambda m: m.get("method") == "echoline/status"
-            and m["params"]["state"] in ("ready", "error"),
+            lambda m: (
+                m.get("method") == "echoline/status" and m["params"]["state"] in ("ready", "error")
+            ),
             READY_S,
             "echoline/status ready",
         )
@@ -213,7 +220,14 @@ class RawServer:
     def open(self, uri: str, text: str, version: int = 1) -> None:
         self.notify(
             "textDocument/didOpen",
-            {"textDocument": {"uri": uri, "languageId": "python", "version": version, "text": text}},
+            {
+                "textDocument": {
+                    "uri": uri,
+                    "languageId": "python",
+                    "version": version,
+                    "text": text,
+                }
+            },
         )
 
     def close(self) -> None:
@@ -364,7 +378,9 @@ def test_unknown_methods_and_non_structured_params(server: RawServer) -> None:
     msg = server.request_raw(
         {"jsonrpc": "2.0", "method": "workspace/executeCommand", "params": "echoline.status"}
     )
-    assert msg["error"]["code"] == INVALID_PARAMS and "object or an array" in msg["error"]["message"]
+    assert (
+        msg["error"]["code"] == INVALID_PARAMS and "object or an array" in msg["error"]["message"]
+    )
     server.status_ok()
 
 
@@ -513,7 +529,10 @@ def _status_frame(msg_id: int) -> bytes:
         (b"Content-Length: -5\r\n", "invalid Content-Length"),
         (b"Content-Length: abc\r\n", "invalid Content-Length"),
         (b"Content-Length: 1e3\r\n", "invalid Content-Length"),
-        (b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n", "without a Content-Length"),
+        (
+            b"Content-Type: application/vscode-jsonrpc; charset=utf-8\r\n",
+            "without a Content-Length",
+        ),
         (b"X" * 10_000 + b"\r\n", "longer than"),
         (b"this is not a header\r\n", "malformed header"),
     ],
@@ -551,6 +570,60 @@ def test_short_content_length_and_split_frames(server: RawServer) -> None:
     server.write(b"\r\n\r\n" + _status_frame(b) + _status_frame(c).replace(b"\r\n", b"\n", 2))
     for msg_id in (a, b, c):
         assert server.response(msg_id)["result"]["state"] == "ready"
+
+
+# ---- the frame parser in process ------------------------------------------------------------
+
+bodies = st.lists(st.binary(max_size=40), min_size=1, max_size=6)
+junk = st.sampled_from(
+    [
+        b"Content-Length: 99999999999\r\n\r\n{",
+        b"Content-Length: -1\r\n\r\n",
+        b"garbage line\r\n",
+        b"Content-Type: x\r\n\r\n{}",
+        b"\r\n",
+        b"",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bodies=bodies, junk=junk, cuts=st.lists(st.integers(0, 400), max_size=8))
+def test_frame_parser_reads_frames_in_any_chunks_and_recovers(
+    bodies: list[bytes], junk: bytes, cuts: list[int]
+) -> None:
+    """Bodies come out whole whatever the read boundaries; junk before them costs at
+    most errors, never a frame after it (the bodies hold no "Content-Length")."""
+    bodies = [re.sub(rb"(?i)content", b"", b) for b in bodies]
+    stream = junk + b"".join(frame(b) for b in bodies)
+    parser = FrameParser(max_frame_bytes=1000)
+    out: list[bytes | FrameError] = []
+    start = 0
+    for cut in [*sorted(c % (len(stream) + 1) for c in cuts), len(stream)]:
+        parser.feed(stream[start:cut])
+        start = max(start, cut)
+        out.extend(parser.frames())
+    frames = [x for x in out if isinstance(x, bytes)]
+    errors = [x for x in out if isinstance(x, FrameError)]
+    assert frames[-len(bodies) :] == bodies
+    assert len(frames) <= len(bodies) + 1  # (b"Content-Type..." junk has a valid frame)
+    if junk in (b"", b"\r\n"):
+        assert frames == bodies and not errors
+    for err in errors:
+        assert "skipping to the next Content-Length header" in err.message
+
+
+def test_frame_parser_memory_stays_bounded_while_skipping() -> None:
+    parser = FrameParser(max_frame_bytes=1024)
+    parser.feed(b"Content-Length: 1000000000000\r\n\r\n")
+    [err] = list(parser.frames())
+    assert isinstance(err, FrameError) and "exceeds the limit of 1024" in err.message
+    for _ in range(100):  # 6.4 MB of a lying body: dropped as it comes
+        parser.feed(b"x" * 65536)
+        assert list(parser.frames()) == []
+        assert len(parser._buf) <= 64
+    parser.feed(frame(b"{}"))
+    assert list(parser.frames()) == [b"{}"]
 
 
 # ---- documents with line ends str.splitlines() sees and the LSP does not ----------------------
@@ -638,7 +711,9 @@ def test_utf8_session_counts_bytes(utf8_server: RawServer, root: Path, engine: A
     res = srv.command("echoline.rewrite", [args], timeout=MODEL_S)
     assert "result" in res, res
     assert check_position(text, types.Position(line=0, character=width), "utf-8") == len(line)
-    assert res["result"]["stats"]["prompt_tokens"] == _prompt_tokens(engine, text, 0, len(line), uri)
+    assert res["result"]["stats"]["prompt_tokens"] == _prompt_tokens(
+        engine, text, 0, len(line), uri
+    )
     # didChange ranges are bytes too: replace "wörld" (6 bytes) with "there".
     at = unit_len("s = 'héllo ", "utf-8")
     srv.notify(
