@@ -20,12 +20,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the language server (stdio by default)")
     serve.add_argument("--tcp", type=parse_hostport, metavar="HOST:PORT")
     serve.add_argument("--stdio", action="store_true", help="stdio (the default)")
+    serve.add_argument("--allow-remote", action="store_true", help="--tcp: allow a non-loopback bind")
     sub.add_parser("rewrite", help="rewrite lines of a file (see: rewrite --help)")
     args = p.parse_args(argv)
     from sidecar import server
 
     if args.tcp:
-        server.run_tcp(*args.tcp)
+        server.run_tcp(*args.tcp, allow_remote=args.allow_remote)
     else:
         server.run_stdio()
     return 0

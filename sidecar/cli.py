@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the language server (stdio unless --tcp)")
     s.add_argument("--tcp", type=parse_hostport, metavar="HOST:PORT",
                    help="listen on TCP (host defaults to 127.0.0.1)")
+    s.add_argument("--allow-remote", action="store_true",
+                   help="--tcp: allow a non-loopback address (reachable from other machines)")
     s.add_argument("--stdio", action="store_true",
                    help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)")
 
@@ -259,7 +261,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.tcp and args.stdio:
         raise EcholineError("--tcp and --stdio exclude each other")
     if args.tcp:
-        server.run_tcp(*args.tcp)
+        try:
+            server.run_tcp(*args.tcp, allow_remote=args.allow_remote)
+        except ValueError as exc:
+            raise EcholineError(str(exc)) from None
     else:
         server.run_stdio()
     return 0

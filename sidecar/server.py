@@ -60,6 +60,7 @@ from pygls.protocol import (
 from pygls.workspace import TextDocument
 
 from sidecar import config as cfg
+from sidecar import tcp_guard
 from sidecar.idle_prefill import IdlePrefill, rewrite_session
 from sidecar.lsp_utils import (
     UTF16,
@@ -621,11 +622,35 @@ class EcholineServer(LanguageServer):
         finally:
             self.shutdown()
 
-    def start_tcp(self, host: str, port: int) -> None:
-        """Serve one client at a time over TCP, through the same frame reader."""
+    def start_tcp(self, host: str, port: int, token: str | None = None) -> None:
+        """Serve ONE client over TCP, through the same frame reader (``sidecar.tcp_guard``).
+
+        A connection must open with the token line; one that does not, one that looks like
+        HTTP, and any connection while a client is served are closed without touching the
+        protocol, so they can neither drive the server nor end it. The served client's
+        disconnect ends the server, as stdio's EOF does.
+        """
         self._stop_event = threading.Event()
+        busy = False
 
         async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal busy
+            peer = writer.get_extra_info("peername")
+            if busy:
+                log.warning("TCP: refused %s: a client is already served", peer)
+                writer.close()
+                return
+            if token is not None:
+                try:
+                    first = await asyncio.wait_for(reader.readline(), timeout=10)
+                except (TimeoutError, ValueError, ConnectionError):
+                    first = b""
+                why = tcp_guard.check_first_line(first, token)
+                if why is not None:
+                    log.warning("TCP: refused %s: %s", peer, why)
+                    writer.close()
+                    return
+            busy = True
             self.protocol.set_writer(writer)  # type: ignore[arg-type]
             await self.serve(lambda: reader.read(READ_CHUNK_BYTES))
             self.shutdown()
@@ -1289,7 +1314,17 @@ def run_stdio() -> None:
     create_server().start_io()
 
 
-def run_tcp(host: str = "127.0.0.1", port: int = 2087) -> None:
-    """Serve over TCP (debugging; binds 127.0.0.1 unless told otherwise)."""
+def run_tcp(host: str = "127.0.0.1", port: int = 2087, *, allow_remote: bool = False) -> None:
+    """Serve over TCP (debugging): loopback unless ``allow_remote``, one client, a token.
+
+    The token comes from ``ECHOLINE_TCP_TOKEN``, else a random one is printed on stderr.
+    """
     logging.basicConfig(level=os.environ.get("ECHOLINE_LOG", "INFO"))
-    create_server().start_tcp(host, port)
+    tcp_guard.check_bind(host, allow_remote)
+    if allow_remote and not tcp_guard.is_loopback(host):
+        log.warning("TCP: listening on %s: reachable from other machines (--allow-remote)", host)
+    token, generated = tcp_guard.server_token()
+    if generated:
+        sys.stderr.write(f"echoline: TCP token (send 'Echoline-Token: <token>' first): {token}\n")
+        sys.stderr.flush()
+    create_server().start_tcp(host, port, token)

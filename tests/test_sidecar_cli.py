@@ -53,25 +53,54 @@ def _frame(obj: dict) -> bytes:
     return b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 
-def test_serve_tcp_answers_initialize(tmp_path: Path) -> None:
+def _closed_without_reply(conn: socket.socket, payload: bytes) -> bool:
+    """Send ``payload``; True when the server closes the connection without a byte."""
+    with conn:
+        conn.sendall(payload)
+        try:
+            return conn.recv(65536) == b""
+        except ConnectionResetError:
+            return True
+
+
+def test_serve_tcp_guards_then_answers_initialize(tmp_path: Path) -> None:
+    """--tcp: an HTTP POST, a missing or wrong token are closed without a reply and without
+    ending the server; the client with the token is served; a second connection meanwhile
+    is refused; a non-loopback bind is refused without --allow-remote."""
+    import os
+
+    refused = subprocess.run([sys.executable, "-m", "sidecar.cli", "serve", "--tcp", "0.0.0.0:1"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--allow-remote" in refused.stderr
     port = _free_port()
+    env = dict(os.environ, ECHOLINE_TCP_TOKEN="s3cret-token")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "serve", "--tcp", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
     )
-    try:
+    init = _frame({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                   "params": {"processId": None, "rootUri": None, "capabilities": {}}})
+
+    def connect() -> socket.socket:
         deadline = time.monotonic() + 20
         while True:
             try:
-                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
-                break
+                return socket.create_connection(("127.0.0.1", port), timeout=10)
             except OSError:
                 assert time.monotonic() < deadline, "server never listened"
                 assert proc.poll() is None, proc.stderr.read().decode()
                 time.sleep(0.1)
+
+    try:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}).encode()
+        post = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        assert _closed_without_reply(connect(), post)
+        assert _closed_without_reply(connect(), init)  # no token
+        assert _closed_without_reply(connect(), b"Echoline-Token: wrong\r\n" + init)
+        assert proc.poll() is None  # none of them ended the server
+        conn = connect()
         with conn:
-            conn.sendall(_frame({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                                 "params": {"processId": None, "rootUri": None, "capabilities": {}}}))
+            conn.sendall(b"Echoline-Token: s3cret-token\r\n" + init)
             data = b""
             while b"\r\n\r\n" not in data:
                 data += conn.recv(65536)
@@ -81,6 +110,8 @@ def test_serve_tcp_answers_initialize(tmp_path: Path) -> None:
             while len(rest) < length:
                 rest += conn.recv(65536)
             reply = json.loads(rest[:length])
+            # while this client is served, another connection (even with the token) is refused
+            assert _closed_without_reply(connect(), b"Echoline-Token: s3cret-token\r\n" + init)
         caps = reply["result"]["capabilities"]
         assert reply["result"]["serverInfo"]["name"] == "echoline"
         assert "echoline.rewrite" in caps["executeCommandProvider"]["commands"]
