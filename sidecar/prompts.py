@@ -9,6 +9,7 @@ code, and the reply ends at the closing fence.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -17,6 +18,19 @@ REPRODUCE_INSTRUCTION = (
     "Rewrite the selected code EXACTLY, character for character, with no changes and no commentary."
 )
 FENCE = "```"
+
+
+def fence_for(file_text: str) -> str:
+    """A code fence longer than any run of backticks in the file (at least ```).
+
+    Why: the reply is primed with the opening fence and generation stops at the closing
+    one. A selection that itself holds ``` (a Markdown file, a docstring with an example)
+    would stop the reply at its first inner fence and the cut reply would be applied.
+    Markdown's rule fixes it: a fence of more backticks than any run inside. It depends
+    on the file alone, so the cached prefix of a buffer's prompts stays the same.
+    """
+    longest = max((len(m) for m in re.findall(r"`{3,}", file_text)), default=0)
+    return "`" * max(3, longest + 1)
 MAX_FILE_CHARS = 16000  # about 4-5k tokens: keeps room in a small model's context
 INLINE_PREFIX_CHARS = 6000
 INLINE_SUFFIX_CHARS = 2000
@@ -54,15 +68,16 @@ class RewritePrompt:
     messages: list[dict[str, str]]
     prime: str  # text appended after the chat template's generation prompt
     plain: str  # the whole prompt as raw text, for models without a chat template
+    fence: str = FENCE  # opens the primed reply and ends it (see fence_for)
 
 
-def _stable_part(context: str, name: str) -> str:
+def _stable_part(context: str, name: str, fence: str = FENCE) -> str:
     """The part of a rewrite prompt that depends on the file alone (it comes first)."""
     lang = language_for(name)
     if context and not context.endswith("\n"):
         context += "\n"
     label = PurePosixPath(name).name if name else "the file"
-    return f"Here is {label}:\n{FENCE}{lang}\n{context}{FENCE}\n\n"
+    return f"Here is {label}:\n{fence}{lang}\n{context}{fence}\n\n"
 
 
 # Every volatile part starts with this word (both layouts below): the stable part's last
@@ -84,7 +99,8 @@ def rewrite_prompt(
     body = selection[:-1] if selection.endswith("\n") else selection
     instr = instruction.strip() or REPRODUCE_INSTRUCTION
     context = file_window(file_text, start, end, window)
-    stable = _stable_part(context, name)
+    fence = fence_for(file_text)
+    stable = _stable_part(context, name, fence)
     # Measured on SmolLM2-135M (the default), with the answer primed by an opening fence:
     # - reproducing: the instruction BEFORE the fenced selection copied it exactly in 3 of
     #   5 files tried (other layouts tried: 3/5 on the other files, or 0-1/5); the misses
@@ -93,13 +109,13 @@ def rewrite_prompt(
     #   followed (with the instruction first it edited the wrong function).
     # Both keep the file first, so the cached prefix is the same.
     if instruction.strip():
-        volatile = f"Rewrite this code:\n{FENCE}{lang}\n{body}\n{FENCE}\n{instr}"
+        volatile = f"Rewrite this code:\n{fence}{lang}\n{body}\n{fence}\n{instr}"
     else:
-        volatile = f"{instr}\n{FENCE}{lang}\n{body}\n{FENCE}"
+        volatile = f"{instr}\n{fence}{lang}\n{body}\n{fence}"
     messages = [{"role": "user", "content": stable + volatile}]
-    prime = f"{FENCE}{lang}\n"
+    prime = f"{fence}{lang}\n"
     plain = f"{stable}{volatile}\n\nRewritten code:\n{prime}"
-    return RewritePrompt(messages=messages, prime=prime, plain=plain)
+    return RewritePrompt(messages=messages, prime=prime, plain=plain, fence=fence)
 
 
 def rewrite_prompt_ids(engine: Any, prompt: RewritePrompt) -> list[int]:
@@ -156,7 +172,7 @@ def rewrite_prefix_ids(engine: Any, file_text: str, *, name: str = "") -> list[i
     """
     if len(file_text) > MAX_FILE_CHARS:
         return None
-    stable = _stable_part(file_text, name)
+    stable = _stable_part(file_text, name, fence_for(file_text))
     tok = engine.tokenizer
     if engine.has_chat_template:
         alone = engine.encode_chat([{"role": "user", "content": stable}])
@@ -172,14 +188,14 @@ def rewrite_prefix_ids(engine: Any, file_text: str, *, name: str = "") -> list[i
     return [int(t) for t in ahead[:n]]
 
 
-def strip_fence(reply: str) -> str:
+def strip_fence(reply: str, fence: str = FENCE) -> str:
     """The code inside the model's fence (the opening one was primed, so it may be absent)."""
     text = reply
     first = text.lstrip("\n")
-    if first.startswith(FENCE):  # the model repeated the opening fence
+    if first.startswith(fence):  # the model repeated the opening fence
         nl = first.find("\n")
         text = first[nl + 1 :] if nl >= 0 else ""
-    close = text.find(FENCE)
+    close = text.find(fence)
     if close >= 0:
         text = text[:close]
     return text

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import EcholineError
-from sidecar.prompts import FENCE, fit_selection, fitted_rewrite_ids, strip_fence
+from sidecar.prompts import fit_selection, fitted_rewrite_ids, strip_fence
 
 
 @dataclass
@@ -60,7 +60,7 @@ def run_rewrite(
         st = ev.stats
         on_progress(
             Progress(
-                text=strip_fence(ev.text),
+                text=strip_fence(ev.text, prompt.fence),
                 tokens=st.generated_tokens,
                 tok_s=st.tokens_per_s,
                 acceptance=st.acceptance,
@@ -73,14 +73,14 @@ def run_rewrite(
     result = engine.generate(
         ids,
         max_tokens=max_tokens,
-        stop=(FENCE,),
+        stop=(prompt.fence,),
         spec=spec,
         session=session,
         on_token=on_token,
         cancel=cancel,
     )
     selection = file_text[start:end]
-    text = fit_selection(strip_fence(result.text), selection)
+    text = fit_selection(strip_fence(result.text, prompt.fence), selection)
     return RewriteOutcome(
         text=text,
         reply=result.text,

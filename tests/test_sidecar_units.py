@@ -425,3 +425,19 @@ def test_prompts_fit_the_context_in_tokens_not_characters() -> None:
     assert len(fim.ids) <= 300 and fim.ids[0] == 1 and fim.ids[-1] == 3
     cut = fim.ids.index(2)
     assert fim.ids[cut - 6 : cut] == [ord(c) for c in "cursor"]  # the text at the cursor kept
+
+
+def test_a_selection_holding_a_code_fence_gets_a_longer_fence() -> None:
+    """Generation stops at the closing fence: a selection with ``` inside (Markdown, a
+    docstring example) must not end the reply at its inner fence."""
+    from sidecar.prompts import fence_for, rewrite_prompt, strip_fence
+
+    assert fence_for("plain code\n") == "```"
+    doc = "# Usage\n\n```python\nrun()\n```\n\nMore text.\n"
+    assert fence_for(doc) == "````" and fence_for("a ````` b") == "``````"
+    p = rewrite_prompt(doc, 0, len(doc), "Fix the typo.", name="README.md")
+    assert p.fence == "````" and p.prime == "````markdown\n"
+    assert "````markdown\n# Usage" in p.plain and "Rewrite this code:\n````markdown\n" in p.plain
+    reply = "# Usage\n\n```python\nrun()\n```\n\nMore text.\n````\nDone."
+    assert strip_fence(reply, p.fence) == doc
+    assert strip_fence("x = 1\n```\nnote") == "x = 1\n"  # plain files keep the ``` fence
