@@ -244,6 +244,7 @@ def generate_tokens(
         else:  # sampling runs plain decoding only (no drafts), one row per step
             best = [sampler.pick(backend.to_host(logits)[-1])]
         dt = time.perf_counter() - t0
+        stats.forward_s += dt
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == int(best[accepted]):
             accepted += 1
@@ -273,6 +274,7 @@ def generate_tokens(
         push(new_ids, prev_text)
         pending = new_ids[-1]
         now = time.perf_counter()
+        stats.host_s += now - t_round - dt
         if controller is not None and hasattr(controller, "observe_overhead"):
             controller.observe_overhead(now - t_round - dt)
         t_round = now

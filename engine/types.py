@@ -26,6 +26,11 @@ class GenerationStats:
     accepted: int = 0
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
     kv_bytes: int = 0
+    #: Decode rounds' wall time in the forward pass (device work and its sync, argmax
+    #: included) and outside it (drafting, controller, acceptance, callbacks): where a
+    #: round's time goes, the split a controller must charge (host time is per round).
+    forward_s: float = 0.0
+    host_s: float = 0.0
 
     @property
     def acceptance(self) -> float:
@@ -53,6 +58,8 @@ class GenerationStats:
             "acceptance": round(self.acceptance, 4),
             "per_source": {k: dict(v) for k, v in self.per_source.items()},
             "kv_bytes": self.kv_bytes,
+            "forward_s": round(self.forward_s, 6),
+            "host_s": round(self.host_s, 6),
         }
 
 

@@ -229,3 +229,16 @@ def test_later_turns_on_the_same_cache(tiny_model):
         history = history + res.token_ids
     assert conversation(False) == cold
     assert conversation(True) == cold
+
+
+def test_round_time_splits_into_forward_and_host(tiny_model):
+    """Every decode round's wall time is counted once: in the forward pass or outside it."""
+    prompt = [3, 1, 4, 1, 5]
+    free, _ = run(tiny_model, prompt, StopRules(max_tokens=12))
+    index = ScriptedIndex(free.token_ids, len(prompt), "mixed", np.random.default_rng(1))
+    spec, _ = run(tiny_model, prompt, StopRules(max_tokens=12), index=index, k=3)
+    st = spec.stats
+    assert st.rounds > 1 and st.forward_s > 0.0 and st.host_s >= 0.0
+    assert st.forward_s + st.host_s <= st.decode_s + 1e-3
+    d = st.as_dict()
+    assert d["forward_s"] == round(st.forward_s, 6) and d["host_s"] == round(st.host_s, 6)

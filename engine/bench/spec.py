@@ -184,6 +184,13 @@ def run(args) -> dict:
             round(st.generated_tokens / st.rounds, 2) for st in stats[: len(replies["spec"])] if st.rounds
         ],
         "rounds": rounds,
+        # Per speculative round, the median over requests: forward (device) vs host time.
+        "round_ms": {
+            "forward": round(statistics.median(s.forward_s / s.rounds for s in stats if s.rounds) * 1e3, 3)
+            if rounds_total else 0.0,
+            "host": round(statistics.median(s.host_s / s.rounds for s in stats if s.rounds) * 1e3, 3)
+            if rounds_total else 0.0,
+        },
     }
     print_table(
         f"bench spec: {engine.model_name} on {engine.backend_variant}, {kind} traffic, {rounds} interleaved rounds",
@@ -196,7 +203,8 @@ def run(args) -> dict:
     )
     sys.stderr.write(f"verify cost (k rows / 1 row at context {ctx}): {verify_cost}; "
                      f"limit with every draft accepted: {limit:.2f}x; oracle draft lengths on these "
-                     f"replies: {oracle:.2f}x\n")
+                     f"replies: {oracle:.2f}x; per round: forward {result['round_ms']['forward']} ms, "
+                     f"host {result['round_ms']['host']} ms\n")
     if not identical:
         sys.stderr.write("WARNING: speculative replies differ from plain ones\n")
     return result
