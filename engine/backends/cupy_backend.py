@@ -214,7 +214,7 @@ class CupyBackend(Backend):
     #: (decode 4-9 % slower on synthetic shapes, 11-16 % on the real SmolLM2 file at
     #: context 128), for 3-5 % more speculative tok/s on copy traffic. Its verify-only NaN
     #: gap (0 * inf past a row's own position) is closed since session 6: a block that
-    #: stages a non-finite V masks V per row. docs/backend-cuda.md, rounds 7-9. Splits of
+    #: stages a non-finite V masks V per row. docs/history/cuda-rounds.md, rounds 7-9. Splits of
     #: 32 keys only.
     tensor_attention = False
 

@@ -12,7 +12,7 @@ involved):
 * **controller replay**: the draft-length controller fed the positions' drafts and the
   reply's confirmations, against the oracle, for several maximum draft lengths.
 
-Why it exists: `docs/benchmarks.md` quotes these studies; this is the command that
+Why it exists: `docs/history/benchmarks-sessions.md` quotes these studies; this is the command that
 reproduces them. The cost curve is the engine's measured one at ``--context`` (1024 unless
 given; copy replies run at ~1,000-1,300) unless ``--curve`` gives another (e.g. the H200's,
 to study the controller at GPU costs); ``--excess-scale`` replays at curves whose cost above
