@@ -67,9 +67,8 @@ def test_cached_curve_is_keyed_by_the_kernel_sources(tmp_path, monkeypatch):
     assert calibration._cache_file(path, "cpu") != before
 
 
-def test_contended_cached_curve_is_measured_again(tmp_path, monkeypatch):
-    """A cached curve whose wide verify is far dearer than a quick check now finds (a first
-    calibration under contention) is replaced by a fresh measurement, also on disk."""
+def _measured(tmp_path, monkeypatch):
+    """A tiny model with its curve measured and cached: (model, path, cache file, table)."""
     import json
 
     from engine import calibration
@@ -80,6 +79,17 @@ def test_contended_cached_curve_is_measured_again(tmp_path, monkeypatch):
     measure_verify_cost(model, path, recheck=False)
     cache_file = calibration._cache_file(path, model.backend.name)
     table = {int(c): {int(r): t for r, t in v.items()} for c, v in json.loads(cache_file.read_text()).items()}
+    return model, path, cache_file, table
+
+
+def test_contended_cached_curve_is_measured_again(tmp_path, monkeypatch):
+    """A cached curve whose wide verify is far dearer than a quick check now finds (a first
+    calibration under contention) is replaced by a fresh measurement, also on disk."""
+    import json
+
+    from engine import calibration
+
+    model, path, cache_file, table = _measured(tmp_path, monkeypatch)
     wide = max(calibration.CAL_ROWS)
     lo = min(table)
     contended = {c: {r: t * (1 + r) for r, t in v.items()} for c, v in table.items()}  # k rows cost ~k steps
@@ -95,16 +105,10 @@ def test_a_cached_curve_slower_everywhere_is_measured_again(tmp_path, monkeypatc
     """Measured under load, every time of a curve is inflated (ratios included, by noise):
     a one-row forward now far faster than the cached one condemns the cached curve, even
     when its wide/one-row ratio looks plausible; an honest cached curve is kept."""
-    import json
 
     from engine import calibration
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    path = write_model(tmp_path / "m.gguf", "llama", context=1024)
-    _, model = load_model(path, NumpyBackend())
-    measure_verify_cost(model, path, recheck=False)
-    cache_file = calibration._cache_file(path, model.backend.name)
-    table = {int(c): {int(r): t for r, t in v.items()} for c, v in json.loads(cache_file.read_text()).items()}
+    model, path, cache_file, table = _measured(tmp_path, monkeypatch)
     lo = min(table)
     honest = table
     assert not calibration.cached_curve_is_pessimistic(model, honest, lo)

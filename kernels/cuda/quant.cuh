@@ -365,6 +365,12 @@ __device__ __forceinline__ u32 q5_high4(u32 qh, int first) {
     return ((h & 1u) | ((h & 2u) << 7) | ((h & 4u) << 14) | ((h & 8u) << 21)) << 4;
 }
 
+// A Q5 group's two code words for lane t: nibbles ``v`` (bytes 4t..4t+3) joined to fifth bits.
+__device__ __forceinline__ void q5_words(u32 v, u32 qh, int t, u32 w[2]) {
+    w[0] = (v & 0x0F0F0F0Fu) | q5_high4(qh, 4 * t);
+    w[1] = ((v >> 4) & 0x0F0F0F0Fu) | q5_high4(qh, 16 + 4 * t);
+}
+
 // Q5_0 (22-byte blocks: d, qh, 16 nibble bytes; w = d * (code - 16)): element j < 16 is the
 // low nibble of byte j, j >= 16 the high nibble of byte j - 16, bit 4 is bit j of qh.
 template <>
@@ -373,10 +379,7 @@ __device__ __forceinline__ void tc_unit<QT_Q5_0>(const u8* row, int u, int t, u3
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const u8* blk = row + (long long)(2 * u + i) * 22;  // 2-aligned
-        u32 qh = ld32u(blk + 2);
-        u32 v = ld32u(blk + 6 + 4 * t);
-        w[i][0] = (v & 0x0F0F0F0Fu) | q5_high4(qh, 4 * t);
-        w[i][1] = ((v >> 4) & 0x0F0F0F0Fu) | q5_high4(qh, 16 + 4 * t);
+        q5_words(ld32u(blk + 6 + 4 * t), ld32u(blk + 2), t, w[i]);
         s0[i] = s1[i] = ldh(blk);
         mn[i] = 0.0f;
     }
@@ -390,10 +393,8 @@ __device__ __forceinline__ void tc_unit<QT_Q5_1>(const u8* row, int u, int t, u3
     for (int i = 0; i < 2; ++i) {
         const u8* blk = row + (long long)(2 * u + i) * 24;  // 4-aligned
         u32 dm = *reinterpret_cast<const u32*>(blk);
-        u32 qh = *reinterpret_cast<const u32*>(blk + 4);
-        u32 v = *reinterpret_cast<const u32*>(blk + 8 + 4 * t);
-        w[i][0] = (v & 0x0F0F0F0Fu) | q5_high4(qh, 4 * t);
-        w[i][1] = ((v >> 4) & 0x0F0F0F0Fu) | q5_high4(qh, 16 + 4 * t);
+        q5_words(*reinterpret_cast<const u32*>(blk + 8 + 4 * t),
+                 *reinterpret_cast<const u32*>(blk + 4), t, w[i]);
         s0[i] = s1[i] = h2f((u16)(dm & 0xFFFF));
         mn[i] = h2f((u16)(dm >> 16));
     }
