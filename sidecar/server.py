@@ -93,6 +93,8 @@ NOTIFY_STATUS = "echoline/status"
 NOTIFY_REWRITE_PROGRESS = "echoline/rewriteProgress"
 NOTIFY_PREFILL = "echoline/prefill"
 REQUEST_FAILED = -32803  # LSP RequestFailed
+JOB_TIMEOUT_S = 600.0  # far above any generation's max_tokens at CPU speed
+APPLY_EDIT_TIMEOUT_S = 30.0
 CONTENT_MODIFIED = -32801  # LSP ContentModified
 PARSE_ERROR = types.ErrorCodes.ParseError.value  # -32700
 INVALID_REQUEST = types.ErrorCodes.InvalidRequest.value  # -32600
@@ -580,6 +582,11 @@ class EcholineServer(LanguageServer):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.last_tok_s = 0.0
         self.last_acceptance = 0.0
+        #: Bounds on waits that depend on something else going right: a job (a bug or a
+        #: stuck model must not hold a request forever) and the editor's answer to
+        #: workspace/applyEdit (an editor that never answers must not hold the rewrite).
+        self.job_timeout_s = JOB_TIMEOUT_S
+        self.apply_edit_timeout_s = APPLY_EDIT_TIMEOUT_S
         self._tokens = itertools.count(1)
         self._loaded_key: tuple | None = None
         self.idle_prefill = IdlePrefill(
@@ -784,7 +791,11 @@ class EcholineServer(LanguageServer):
         if msg_id is not None:
             self.jobs_by_msg[msg_id] = job
         try:
-            return await asyncio.shield(asyncio.wrap_future(job.future))
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job.future)),
+                                          self.job_timeout_s)
+        except TimeoutError:
+            job.request_cancel()
+            raise request_failed(f"{kind} took longer than {self.job_timeout_s:g} s; cancelled") from None
         except asyncio.CancelledError:
             job.request_cancel()
             raise
@@ -1234,9 +1245,15 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             **base,
         }
     try:
-        resp = await ls.workspace_apply_edit_async(
-            types.ApplyWorkspaceEditParams(edit=edit, label="echoline rewrite")
+        resp = await asyncio.wait_for(
+            ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label="echoline rewrite")),
+            ls.apply_edit_timeout_s,
         )
+    except TimeoutError:
+        ls.progress_end(token, "no answer from the editor")
+        return {"applied": False, "reason": f"the editor did not answer workspace/applyEdit within "
+                f"{ls.apply_edit_timeout_s:g} s (the edit is tied to version {version}: the editor "
+                "refuses it if the text changed)", **base}
     except Exception as exc:
         ls.progress_end(token, "client refused the edit")
         return {"applied": False, "reason": f"workspace/applyEdit failed: {exc}", **base}

@@ -441,3 +441,30 @@ def test_a_selection_holding_a_code_fence_gets_a_longer_fence() -> None:
     reply = "# Usage\n\n```python\nrun()\n```\n\nMore text.\n````\nDone."
     assert strip_fence(reply, p.fence) == doc
     assert strip_fence("x = 1\n```\nnote") == "x = 1\n"  # plain files keep the ``` fence
+
+
+def test_a_job_that_runs_too_long_fails_the_request_and_is_cancelled() -> None:
+    """A stuck job (a bug, a wedged model) must not hold its request forever: after
+    job_timeout_s the request fails clearly and the job is asked to stop."""
+    import asyncio
+
+    from pygls.exceptions import JsonRpcException
+
+    from sidecar.server import REQUEST_FAILED, EcholineServer
+
+    ls = EcholineServer(loader=lambda model, **kw: object())
+    stopped = threading.Event()
+
+    def stuck(engine: object, cancel: threading.Event) -> None:
+        cancel.wait(5)
+        stopped.set()
+
+    try:
+        ls.worker.load("m").future.result(5)
+        ls.job_timeout_s = 0.3
+        with pytest.raises(JsonRpcException) as err:
+            asyncio.run(ls.run_job(stuck, kind="inline"))
+        assert err.value.code == REQUEST_FAILED and "longer than 0.3 s" in str(err.value)
+        assert stopped.wait(3), "the job was not cancelled"
+    finally:
+        ls.worker.stop()
