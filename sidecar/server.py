@@ -579,6 +579,9 @@ class EcholineServer(LanguageServer):
         self.worker = EngineWorker(loader or _default_loader)
         self.index: WorkspaceIndex | None = None
         self.jobs_by_msg: dict[Any, Job] = {}
+        #: Ids of requests the client cancelled (the latest few): a rewrite whose generation
+        #: had already finished when its cancel arrived must still not send its edit.
+        self.cancelled_ids: collections.deque[Any] = collections.deque(maxlen=256)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.last_tok_s = 0.0
         self.last_acceptance = 0.0
@@ -695,6 +698,7 @@ class EcholineServer(LanguageServer):
 
     # ---- plumbing ----------------------------------------------------------------------
     def cancel_request(self, msg_id: Any) -> None:
+        self.cancelled_ids.append(msg_id)
         job = self.jobs_by_msg.get(msg_id)
         if job is not None:
             job.request_cancel()
@@ -1118,6 +1122,7 @@ def on_code_action(ls: EcholineServer, params: types.CodeActionParams) -> list[t
 
 
 async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
+    request_id = ls.protocol.msg_id  # read before the first await: it is this request's
     req = parse_rewrite_args(args)
     uri = req["uri"]
     doc = get_doc(ls, uri)
@@ -1235,6 +1240,9 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             "edit not applied (raise echoline.maxTokens or select less)",
             **base,
         }
+    if request_id is not None and request_id in ls.cancelled_ids:
+        ls.progress_end(token, "cancelled")
+        return {"applied": False, "reason": "cancelled", **base}
     current = find_document(ls.workspace, uri)
     if current is None or current.version != version:
         now = None if current is None else current.version
