@@ -43,6 +43,8 @@ echoline.setup({
   model = env.ECHOLINE_TEST_MODEL or 'smollm2',
   backend = env.ECHOLINE_TEST_BACKEND or 'auto',
   max_tokens = tonumber(env.ECHOLINE_TEST_MAX_TOKENS or '64'),
+  -- A first load on a fresh CI machine (relayout, calibration) can pass 60 s on 2 busy cores.
+  ready_timeout_s = 240,
   confirm = false,
   auto_trigger = false,
   notify_progress = false,

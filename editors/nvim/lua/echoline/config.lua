@@ -18,6 +18,8 @@ M.defaults = {
   cpu_activations = nil, -- cpu backend: 'f32' (default) or 'q8' (int8 activations, AVX-512 VNNI)
   speculation = true,
   max_tokens = 256,
+  -- Seconds a request waits for a model that is still loading (nil: the server's, 60).
+  ready_timeout_s = nil,
   kv_budget_mb = nil,
   -- Prefill the edited file's part of the rewrite prompt while you pause (replies unchanged).
   prefill_on_idle = true,
@@ -58,6 +60,7 @@ function M.server_settings(o)
     prefillOnIdle = o.prefill_on_idle,
     prefillIdleMs = o.prefill_idle_ms,
     replyHistory = o.reply_history,
+    readyTimeoutS = o.ready_timeout_s,
   }
 end
 
