@@ -156,7 +156,9 @@ MODELS: dict[str, ModelSpec] = {
         "better edits where a GPU, Apple silicon or a 4+ core CPU is available (2 GiB free memory)",
     ),
 }
-DEFAULT_MODEL = "smollm2"
+#: What runs when no model is named: the 0.5B code model, fast enough on a 2-core CPU with
+#: int8 activations (issue #20, docs/benchmarks.md). SmolLM2 stays for quick tests.
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 Progress = Callable[[str, int, int], None]
 """``progress(label, bytes_done, bytes_total)``: called as bytes arrive."""

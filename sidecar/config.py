@@ -13,7 +13,7 @@ from typing import Any
 from engine.models_registry import DEFAULT_MODEL
 
 BACKENDS = ("auto", "cpu", "numpy", "cuda", "mlx")  # engine.backends.BACKEND_NAMES
-CPU_ACTIVATIONS = ("f32", "q8")  # engine.backends.CPU_ACTIVATIONS
+CPU_ACTIVATIONS = ("auto", "f32", "q8")  # engine.backends.CPU_ACTIVATIONS
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Settings:
 
     model: str = DEFAULT_MODEL
     backend: str = "auto"
-    cpu_activations: str | None = None  # None: the server's environment decides (default f32)
+    cpu_activations: str | None = None  # None: the server's environment decides (default auto)
     speculation: bool = True
     max_tokens: int = 512
     kv_budget_mb: int | None = None

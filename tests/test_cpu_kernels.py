@@ -500,7 +500,7 @@ def test_production_tiles_on_real_weights() -> None:
 
     f = GGUFFile(REAL)
     ts = [f.tensor(f"blk.0.attn_{p}.weight") for p in "qkv"]
-    cb = CpuBackend()
+    cb = CpuBackend(activations="f32")
     w = cb.prepare_matrix(ts)
     x = np.random.default_rng(0).standard_normal((16, 576)).astype(np.float32)
     full = cb.matmul(x, w)

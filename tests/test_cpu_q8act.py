@@ -170,8 +170,11 @@ def test_cpu_backend_activation_modes(monkeypatch) -> None:
     assert np.array_equal(q8.matmul(x, wf), matmul(x, prepare([f])))
     monkeypatch.setenv("ECHOLINE_CPU_ACTIVATIONS", "q8")
     assert CpuBackend().variant == "cpu/q8"
-    monkeypatch.delenv("ECHOLINE_CPU_ACTIVATIONS")
+    monkeypatch.setenv("ECHOLINE_CPU_ACTIVATIONS", "f32")
     assert CpuBackend().variant == "cpu"
+    monkeypatch.delenv("ECHOLINE_CPU_ACTIVATIONS")
+    assert CpuBackend().variant == "cpu/q8"  # the default, auto, on a CPU with AVX-512 VNNI
+    assert CpuBackend(activations="auto").variant == "cpu/q8"
     with pytest.raises(EcholineError, match="unknown CPU activations"):
         CpuBackend(activations="int4")
     from engine.backends import get_backend
@@ -183,6 +186,7 @@ def test_cpu_backend_activation_modes(monkeypatch) -> None:
     monkeypatch.setattr(q8act, "vnni_available", lambda: False)
     with pytest.raises(EcholineError, match="VNNI"):
         CpuBackend(activations="q8")
+    assert CpuBackend().variant == "cpu"  # auto without VNNI: float32 products, no error
 
 
 def test_q8_weight_cache_round_trip(tmp_path, monkeypatch) -> None:

@@ -31,14 +31,16 @@ _ENGINES: dict[tuple[str, str], Engine] = {}
 
 
 def engine_for(name: str, backend: str | None = None) -> Engine:
-    """A cached engine; ``cpu/q8`` is the cpu backend with int8 activations."""
+    """A cached engine; ``cpu/q8`` and ``cpu/f32`` are the cpu backend in one activation mode
+    (plain ``cpu`` is whatever the machine's default is)."""
     key = (name, backend or cpu_backend_name())
     if key not in _ENGINES:
-        if key[1] == "cpu/q8":
+        if key[1] in ("cpu/q8", "cpu/f32"):
             from engine.backends.cpu_backend import CpuBackend
             from engine.models_registry import resolve_model
 
-            _ENGINES[key] = Engine(resolve_model(name), backend=CpuBackend(activations="q8"))
+            mode = key[1].split("/")[1]
+            _ENGINES[key] = Engine(resolve_model(name), backend=CpuBackend(activations=mode))
         else:
             _ENGINES[key] = Engine.load(name, backend=key[1])
     return _ENGINES[key]
@@ -52,7 +54,7 @@ def _vnni() -> bool:
 
 #: The cpu backend in both activation modes: each mode's replies are its own, and each must
 #: be exact (spec == plain) and still agree with llama.cpp (which quantizes activations too).
-CPU_MODES = ["cpu", pytest.param("cpu/q8", marks=pytest.mark.skipif(not _vnni(), reason="needs AVX-512 VNNI"))]
+CPU_MODES = ["cpu/f32", pytest.param("cpu/q8", marks=pytest.mark.skipif(not _vnni(), reason="needs AVX-512 VNNI"))]
 
 
 def _mlx_available() -> bool:
@@ -90,12 +92,12 @@ def test_agreement_with_llamacpp(name, backend):
             same += 1
         prefixes[key] = same
     rate = agree / total
-    report = {"model": name, "backend": eng.backend_name, "teacher_forced_agreement": round(rate, 4),
+    report = {"model": name, "backend": eng.backend_variant, "teacher_forced_agreement": round(rate, 4),
               "identical_greedy_prefix": prefixes}
     sys.stderr.write(json.dumps(report) + "\n")
     out = Path(__file__).parent / "reports"
     out.mkdir(exist_ok=True)
-    (out / f"llamacpp-agreement-{name}-{eng.backend_name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"llamacpp-agreement-{name}-{eng.backend_variant.replace('/', '-')}.json").write_text(json.dumps(report, indent=1))
     assert rate >= MIN_AGREEMENT.get(name, 0.95), report
 
 

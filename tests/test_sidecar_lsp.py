@@ -650,16 +650,17 @@ async def test_bad_model_path_reports_error_and_keeps_serving(tmp_path: Path) ->
 
 @pytest.mark.slow
 async def test_cpu_activations_setting_switches_the_engine(tmp_path: Path) -> None:
-    """cpuActivations q8 loads the cpu backend in its int8 mode; null switches back (a reload)."""
+    """cpuActivations f32 loads the cpu backend in its float32 mode; null switches back to the
+    default, auto, which is int8 activations on a VNNI CPU (a reload)."""
     from kernels.cpu.q8act import vnni_available
 
     if not vnni_available():
         pytest.skip("int8 activations need AVX-512 VNNI")
     rec = Recorder()
-    client = await start_client(tmp_path, {"backend": "cpu", "cpuActivations": "q8"}, rec)
+    client = await start_client(tmp_path, {"backend": "cpu", "cpuActivations": "f32"}, rec)
     try:
         await wait_state(rec, {"ready"})
-        assert (await status(client))["variant"] == "cpu/q8"
+        assert (await status(client))["variant"] == "cpu"
         uri = open_doc(client, tmp_path, "y = 2\n")
         res = await rewrite(client, uri=uri, version=1, range=rng(0, 0, 1, 0), mode="preview")
         assert res["text"] == "y = 2\n"
@@ -669,7 +670,7 @@ async def test_cpu_activations_setting_switches_the_engine(tmp_path: Path) -> No
         res = await rewrite(client, uri=uri, version=1, range=rng(0, 0, 1, 0), mode="preview")
         assert res["text"] == "y = 2\n"
         st = await status(client)
-        assert st["variant"] == "cpu" and st["settings"]["cpuActivations"] is None
+        assert st["variant"] == "cpu/q8" and st["settings"]["cpuActivations"] is None
     finally:
         await client.shutdown_session()
         await client.stop()

@@ -6,7 +6,7 @@ import * as vscode from 'vscode';
 export interface ServerSettings {
   model: string;
   backend: string;
-  cpuActivations: string | null; // null: the server's default (f32); sent so a reset reaches it
+  cpuActivations: string | null; // null: the server's default (auto); sent so a reset reaches it
   speculation: boolean;
   maxTokens: number;
   kvBudgetMB?: number;
@@ -23,7 +23,7 @@ export function section(): vscode.WorkspaceConfiguration {
 export function serverSettings(): ServerSettings {
   const cfg = section();
   const out: ServerSettings = {
-    model: cfg.get<string>('model', 'smollm2'),
+    model: cfg.get<string>('model', 'qwen2.5-coder-0.5b'),
     backend: cfg.get<string>('backend', 'auto'),
     cpuActivations: cfg.get<string | null>('cpuActivations', null),
     speculation: cfg.get<boolean>('speculation', true),

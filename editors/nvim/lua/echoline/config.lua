@@ -13,9 +13,9 @@ M.defaults = {
   -- 'qwen2.5-coder-0.5b' (edits and completion on a laptop CPU), 'qwen2.5-coder-1.5b'
   -- (better edits: GPU, Apple silicon or 4+ cores), 'smollm2' (tiny, quick tests),
   -- 'gemma3-270m' (base model, plain completion), or a path to a .gguf file.
-  model = 'smollm2',
+  model = 'qwen2.5-coder-0.5b',
   backend = 'auto',
-  cpu_activations = nil, -- cpu backend: 'f32' (default) or 'q8' (int8 activations, AVX-512 VNNI)
+  cpu_activations = nil, -- cpu backend: 'auto' (server default: q8 with AVX-512 VNNI, else f32), 'q8' or 'f32'
   speculation = true,
   max_tokens = 256,
   -- Seconds a request waits for a model that is still loading (nil: the server's, 60).
