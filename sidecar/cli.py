@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     b.add_argument("--max-tokens", type=int, default=256)
     b.add_argument("--instruction", default="", help="bench lsp: the rewrite instruction ('' = reproduce)")
+    b.add_argument("--selection-lines", type=int, default=None, metavar="N",
+                   help="bench lsp: select N whole lines (default: ~700 characters of lines)")
+    b.add_argument("--file-lines", type=int, default=None, metavar="N",
+                   help="bench lsp: the file's first N lines (default: its first 3,500 characters)")
     b.add_argument("--split", choices=("all", "tune", "heldout"), default="all",
                    help="bench edits: which part of the edit set")
     b.add_argument("--case", action="append", default=[], metavar="ID",

@@ -31,6 +31,7 @@ from kernels.cpu.q8act import (
     matmul_q8,
     prepare_q8,
     quantize_rows,
+    storage_for,
     vnni_available,
 )
 from kernels.cpu.relayout import unpack
@@ -93,10 +94,38 @@ def test_rows_bit_identical_and_within_derived_bound(case) -> None:
     if n > 1:
         assert np.array_equal(matmul_q8(x, w, row_chunk=3)[:, : t.rows], y)
         assert np.array_equal(matmul_q8(x[::-1].copy(), w)[:, : t.rows], y[::-1])
+    # the packed weights (4/5/6 bits) and one byte per weight give the same bits
+    assert np.array_equal(matmul_q8(x, prepare_q8(prepare([t]), packed=False))[:, : t.rows], y)
     W = t.dequantize().reshape(t.rows, t.cols).astype(np.float64)
     b_hat, b_x = bounds(x, t)
     assert (np.abs(y - dequantized_rows(x) @ W.T) <= b_hat).all()
     assert (np.abs(y - x.astype(np.float64) @ W.T) <= b_x).all()
+
+
+#: The storage each type's values fit: (bits, bias), stored value = q + bias.
+STORAGE = {Q.Q4_0: (4, 8), Q.Q4_1: (4, 0), Q.Q4_K: (4, 0), Q.Q5_0: (5, 16), Q.Q5_1: (5, 0), Q.Q5_K: (5, 0),
+           Q.Q6_K: (6, 32), Q.Q8_0: (8, 128)}
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_packed_storage_per_type_and_extremes(qtype) -> None:
+    """Each type gets its narrowest storage, with bytes to match; a matrix whose values reach
+    both ends of the range (every nibble and every plane bit set and clear) keeps its bits."""
+    cols = 512 if qtype in KQUANTS else 128
+    t = make_tensor(qtype, 130, cols, 11)
+    pm = prepare([t])
+    bits, bias = storage_for(pm.parts[0].q)
+    assert (bits, bias) == STORAGE[qtype]
+    q = pm.parts[0].q
+    if bits < 8:  # the random tensor spans the range, so both ends of every field are exercised
+        assert int(q.min()) + bias == 0 and int(q.max()) + bias == (1 << bits) - 1
+    packed, plain = prepare_q8(pm, packed=True), prepare_q8(pm, packed=False)
+    assert packed.parts[0].qv.nbytes * 8 == plain.parts[0].qv.nbytes * bits
+    x = np.random.default_rng(3).standard_normal((17, cols)).astype(np.float32)
+    y = matmul_q8(x, packed)
+    assert np.array_equal(y, matmul_q8(x, plain))
+    for n in (1, 2, 3, 4, 5, 9):
+        assert np.array_equal(matmul_q8(x[:n], packed), y[:n])
 
 
 def test_quantize_rows_matches_numpy() -> None:

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict:
     rss["echoline_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out = {
         "model": args.model, "gguf_mb": round(path.stat().st_size / 2**20, 1), "cpu": cpu_model(),
-        "cores": os.cpu_count(), "llama_threads": threads, "backend": engine.backend_name,
+        "cores": os.cpu_count(), "llama_threads": threads, "backend": engine.backend_variant,
         "max_tokens": args.max_tokens, "rounds": args.rounds, "traffic": results, "resident": rss,
         "echoline_cached_start_s": round(cached_start_s(args.model), 2),
         "date": time.strftime("%Y-%m-%d"),

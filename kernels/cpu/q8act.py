@@ -61,6 +61,8 @@ if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B only, e.g. "5x2,4x2,3x4
 ROW_CHUNK = 64
 #: 16-output vectors interleaved per weight stream (``vnni_layout`` says why).
 INTERLEAVE = int(os.environ.get("ECHOLINE_Q8_INTERLEAVE", 2))  # env: developer A/B only
+#: Weights in the fewest bits that hold them (``pack_layout``); 0 keeps a byte per weight.
+PACKED = os.environ.get("ECHOLINE_Q8_PACKED", "1") != "0"  # env: developer A/B only
 
 
 def vnni_available() -> bool:
@@ -146,8 +148,13 @@ def activation_terms(x: np.ndarray, with16: bool):
 # --------------------------------------------------------------------------- VNNI block dot
 
 
-def _make_tile(rows: int, vecs: int, block: int, offset: bool):
+def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bias: int = 128):
     """An intrinsic computing ``rows`` rows × 16·``vecs`` outputs of one weight group, all blocks.
+
+    ``bits``/``bias``: how the weights are stored (``pack_layout``): 8 is one byte per
+    weight holding q + 128; 4, 5 and 6 hold u = q + ``bias`` in 0…2^bits − 1, two steps'
+    low nibbles per byte plus one bit plane per bit above 4. Either way the integer dot is
+    Σ u·xq − bias·Σ xq = Σ q·xq exactly, so every layout gives the same bits.
 
     Arguments: qv, qbase (the first byte of the tile's first 16-output vector: per block
     (block/4, 16 outputs, 4 inputs) of q+128; the next vector nblocks·block·16 bytes on), xq, xbase (row r0's first input), xstride (inputs per row),
@@ -175,6 +182,11 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool):
     v64b = ir.VectorType(ir.IntType(8), 64)
     splat = ir.Constant(v16, [0] * 16)
     shift = {32: 0, 16: 1}[block]  # activation-scale index = block >> shift
+    if bits not in (4, 5, 6, 8) or (bits == 8) != (bias == 128):
+        raise ValueError(f"unsupported weight storage: {bits} bits, bias {bias}")
+    planes = bits - 4 if bits < 8 else 0
+    sb_bytes = block * 16 * INTERLEAVE * bits // 8  # one stream's bytes per weight block
+    nib_bytes = block * 16 * INTERLEAVE // 2  # of which nibbles (packed layouts)
 
     def c64(k: int):
         return ir.Constant(i64, k)
@@ -213,6 +225,29 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool):
             xrow = [builder.add(xbase_, builder.mul(xstride_, c64(r))) for r in range(rows)]
             arow = [builder.add(abase_, builder.mul(astride_, c64(r))) for r in range(rows)]
             drow = [builder.add(dbase_, builder.mul(dstride_, c64(r))) for r in range(rows)]
+            low4 = ir.Constant(v64b, [0x0F] * 64)
+            four = ir.Constant(v64b, [4] * 64)
+            nothing = ir.Constant(v64b, [0] * 64)
+            i1x64 = ir.VectorType(ir.IntType(1), 64)
+
+            def weights(qb, pstride, j: int, v: int, nib: list):
+                """Step j's 64 weight bytes (4 inputs × 16 outputs) of vector v, as <16 x i32>."""
+                at = builder.mul(pstride, c64(v // iv))
+                if bits == 8:
+                    return builder.bitcast(vload(qb, builder.add(at, c64(64 * (iv * j + v % iv))), v64b, 1), v16)
+                if j % 2 == 0:  # one load holds steps j (low nibbles) and j + 1 (high nibbles)
+                    nib[v] = vload(qb, builder.add(at, c64(64 * (iv * (j // 2) + v % iv))), v64b, 1)
+                    u = builder.and_(nib[v], low4)
+                else:
+                    u = builder.lshr(nib[v], four)
+                for pl in range(planes):  # bit 4 + pl of each byte, one bit per byte in a 64-bit word
+                    off = c64(nib_bytes + 8 * ((pl * (block // 4) + j) * iv + v % iv))
+                    word = builder.load(builder.bitcast(builder.gep(qb, [builder.add(at, off)]), i64.as_pointer()),
+                                        align=1)  # fmt: skip
+                    mask = builder.bitcast(word, i1x64)
+                    u = builder.or_(u, builder.select(mask, ir.Constant(v64b, [1 << (4 + pl)] * 64), nothing))
+                return builder.bitcast(u, v16)
+
             zero = ir.Constant(vf, [0.0] * 16)
             pre = builder.basic_block
             loop = builder.append_basic_block("q8_blocks")
@@ -226,28 +261,23 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool):
                 for ph in row:
                     ph.add_incoming(zero, pre)
             iv = INTERLEAVE
-            pstride = builder.mul(nblocks_, c64(block * 16 * iv))  # bytes of one stream's blocks
-            qb = builder.gep(qp, [builder.add(qbase_, builder.mul(b, c64(block * 16 * iv)))])
+            pstride = builder.mul(nblocks_, c64(sb_bytes))  # bytes of one stream's blocks
+            qb = builder.gep(qp, [builder.add(qbase_, builder.mul(b, c64(sb_bytes)))])
             xb = builder.mul(b, c64(block))
             sb = builder.add(sbase_, builder.mul(b, c64(GROUP)))
             db = builder.lshr(b, c64(shift)) if shift else b
             start, dr, xdr = [], [], []
             for r in range(rows):
                 ai = builder.add(arow[r], b)
-                # start from -128·Σxq: the sum of (q+128)·xq then lands on Σ q·xq exactly
+                # start from -bias·Σxq: the sum of (q+bias)·xq then lands on Σ q·xq exactly
                 isum = builder.load(builder.gep(sump, [ai]))
-                start.append(splat_of(v16, builder.mul(isum, ir.Constant(i32, -128))))
+                start.append(splat_of(v16, builder.mul(isum, ir.Constant(i32, -bias))) if bias else splat)
                 dr.append(splat_of(vf, builder.load(builder.gep(dp, [builder.add(drow[r], db)]))))
                 xdr.append(splat_of(vf, builder.load(builder.gep(xdp, [ai]))) if offset else None)
             iacc = [[start[r]] * vecs for r in range(rows)]
+            nib = [None] * vecs
             for j in range(block // 4):
-                w = [
-                    builder.bitcast(
-                        vload(qb, builder.add(builder.mul(pstride, c64(v // iv)), c64(64 * (iv * j + v % iv))), v64b, 1),
-                        v16,
-                    )
-                    for v in range(vecs)
-                ]
+                w = [weights(qb, pstride, j, v, nib) for v in range(vecs)]
                 for r in range(rows):
                     p = builder.gep(xp, [builder.add(xrow[r], builder.add(xb, c64(4 * j)))])
                     xv = splat_of(v16, builder.load(builder.bitcast(p, i32.as_pointer()), align=1))
@@ -286,7 +316,7 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool):
 _ARGS = "qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq"
 
 
-def kernel_source(block: int, offset: bool) -> str:
+def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128) -> str:
     """Python source of one (weight block, offset) kernel's module (``codegen.load_generated``).
 
     Why a module and not a closure: numba recompiled the closure over this process's
@@ -304,20 +334,20 @@ def kernel_source(block: int, offset: bool) -> str:
     stamp = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
     L = [
         "# generated by kernels/cpu/q8act.py; do not edit",
-        f"# q8act.py {stamp}, tiles {ROW_TILES}, interleave {INTERLEAVE}",
+        f"# q8act.py {stamp}, tiles {ROW_TILES}, interleave {INTERLEAVE}, {bits} bits, bias {bias}",
         "from kernels.cpu._env import njit, prange",
         "from kernels.cpu.q8act import GROUP, QBLOCK, _make_tile",
         "",
     ]
     for rows, vecs in ROW_TILES:
         L += [
-            f"t{rows} = _make_tile({rows}, {vecs}, {block}, {offset})",
+            f"t{rows} = _make_tile({rows}, {vecs}, {block}, {offset}, {bits}, {bias})",
             "",
             "",
             '@njit(inline="always", nogil=True, boundscheck=False)',
             f"def p{rows}({_ARGS}):",
             f"    for c in range(0, GROUP, {16 * vecs}):",
-            f"        t{rows}(qv, qb + c * nblocks * {block}, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d,",
+            f"        t{rows}(qv, qb + c * nblocks * {block * bits // 8}, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d,",
             "             r0 * nbq, nbq, s, m, sb + c, nblocks, out, r0 * ldo + oc + c, ldo)",
             "",
         ]
@@ -326,7 +356,7 @@ def kernel_source(block: int, offset: bool) -> str:
         "@njit(parallel=True, cache=True, nogil=True, boundscheck=False)",
         "def kernel(xq, xsum, xd, d, qv, s, m, out, n, cols, ldo, col0, nblocks, ngroups):",
         "    nbq = cols // QBLOCK",
-        f"    gstride = nblocks * {block} * GROUP",
+        f"    gstride = nblocks * {block * bits // 8} * GROUP",
         "    nq = n // 4",
         "    nr = n - 4 * nq",
         "    nabs = nr if nq >= nr else 0",
@@ -350,32 +380,34 @@ def kernel_source(block: int, offset: bool) -> str:
 
 #: The weight-block kinds with a kernel: (inputs per weight block, offset term).
 KINDS_Q8 = frozenset((bs, off) for bs in (32, 16) for off in (False, True))
-#: (weight block, offset) → kernel, loaded on first use (``kernel_for``).
-KERNELS: dict[tuple[int, bool], Callable] = {}
+#: (weight block, offset, bits, bias) → kernel, loaded on first use (``kernel_for``).
+KERNELS: dict[tuple[int, bool, int, int], Callable] = {}
 _DUMMY = np.zeros(1, np.float32)  # the offset arguments of kinds without an offset
 
 
-def kernel_asm(block: int, offset: bool) -> str:
+def kernel_asm(block: int, offset: bool, bits: int = 8, bias: int = 128) -> str:
     """Assembly of the kernel for every signature it has run with, compiled afresh.
 
     Why afresh: a kernel loaded from numba's disk cache has no assembly to show, so a check
     of the generated code (tests, ``bench_q8act``) compiles an uncached copy.
     """
-    kern = kernel_for(block, offset)
+    kern = kernel_for(block, offset, bits, bias)
     fresh = njit(parallel=True, nogil=True, boundscheck=False)(kern.py_func)
     for sig in kern.signatures:
         fresh.compile(sig)
     return "".join(fresh.inspect_asm(sig) for sig in kern.signatures)
 
 
-def kernel_for(block: int, offset: bool) -> Callable:
-    """The compiled kernel for a weight-block kind (written, imported and cached on first use)."""
-    key = (block, bool(offset))
+def kernel_for(block: int, offset: bool, bits: int = 8, bias: int = 128) -> Callable:
+    """The compiled kernel for a weight-block kind and storage (written, imported and cached
+    on first use)."""
+    key = (block, bool(offset), bits, bias)
     fn = KERNELS.get(key)
     if fn is None:
         from kernels.cpu.codegen import load_generated
 
-        fn = load_generated(f"echoline_q8_{block}_{int(offset)}", lambda: kernel_source(block, bool(offset)))
+        name = f"echoline_q8_{block}_{int(offset)}" + (f"_b{bits}_{bias}" if bits != 8 else "")
+        fn = load_generated(name, lambda: kernel_source(block, bool(offset), bits, bias))
         KERNELS[key] = fn
     return fn
 
@@ -388,12 +420,14 @@ class Q8Part:
     """One part of a ``PreparedMatrix`` in the VNNI layout."""
 
     kind: Kind
-    qv: np.ndarray  # uint8 flat (ngroups, 4/INTERLEAVE, nblocks, block/4, 16·INTERLEAVE, 4), q + 128
+    qv: np.ndarray  # uint8 flat (ngroups, 4/INTERLEAVE, nblocks, bytes per stream block): pack_layout
     s: np.ndarray  # float32 flat (ngroups, nblocks, GROUP), shared with the source Part
     m: np.ndarray  # same, or a 1-element dummy
     col0: int
     ngroups: int
     nblocks: int
+    bits: int = 8  # bits per stored weight (pack_layout)
+    bias: int = 128  # stored value = q + bias
 
 
 @dataclass
@@ -428,8 +462,50 @@ def vnni_layout(q: np.ndarray, ngroups: int, nblocks: int, block: int) -> np.nda
     return out.reshape(-1)
 
 
-def prepare_q8(pm: PreparedMatrix) -> Q8Matrix:
-    """Re-lay out an already prepared (int8) matrix for the VNNI kernels; scales are shared."""
+def storage_for(q: np.ndarray) -> tuple[int, int]:
+    """(bits, bias): the narrowest storage holding every q as u = q + bias in 0…2^bits − 1.
+
+    Q4_0/Q4_1/Q4_K values fit 4 bits, Q5_* 5, Q6_K 6, Q8_0 needs 8. Chosen from the values,
+    not the type name, so any matrix gets the smallest form that is exact for it.
+    """
+    lo, hi = (int(q.min()), int(q.max())) if q.size else (0, 0)
+    for bits in (4, 5, 6):
+        for bias in (0, 1 << (bits - 1)):
+            if lo + bias >= 0 and hi + bias < (1 << bits):
+                return bits, bias
+    return 8, 128
+
+
+def pack_layout(qv: np.ndarray, ngroups: int, nblocks: int, block: int, bits: int, bias: int) -> np.ndarray:
+    """The 8-bit VNNI layout (``vnni_layout``) → ``bits`` per weight, same streams and blocks.
+
+    Why: one-row decode streams every weight once, so its speed is bytes over memory
+    bandwidth; 8 bits per 4-bit weight made the 1.5B model's Q4_K layers twice llama.cpp's
+    bytes. Per stream block: first the nibbles, a byte holding step 2k's value (4 inputs ×
+    16 outputs per 64 bytes) in its low half and step 2k + 1's in its high half; then for
+    each bit above 4 a plane, per step and vector one little-endian 64-bit word whose bit k
+    is byte k's bit. The kernel rebuilds each 64-byte step vector with an and/shift (and a
+    masked or per plane) and takes the same integer dot: the bits of every output are the
+    8-bit layout's.
+    """
+    if bits == 8:
+        return qv
+    iv = INTERLEAVE
+    steps = block // 4
+    u = (qv.reshape(ngroups, 4 // iv, nblocks, steps, iv, 64).astype(np.int16) - 128 + bias).astype(np.uint8)
+    nib = (u[:, :, :, 0::2] & 0x0F) | ((u[:, :, :, 1::2] & 0x0F) << 4)
+    pieces = [nib.reshape(ngroups, 4 // iv, nblocks, -1)]
+    for pl in range(bits - 4):
+        plane = np.packbits((u >> (4 + pl)) & 1, axis=-1, bitorder="little")  # (…, steps, iv, 8)
+        pieces.append(plane.reshape(ngroups, 4 // iv, nblocks, -1))
+    return np.ascontiguousarray(np.concatenate(pieces, axis=-1)).reshape(-1)
+
+
+def prepare_q8(pm: PreparedMatrix, packed: bool | None = None) -> Q8Matrix:
+    """Re-lay out an already prepared (int8) matrix for the VNNI kernels; scales are shared.
+    ``packed``: store each part in the fewest bits that hold its values (``pack_layout``);
+    False keeps one byte per weight (the same results, more bytes); None: ``PACKED``."""
+    packed = PACKED if packed is None else packed
     parts = []
     for p in pm.parts:
         if p.kind.wdtype != "int8":
@@ -437,7 +513,9 @@ def prepare_q8(pm: PreparedMatrix) -> Q8Matrix:
         if (p.kind.block, p.kind.offset) not in KINDS_Q8:
             raise ValueError(f"prepare_q8: block {p.kind.block} unsupported")
         qv = vnni_layout(p.q, p.ngroups, p.nblocks, p.kind.block)
-        parts.append(Q8Part(p.kind, qv, p.s, p.m, p.col0, p.ngroups, p.nblocks))
+        bits, bias = storage_for(p.q) if packed else (8, 128)
+        qv = pack_layout(qv, p.ngroups, p.nblocks, p.kind.block, bits, bias)
+        parts.append(Q8Part(p.kind, qv, p.s, p.m, p.col0, p.ngroups, p.nblocks, bits, bias))
     return Q8Matrix(pm.in_features, pm.out_features, pm.padded_out, parts, pm.valid_cols)
 
 
@@ -448,7 +526,7 @@ def prepare_q8_cached(tensors: list) -> Q8Matrix:
     start. Keyed like the float32 layout's entries plus ("q8", INTERLEAVE); on a miss the
     float32 layout is computed but not stored (a q8 process never reads it).
     """
-    key = weight_cache.matrix_key(tensors, GROUP, ("q8", INTERLEAVE)) if weight_cache.enabled() else None
+    key = weight_cache.matrix_key(tensors, GROUP, ("q8", INTERLEAVE, "packed" if PACKED else "bytes")) if weight_cache.enabled() else None
     meta = weight_cache.load(key) if key is not None else None
     if meta is not None:
         try:
@@ -461,7 +539,8 @@ def prepare_q8_cached(tensors: list) -> Q8Matrix:
         if qm.valid_cols is not None:
             arrays.append(qm.valid_cols.astype(np.int64))
         parts = [{"kind": weight_cache.kind_to_json(p.kind), "col0": p.col0, "ngroups": p.ngroups,
-                  "nblocks": p.nblocks, "sizes": [int(p.qv.size), int(p.s.size), int(p.m.size)]}
+                  "nblocks": p.nblocks, "bits": p.bits, "bias": p.bias,
+                  "sizes": [int(p.qv.size), int(p.s.size), int(p.m.size)]}
                  for p in qm.parts]  # fmt: skip
         meta = {"in_features": qm.in_features, "out_features": qm.out_features, "padded_out": qm.padded_out,
                 "parts": parts, "has_valid": qm.valid_cols is not None}  # fmt: skip
@@ -477,7 +556,8 @@ def _q8_from_cache(meta: dict) -> Q8Matrix:
         qv, s, m = arrays[3 * i : 3 * i + 3]
         if [int(qv.size), int(s.size), int(m.size)] != d["sizes"] or qv.dtype != np.uint8:
             raise ValueError("cached q8 part has the wrong size or type")
-        parts.append(Q8Part(kind, qv, s, m, int(d["col0"]), int(d["ngroups"]), int(d["nblocks"])))
+        parts.append(Q8Part(kind, qv, s, m, int(d["col0"]), int(d["ngroups"]), int(d["nblocks"]),
+                            int(d["bits"]), int(d["bias"])))  # fmt: skip
     valid = arrays[3 * len(parts)] if meta["has_valid"] else None
     return Q8Matrix(int(meta["in_features"]), int(meta["out_features"]), int(meta["padded_out"]), parts, valid)
 
@@ -501,7 +581,7 @@ def matmul_q8(x: np.ndarray, w: Q8Matrix, row_chunk: int = ROW_CHUNK, out: np.nd
         oc = out[r0:r1].reshape(-1)
         for p in w.parts:
             isum, xd = (i16, x16) if p.kind.block == 16 else (i32, x32)
-            kernel_for(p.kind.block, p.kind.offset)(
+            kernel_for(p.kind.block, p.kind.offset, p.bits, p.bias)(
                 xq, isum, xd if p.kind.offset else _DUMMY, d, p.qv, p.s, p.m if p.kind.offset else _DUMMY, oc,
                 r1 - r0, cols, w.padded_out, p.col0, p.nblocks, p.ngroups,
             )  # fmt: skip
