@@ -27,10 +27,12 @@ from kernels.cpu.matmul import prepare
 from kernels.cpu.q8act import (
     QBLOCK,
     ROW_TILES,
+    factor_scales,
     kernel_asm,
     matmul_q8,
     prepare_q8,
     quantize_rows,
+    scale_codec,
     storage_for,
     vnni_available,
 )
@@ -102,9 +104,9 @@ def test_rows_bit_identical_and_within_derived_bound(case) -> None:
     assert (np.abs(y - x.astype(np.float64) @ W.T) <= b_x).all()
 
 
-#: The storage each type's values fit: (bits, bias), stored value = q + bias.
-STORAGE = {Q.Q4_0: (4, 8), Q.Q4_1: (4, 0), Q.Q4_K: (4, 0), Q.Q5_0: (5, 16), Q.Q5_1: (5, 0), Q.Q5_K: (5, 0),
-           Q.Q6_K: (6, 32), Q.Q8_0: (8, 128)}
+#: The storage each type's values fit: (bits, bias), stored value = q + bias, and its scales'.
+STORAGE = {Q.Q4_0: (4, 8, "f16"), Q.Q4_1: (4, 0, "f16"), Q.Q4_K: (4, 0, "fac"), Q.Q5_0: (5, 16, "f16"),
+           Q.Q5_1: (5, 0, "f16"), Q.Q5_K: (5, 0, "fac"), Q.Q6_K: (6, 32, "fac"), Q.Q8_0: (8, 128, "f16")}
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -115,7 +117,7 @@ def test_packed_storage_per_type_and_extremes(qtype) -> None:
     t = make_tensor(qtype, 130, cols, 11)
     pm = prepare([t])
     bits, bias = storage_for(pm.parts[0].q)
-    assert (bits, bias) == STORAGE[qtype]
+    assert (bits, bias, scale_codec(pm.parts[0])[0]) == STORAGE[qtype]
     q = pm.parts[0].q
     if bits < 8:  # the random tensor spans the range, so both ends of every field are exercised
         assert int(q.min()) + bias == 0 and int(q.max()) + bias == (1 << bits) - 1
@@ -126,6 +128,33 @@ def test_packed_storage_per_type_and_extremes(qtype) -> None:
     assert np.array_equal(y, matmul_q8(x, plain))
     for n in (1, 2, 3, 4, 5, 9):
         assert np.array_equal(matmul_q8(x[:n], packed), y[:n])
+
+
+def test_scales_that_do_not_factor_stay_float32() -> None:
+    """Scales that are neither float16 values nor small integers times a factor keep float32
+    storage (no lossy guess), with the same bits as the byte layout."""
+    t = make_tensor(Q.Q4_K, 70, 512, 12)
+    pm = prepare([t])
+    part = pm.parts[0]
+    rng = np.random.default_rng(0)
+    part.s[:] = rng.uniform(0.001, 0.1, part.s.shape).astype(np.float32)
+    assert scale_codec(part)[0] == "f32" and factor_scales(part.s, part.ngroups, part.nblocks, 32) is None
+    x = rng.standard_normal((6, 512)).astype(np.float32)
+    packed = prepare_q8(pm, packed=True)
+    assert packed.parts[0].codec == "f32" and packed.parts[0].bits == 4
+    assert np.array_equal(matmul_q8(x, packed), matmul_q8(x, prepare_q8(pm, packed=False)))
+
+
+def test_factored_scales_rebuild_every_bit() -> None:
+    """factor · int == scale bit for bit, signed zeros and negative factors included."""
+    ints = np.random.default_rng(1).integers(-128, 128, (2, 16, 64)).astype(np.float32)
+    ints[:, ::5] = 0  # zero scales: +0 or -0 with the sign of d, as in a file
+    d = np.float16(np.random.default_rng(2).uniform(-1e-3, 1e-3, (2, 1, 1, 64))).astype(np.float32)
+    s = (ints.reshape(2, 1, 16, 64) * d).reshape(-1).astype(np.float32)  # one superblock of 16-blocks
+    assert np.signbit(s[s == 0]).any() and not np.signbit(s[s == 0]).all()
+    fac, k = factor_scales(s, 2, 16, 16)
+    rebuilt = (fac.reshape(2, 1, 1, 64) * k.reshape(2, 1, 16, 64).astype(np.float32)).reshape(-1)
+    assert np.array_equal(rebuilt.view(np.uint32), s.view(np.uint32))
 
 
 def test_quantize_rows_matches_numpy() -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +61,10 @@ if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B only, e.g. "5x2,4x2,3x4
 ROW_CHUNK = 64
 #: 16-output vectors interleaved per weight stream (``vnni_layout`` says why).
 INTERLEAVE = int(os.environ.get("ECHOLINE_Q8_INTERLEAVE", 2))  # env: developer A/B only
+#: Inputs per K-quant superblock: the span of one "fac" scale factor (``factor_scales``).
+SUPERBLOCK = 256
+#: How block scales are stored (``scale_codec``): float32, float16, or factored.
+CODECS = ("f32", "f16", "fac")
 #: Weights in the fewest bits that hold them (``pack_layout``); 0 keeps a byte per weight.
 PACKED = os.environ.get("ECHOLINE_Q8_PACKED", "1") != "0"  # env: developer A/B only
 
@@ -148,19 +152,22 @@ def activation_terms(x: np.ndarray, with16: bool):
 # --------------------------------------------------------------------------- VNNI block dot
 
 
-def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bias: int = 128):
+def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32"):
     """An intrinsic computing ``rows`` rows × 16·``vecs`` outputs of one weight group, all blocks.
 
     ``bits``/``bias``: how the weights are stored (``pack_layout``): 8 is one byte per
     weight holding q + 128; 4, 5 and 6 hold u = q + ``bias`` in 0…2^bits − 1, two steps'
     low nibbles per byte plus one bit plane per bit above 4. Either way the integer dot is
     Σ u·xq − bias·Σ xq = Σ q·xq exactly, so every layout gives the same bits.
+    ``codec``: how the block scales (and offsets) are stored (``scale_codec``); each rebuilds
+    the float32 scale exactly, so again the same bits.
 
     Arguments: qv, qbase (the first byte of the tile's first 16-output vector: per block
     (block/4, 16 outputs, 4 inputs) of q+128; the next vector nblocks·block·16 bytes on), xq, xbase (row r0's first input), xstride (inputs per row),
     xsum, xd, abase (index of row r0, block 0 in those (n, nblocks) arrays), astride,
     d, dbase (row r0's first activation-scale index), dstride, s, m, sbase (the group's
-    first scale), nblocks, out, obase (row r0's first output), ldo.
+    first scale), nblocks, out, obase (row r0's first output), ldo, sd, md, sdbase (the
+    "fac" codec's per-superblock factors and the group's first one).
 
     Why one intrinsic for the whole block loop: the first version did one block per
     call and kept the running sums in memory, so the float combine (load, convert,
@@ -187,19 +194,22 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     planes = bits - 4 if bits < 8 else 0
     sb_bytes = block * 16 * INTERLEAVE * bits // 8  # one stream's bytes per weight block
     nib_bytes = block * 16 * INTERLEAVE // 2  # of which nibbles (packed layouts)
+    if codec not in CODECS:
+        raise ValueError(f"unknown scale codec {codec!r}")
+    sup_shift = (SUPERBLOCK // block).bit_length() - 1  # block -> superblock index ("fac")
 
     def c64(k: int):
         return ir.Constant(i64, k)
 
     @intrinsic
     def tile(typingctx, qv, qbase, xq, xbase, xstride, xsum, xd, abase, astride, d, dbase, dstride, s, m, sbase,
-             nblocks, out, obase, ldo):  # fmt: skip
+             nblocks, out, obase, ldo, sd, md, sdbase):  # fmt: skip
         sig = types.void(qv, qbase, xq, xbase, xstride, xsum, xd, abase, astride, d, dbase, dstride, s, m, sbase,
-                         nblocks, out, obase, ldo)  # fmt: skip
+                         nblocks, out, obase, ldo, sd, md, sdbase)  # fmt: skip
 
         def codegen(context, builder, signature, args):
             (qv_, qbase_, xq_, xbase_, xstride_, xsum_, xd_, abase_, astride_, d_, dbase_, dstride_, s_, m_,
-             sbase_, nblocks_, out_, obase_, ldo_) = args  # fmt: skip
+             sbase_, nblocks_, out_, obase_, ldo_, sd_, md_, sdbase_) = args  # fmt: skip
             tys = signature.args
 
             def data(k: int, val):
@@ -209,6 +219,7 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
                 data(0, qv_), data(2, xq_), data(5, xsum_), data(6, xd_), data(9, d_), data(12, s_),
                 data(13, m_), data(16, out_),
             )  # fmt: skip
+            sdp, mdp = data(19, sd_), data(20, md_)
 
             def splat_of(vec_t, scalar):
                 z = ir.Constant(vec_t, None)
@@ -248,6 +259,22 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
                     u = builder.or_(u, builder.select(mask, ir.Constant(v64b, [1 << (4 + pl)] * 64), nothing))
                 return builder.bitcast(u, v16)
 
+            def block_scale(vals, factors, sb, sup, v: int):
+                """The 16 float32 scales (or offsets) of vector v for this block, rebuilt exactly."""
+                at = builder.add(sb, c64(16 * v))
+                if codec == "f32":
+                    return vload(vals, at, vf, 4)
+                if codec == "f16":  # float16 values widen exactly
+                    h = builder.load(builder.bitcast(builder.gep(vals, [at]), ir.VectorType(ir.HalfType(), 16).as_pointer()),
+                                     align=2)  # fmt: skip
+                    return builder.fpext(h, vf)
+                # "fac": a small integer per block times a float32 factor per superblock; the
+                # product is exact (scale_codec checks every one), so it is the stored scale
+                k = builder.load(builder.bitcast(builder.gep(vals, [at]), ir.VectorType(ir.IntType(8), 16).as_pointer()),
+                                 align=1)  # fmt: skip
+                f = vload(factors, builder.add(sup, c64(16 * v)), vf, 4)
+                return builder.fmul(f, builder.sitofp(k, vf))
+
             zero = ir.Constant(vf, [0.0] * 16)
             pre = builder.basic_block
             loop = builder.append_basic_block("q8_blocks")
@@ -284,9 +311,10 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
                     for v in range(vecs):
                         iacc[r][v] = builder.call(dot, [iacc[r][v], w[v], xv])
             new = [[None] * vecs for _ in range(rows)]
+            sup = builder.add(sdbase_, builder.mul(builder.lshr(b, c64(sup_shift)), c64(GROUP)))
             for v in range(vecs):
-                sv = vload(sp, builder.add(sb, c64(16 * v)), vf, 4)
-                mv = vload(mp, builder.add(sb, c64(16 * v)), vf, 4) if offset else None
+                sv = block_scale(sp, sdp, sb, sup, v)
+                mv = block_scale(mp, mdp, sb, sup, v) if offset else None
                 for r in range(rows):
                     exact = builder.sitofp(iacc[r][v], vf)  # |value| < 2^24: exact
                     t = builder.call(fma, [exact, builder.fmul(sv, dr[r]), acc[r][v]])
@@ -313,10 +341,10 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     return tile
 
 
-_ARGS = "qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq"
+_ARGS = "qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq, sd, md, sdb"
 
 
-def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128) -> str:
+def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32") -> str:
     """Python source of one (weight block, offset) kernel's module (``codegen.load_generated``).
 
     Why a module and not a closure: numba recompiled the closure over this process's
@@ -334,27 +362,27 @@ def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128) -> s
     stamp = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
     L = [
         "# generated by kernels/cpu/q8act.py; do not edit",
-        f"# q8act.py {stamp}, tiles {ROW_TILES}, interleave {INTERLEAVE}, {bits} bits, bias {bias}",
+        f"# q8act.py {stamp}, tiles {ROW_TILES}, interleave {INTERLEAVE}, {bits} bits, bias {bias}, scales {codec}",
         "from kernels.cpu._env import njit, prange",
         "from kernels.cpu.q8act import GROUP, QBLOCK, _make_tile",
         "",
     ]
     for rows, vecs in ROW_TILES:
         L += [
-            f"t{rows} = _make_tile({rows}, {vecs}, {block}, {offset}, {bits}, {bias})",
+            f"t{rows} = _make_tile({rows}, {vecs}, {block}, {offset}, {bits}, {bias}, {codec!r})",
             "",
             "",
             '@njit(inline="always", nogil=True, boundscheck=False)',
             f"def p{rows}({_ARGS}):",
             f"    for c in range(0, GROUP, {16 * vecs}):",
             f"        t{rows}(qv, qb + c * nblocks * {block * bits // 8}, xq, r0 * cols, cols, xsum, xd, r0 * nblocks, nblocks, d,",
-            "             r0 * nbq, nbq, s, m, sb + c, nblocks, out, r0 * ldo + oc + c, ldo)",
+            "             r0 * nbq, nbq, s, m, sb + c, nblocks, out, r0 * ldo + oc + c, ldo, sd, md, sdb + c)",
             "",
         ]
     L += [
         "",
         "@njit(parallel=True, cache=True, nogil=True, boundscheck=False)",
-        "def kernel(xq, xsum, xd, d, qv, s, m, out, n, cols, ldo, col0, nblocks, ngroups):",
+        "def kernel(xq, xsum, xd, d, qv, s, m, out, n, cols, ldo, col0, nblocks, ngroups, sd, md):",
         "    nbq = cols // QBLOCK",
         f"    gstride = nblocks * {block * bits // 8} * GROUP",
         "    nq = n // 4",
@@ -363,6 +391,7 @@ def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128) -> s
         "    for g in prange(ngroups):",
         "        qb = g * gstride",
         "        sb = g * nblocks * GROUP",
+        f"        sdb = g * (nblocks >> {(SUPERBLOCK // block).bit_length() - 1}) * GROUP",
         "        oc = col0 + g * GROUP",
         "        r0 = 0",
         "        while r0 + 5 <= n and r0 < nabs * 5:",
@@ -380,34 +409,34 @@ def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128) -> s
 
 #: The weight-block kinds with a kernel: (inputs per weight block, offset term).
 KINDS_Q8 = frozenset((bs, off) for bs in (32, 16) for off in (False, True))
-#: (weight block, offset, bits, bias) → kernel, loaded on first use (``kernel_for``).
-KERNELS: dict[tuple[int, bool, int, int], Callable] = {}
+#: (weight block, offset, bits, bias, codec) → kernel, loaded on first use (``kernel_for``).
+KERNELS: dict[tuple[int, bool, int, int, str], Callable] = {}
 _DUMMY = np.zeros(1, np.float32)  # the offset arguments of kinds without an offset
 
 
-def kernel_asm(block: int, offset: bool, bits: int = 8, bias: int = 128) -> str:
+def kernel_asm(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32") -> str:
     """Assembly of the kernel for every signature it has run with, compiled afresh.
 
     Why afresh: a kernel loaded from numba's disk cache has no assembly to show, so a check
     of the generated code (tests, ``bench_q8act``) compiles an uncached copy.
     """
-    kern = kernel_for(block, offset, bits, bias)
+    kern = kernel_for(block, offset, bits, bias, codec)
     fresh = njit(parallel=True, nogil=True, boundscheck=False)(kern.py_func)
     for sig in kern.signatures:
         fresh.compile(sig)
     return "".join(fresh.inspect_asm(sig) for sig in kern.signatures)
 
 
-def kernel_for(block: int, offset: bool, bits: int = 8, bias: int = 128) -> Callable:
+def kernel_for(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32") -> Callable:
     """The compiled kernel for a weight-block kind and storage (written, imported and cached
     on first use)."""
-    key = (block, bool(offset), bits, bias)
+    key = (block, bool(offset), bits, bias, codec)
     fn = KERNELS.get(key)
     if fn is None:
         from kernels.cpu.codegen import load_generated
 
-        name = f"echoline_q8_{block}_{int(offset)}" + (f"_b{bits}_{bias}" if bits != 8 else "")
-        fn = load_generated(name, lambda: kernel_source(block, bool(offset), bits, bias))
+        name = f"echoline_q8_{block}_{int(offset)}_b{bits}_{bias}_{codec}"
+        fn = load_generated(name, lambda: kernel_source(block, bool(offset), bits, bias, codec))
         KERNELS[key] = fn
     return fn
 
@@ -428,6 +457,9 @@ class Q8Part:
     nblocks: int
     bits: int = 8  # bits per stored weight (pack_layout)
     bias: int = 128  # stored value = q + bias
+    codec: str = "f32"  # how s and m are stored (scale_codec): float32, float16 bits (uint16), int8 factors
+    sd: np.ndarray = field(default_factory=lambda: _DUMMY)  # "fac": float32 (ngroups, nblocks·block/SUPERBLOCK, GROUP) scale factors
+    md: np.ndarray = field(default_factory=lambda: _DUMMY)  # the offsets' factors, likewise
 
 
 @dataclass
@@ -440,7 +472,7 @@ class Q8Matrix:
 
     @property
     def nbytes(self) -> int:
-        return sum(p.qv.nbytes + p.s.nbytes + p.m.nbytes for p in self.parts)
+        return sum(p.qv.nbytes + p.s.nbytes + p.m.nbytes + p.sd.nbytes + p.md.nbytes for p in self.parts)
 
 
 def vnni_layout(q: np.ndarray, ngroups: int, nblocks: int, block: int) -> np.ndarray:
@@ -501,6 +533,67 @@ def pack_layout(qv: np.ndarray, ngroups: int, nblocks: int, block: int, bits: in
     return np.ascontiguousarray(np.concatenate(pieces, axis=-1)).reshape(-1)
 
 
+def _same_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32) == b.view(np.uint32)
+
+
+def factor_scales(s: np.ndarray, ngroups: int, nblocks: int, block: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """float32 block scales (ngroups, nblocks, GROUP) → (factors float32 (ngroups, nblocks·block/256,
+    GROUP), ints int8 (ngroups, nblocks, GROUP)) with factor · int == s bit for bit, or None.
+
+    Why: a K-quant's block scale is f32(d)·sc with d one float16 per 256 inputs and sc a
+    6-bit (Q4_K/Q5_K) or 8-bit (Q6_K) integer, and such a product is exact in float32, so
+    storing sc as one byte and d once per superblock rebuilds the scale exactly, in 1/4 of
+    the bytes (Q4_K: 6 bits a weight become 4.53). The factors are found from the values
+    alone: per superblock and output, the largest |scale| over an integer K (63, 127, 128
+    first, the usual maxima, then any other), either sign; every candidate is checked by
+    its product's bits, so a wrong guess can only fail, never change a number.
+    """
+    ratio = SUPERBLOCK // block
+    if nblocks % ratio:
+        return None
+    S = s.reshape(ngroups, nblocks // ratio, ratio, GROUP).transpose(0, 1, 3, 2).reshape(-1, ratio)
+    ref = np.abs(S).max(axis=1)
+    fac = np.zeros(len(S), np.float32)
+    ints = np.zeros(S.shape, np.int8)
+    todo = np.arange(len(S))
+    for k in (63, 127, 128, *range(126, 0, -1)):
+        if not len(todo):
+            break
+        for sign in (np.float32(1), np.float32(-1)):
+            f = (ref[todo] / np.float32(k)) * sign
+            with np.errstate(divide="ignore", invalid="ignore"):
+                q = np.rint(np.where(f[:, None] != 0, S[todo] / f[:, None], 0)).astype(np.float32)
+            fits = (q >= -128) & (q <= 127)
+            k8 = np.clip(q, -128, 127).astype(np.int8)  # what the kernel reads: a zero has no sign
+            good = (fits & _same_bits(f[:, None] * k8.astype(np.float32), S[todo])).all(axis=1)
+            fac[todo[good]] = f[good]
+            ints[todo[good]] = k8[good]
+            todo = todo[~good]
+            if not len(todo):
+                break
+    if len(todo):
+        return None
+    fac = fac.reshape(ngroups, nblocks // ratio, GROUP)
+    ints = ints.reshape(ngroups, nblocks // ratio, GROUP, ratio).transpose(0, 1, 3, 2).reshape(ngroups, nblocks, GROUP)
+    return np.ascontiguousarray(fac).reshape(-1), np.ascontiguousarray(ints).reshape(-1)
+
+
+def scale_codec(p) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(codec, s, m, sd, md) storing a part's float32 block scales and offsets in fewer bytes,
+    exactly: float16 when every value is one (Q4_0/Q5_0/Q8_0/Q4_1/Q5_1 scales are float16 in
+    the file), else factored (``factor_scales``: K-quants), else float32 as they are."""
+    arrays = [p.s] + ([p.m] if p.kind.offset else [])
+    if all(np.array_equal(a.astype(np.float16).astype(np.float32).view(np.uint32), a.view(np.uint32)) for a in arrays):
+        halves = [a.astype(np.float16).view(np.uint16) for a in arrays]
+        return "f16", halves[0], halves[1] if p.kind.offset else _DUMMY, _DUMMY, _DUMMY
+    factored = [factor_scales(a, p.ngroups, p.nblocks, p.kind.block) for a in arrays]
+    if all(f is not None for f in factored):
+        (sd, si), (md, mi) = factored[0], factored[1] if p.kind.offset else (_DUMMY, _DUMMY)
+        return "fac", si, mi, sd, md
+    return "f32", p.s, p.m, _DUMMY, _DUMMY
+
+
 def prepare_q8(pm: PreparedMatrix, packed: bool | None = None) -> Q8Matrix:
     """Re-lay out an already prepared (int8) matrix for the VNNI kernels; scales are shared.
     ``packed``: store each part in the fewest bits that hold its values (``pack_layout``);
@@ -515,7 +608,8 @@ def prepare_q8(pm: PreparedMatrix, packed: bool | None = None) -> Q8Matrix:
         qv = vnni_layout(p.q, p.ngroups, p.nblocks, p.kind.block)
         bits, bias = storage_for(p.q) if packed else (8, 128)
         qv = pack_layout(qv, p.ngroups, p.nblocks, p.kind.block, bits, bias)
-        parts.append(Q8Part(p.kind, qv, p.s, p.m, p.col0, p.ngroups, p.nblocks, bits, bias))
+        codec, sv, mv, sd, md = scale_codec(p) if packed else ("f32", p.s, p.m, _DUMMY, _DUMMY)
+        parts.append(Q8Part(p.kind, qv, sv, mv, p.col0, p.ngroups, p.nblocks, bits, bias, codec, sd, md))
     return Q8Matrix(pm.in_features, pm.out_features, pm.padded_out, parts, pm.valid_cols)
 
 
@@ -526,7 +620,7 @@ def prepare_q8_cached(tensors: list) -> Q8Matrix:
     start. Keyed like the float32 layout's entries plus ("q8", INTERLEAVE); on a miss the
     float32 layout is computed but not stored (a q8 process never reads it).
     """
-    key = weight_cache.matrix_key(tensors, GROUP, ("q8", INTERLEAVE, "packed" if PACKED else "bytes")) if weight_cache.enabled() else None
+    key = weight_cache.matrix_key(tensors, GROUP, ("q8", INTERLEAVE, "packed2" if PACKED else "bytes")) if weight_cache.enabled() else None
     meta = weight_cache.load(key) if key is not None else None
     if meta is not None:
         try:
@@ -535,12 +629,13 @@ def prepare_q8_cached(tensors: list) -> Q8Matrix:
             pass  # damaged entry: prepare again and overwrite it
     qm = prepare_q8(prepare(tensors))
     if key is not None:
-        arrays = [a for p in qm.parts for a in (p.qv, p.s, p.m)]
+        arrays = [a for p in qm.parts for a in (p.qv, p.s, p.m, p.sd, p.md)]
         if qm.valid_cols is not None:
             arrays.append(qm.valid_cols.astype(np.int64))
         parts = [{"kind": weight_cache.kind_to_json(p.kind), "col0": p.col0, "ngroups": p.ngroups,
-                  "nblocks": p.nblocks, "bits": p.bits, "bias": p.bias,
-                  "sizes": [int(p.qv.size), int(p.s.size), int(p.m.size)]}
+                  "nblocks": p.nblocks, "bits": p.bits, "bias": p.bias, "codec": p.codec,
+                  "dtypes": [str(p.s.dtype), str(p.m.dtype)],
+                  "sizes": [int(p.qv.size), int(p.s.size), int(p.m.size), int(p.sd.size), int(p.md.size)]}
                  for p in qm.parts]  # fmt: skip
         meta = {"in_features": qm.in_features, "out_features": qm.out_features, "padded_out": qm.padded_out,
                 "parts": parts, "has_valid": qm.valid_cols is not None}  # fmt: skip
@@ -553,12 +648,14 @@ def _q8_from_cache(meta: dict) -> Q8Matrix:
     parts = []
     for i, d in enumerate(meta["parts"]):
         kind = weight_cache.kind_from_json(d["kind"])
-        qv, s, m = arrays[3 * i : 3 * i + 3]
-        if [int(qv.size), int(s.size), int(m.size)] != d["sizes"] or qv.dtype != np.uint8:
+        qv, s, m, sd, md = arrays[5 * i : 5 * i + 5]
+        if [int(a.size) for a in (qv, s, m, sd, md)] != d["sizes"] or qv.dtype != np.uint8:
             raise ValueError("cached q8 part has the wrong size or type")
+        if [str(s.dtype), str(m.dtype)] != d["dtypes"] or d["codec"] not in CODECS:
+            raise ValueError("cached q8 part has the wrong scale storage")
         parts.append(Q8Part(kind, qv, s, m, int(d["col0"]), int(d["ngroups"]), int(d["nblocks"]),
-                            int(d["bits"]), int(d["bias"])))  # fmt: skip
-    valid = arrays[3 * len(parts)] if meta["has_valid"] else None
+                            int(d["bits"]), int(d["bias"]), str(d["codec"]), sd, md))  # fmt: skip
+    valid = arrays[5 * len(parts)] if meta["has_valid"] else None
     return Q8Matrix(int(meta["in_features"]), int(meta["out_features"]), int(meta["padded_out"]), parts, valid)
 
 
@@ -581,9 +678,9 @@ def matmul_q8(x: np.ndarray, w: Q8Matrix, row_chunk: int = ROW_CHUNK, out: np.nd
         oc = out[r0:r1].reshape(-1)
         for p in w.parts:
             isum, xd = (i16, x16) if p.kind.block == 16 else (i32, x32)
-            kernel_for(p.kind.block, p.kind.offset, p.bits, p.bias)(
+            kernel_for(p.kind.block, p.kind.offset, p.bits, p.bias, p.codec)(
                 xq, isum, xd if p.kind.offset else _DUMMY, d, p.qv, p.s, p.m if p.kind.offset else _DUMMY, oc,
-                r1 - r0, cols, w.padded_out, p.col0, p.nblocks, p.ngroups,
+                r1 - r0, cols, w.padded_out, p.col0, p.nblocks, p.ngroups, p.sd, p.md,
             )  # fmt: skip
     if w.valid_cols is not None:
         return np.ascontiguousarray(out[:, w.valid_cols])
