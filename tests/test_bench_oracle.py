@@ -76,7 +76,7 @@ def test_draft_study_baseline_rule_is_the_index_rule() -> None:
     hindsight rule is never worse than any causal rule at any position."""
     import random
 
-    from engine.bench.draft_study import RULES, confirmed_by_rule
+    from tools.engine.draft_study import RULES, confirmed_by_rule
 
     rng = random.Random(7)
     for _ in range(40):
@@ -93,7 +93,7 @@ def test_draft_study_baseline_rule_is_the_index_rule() -> None:
 
 
 def test_draft_study_controller_replay_is_bounded_by_its_oracle() -> None:
-    from engine.bench.draft_study import controller_replay, parse_curve
+    from tools.engine.draft_study import controller_replay, parse_curve
 
     curve = parse_curve("1:1,2:1.1,4:1.3,8:1.8,17:3.0")
     ratios = interpolated_ratios(curve, 33)
@@ -136,7 +136,7 @@ def test_bench_spec_followup_drafts_the_kept_reply(smollm2_path) -> None:
 def test_scaled_excess_curve_keeps_one_row_and_scales_the_rest() -> None:
     """--excess-scale: 1 leaves the curve as measured, 0 makes every verify cost one row, and a
     cheaper verify raises the oracle on the same replies."""
-    from engine.bench.draft_study import scale_excess
+    from tools.engine.draft_study import scale_excess
 
     curve = {1: 0.008, 2: 0.009, 17: 0.024}
     assert scale_excess(curve, 1.0) == {1: 1.0, 2: 0.009 / 0.008, 17: 3.0}

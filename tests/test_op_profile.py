@@ -1,11 +1,11 @@
-"""engine.bench.op_profile: per-op attribution inside whole forwards, on a synthetic model."""
+"""tools.engine.op_profile: per-op attribution inside whole forwards, on a synthetic model."""
 
 from __future__ import annotations
 
 from engine.api import Engine
-from engine.bench.op_profile import profile
 from tests.synth import write_model
 from tests.test_sessions import StandInTokenizer
+from tools.engine.op_profile import profile
 
 
 def test_parts_add_up_to_at_most_the_whole_and_the_backend_is_restored(tmp_path):
@@ -20,11 +20,11 @@ def test_parts_add_up_to_at_most_the_whole_and_the_backend_is_restored(tmp_path)
 
 
 def test_fidelity_counts_every_position_and_f32_follows_float64(tmp_path):
-    """engine.bench.fidelity: the f32 mode tracks the float64 model; q8 (where the host has
+    """tools.engine.fidelity: the f32 mode tracks the float64 model; q8 (where the host has
     VNNI) is scored on the same positions."""
     import random
 
-    from engine.bench.fidelity import agreement, modes_available
+    from tools.engine.fidelity import agreement, modes_available
 
     path = write_model(tmp_path / "m.gguf", "llama", context=512)
     rng = random.Random(3)

@@ -20,7 +20,7 @@ from kernels.cpu.codegen import KernelSpec, load_kernel
 from kernels.cpu.relayout import KINDS, Kind, unpack
 
 #: Outputs per weight group (layout) and the default register tiles (rows, outputs).
-#: Session 6 (``python -m engine.bench.op_profile --model M --context 1300``, tile sets
+#: Session 6 (``python -m tools.engine.op_profile --model M --context 1300``, tile sets
 #: interleaved across runs): 4x64 / 3x64 replaced 8x32 / 4x32. SmolLM2's products at 3, 4,
 #: 8, 16 rows: 6.4 -> 5.2, 7.0 -> 5.4, 9.2 -> 8.5, 14.3 -> 13.6 ms; Gemma 3's 10.1 -> 8.3,
 #: 11.0 -> 8.5, 14.6 -> 13.5, 24.7 -> 23.5 ms; one row unchanged. Then a 5x64 tile that
@@ -35,7 +35,7 @@ ROW_CHUNK = 64
 #: Why a choice at all: a tile broadcasts one x value per row and input, which needs no
 #: adjacency, and the transposed copy cost 3 µs a call at 16 rows; but the one-tile case of
 #: 8 rows was never faster as rows (SmolLM2's products, interleaved in one process,
-#: ``python -m kernels.cpu.bench MODEL --layout-ab``: rows/transposed 0.96-0.99 at 2-7
+#: ``python -m tools.cpu.bench_matmul MODEL --layout-ab``: rows/transposed 0.96-0.99 at 2-7
 #: rows, 1.005-1.055 at 8 over three runs, 0.92-0.98 at 9-17). Same bits either way (the
 #: arithmetic is the same chain; tested). With session 6's 4x64 tiles, 8 rows measured the
 #: same either way (8.47-8.69 vs 8.55-8.60 ms, SmolLM2 at context 1300), so it stayed.

@@ -54,7 +54,7 @@ QBLOCK = 32
 #: process per set, ``ECHOLINE_Q8_TILES``): 4 vectors per pass at 3 rows made the 49152 x 576
 #: head slower at 3 rows (0.60-0.65 ms) than at 4 (0.46-0.55); 3 x 2 took 0.49-0.52, and
 #: whole 3-row forwards 0.3 ms less. Two vectors for 1 and 2 rows measured the same.
-#: Reproduce: ``ECHOLINE_Q8_TILES=… python -m kernels.cpu.bench_q8act --curve head MODEL.gguf``.
+#: Reproduce: ``ECHOLINE_Q8_TILES=… python -m tools.cpu.bench_q8act --curve head MODEL.gguf``.
 ROW_TILES = ((5, 2), (4, 2), (3, 2), (2, 4), (1, 4))
 if os.environ.get("ECHOLINE_Q8_TILES"):  # developer A/B only, e.g. "5x2,4x2,3x4,2x4,1x4"
     ROW_TILES = tuple(tuple(int(v) for v in t.split("x")) for t in os.environ["ECHOLINE_Q8_TILES"].split(","))

@@ -1,7 +1,7 @@
 """Micro-benchmark: per-token matmul time of a real GGUF's weights (not a test).
 
-    python -m kernels.cpu.bench [model.gguf ...] [--rows 1,2,4,8,16] [--reps 3]
-    python -m kernels.cpu.bench [model.gguf ...] --layout-ab [--rows 1,2,...,17] [--reps 15]
+    python -m tools.cpu.bench_matmul [model.gguf ...] [--rows 1,2,4,8,16] [--reps 3]
+    python -m tools.cpu.bench_matmul [model.gguf ...] --layout-ab [--rows 1,2,...,17] [--reps 15]
 
 Fuses q|k|v and gate|up as the models do, includes the (tied) output head,
 and prints one table per model: prepare time, int8 layout size vs GGUF bytes,

@@ -1,6 +1,6 @@
 """int8-activation (VNNI) products against the float32-FMA kernels, per real model shape.
 
-Run: ``flock /tmp/echoline-cpu.lock python -m kernels.cpu.bench_q8act [--reps 15]``, or
+Run: ``flock /tmp/echoline-cpu.lock python -m tools.cpu.bench_q8act [--reps 15]``, or
 ``… --curve head [MODEL.gguf]`` for one matrix at 1-17 rows.
 For each model's layer-0 matrices (fused as the backend fuses them) and the output
 head: ms at 1/8/16 rows for ``matmul`` (fp32) and ``matmul_q8`` (int8 activations),
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from engine.gguf_file import GGUFFile
-from kernels.cpu.bench import model_matrices
 from kernels.cpu.matmul import matmul, prepare_cached
 from kernels.cpu.q8act import KINDS_Q8, kernel_asm, kernel_for, matmul_q8, prepare_q8
+from tools.cpu.bench_matmul import model_matrices
 
 MODELS = [
     Path.home() / ".cache/echoline/models/SmolLM2-135M-Instruct.Q4_1.gguf",

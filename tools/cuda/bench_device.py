@@ -5,7 +5,7 @@ SmolLM2-135M (Q4_1 layers, Q8_0 embedding) and Qwen2.5-Coder-1.5B q4_k_m shapes
 (Q4_K with Q6_K attn_v/ffn_down/embedding), fills the KV cache to ``--context``,
 then times plain decode (eager and CUDA-graph) and verify of k rows.
 
-    python -m kernels.cuda.bench_device --context 2048
+    python -m tools.cuda.bench_device --context 2048
 """
 
 from __future__ import annotations

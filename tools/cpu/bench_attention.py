@@ -1,7 +1,7 @@
 """Attention op alone: the three-stage path, the row-tiled path over a row-major K, and
 the row-tiled path over a key store (the CPU backend's K cache, read in place).
 
-Run: ``flock /tmp/echoline-cpu.lock python -m kernels.cpu.bench_attention``. Random
+Run: ``flock /tmp/echoline-cpu.lock python -m tools.cpu.bench_attention``. Random
 q/k/v, positions ctx0 … ctx0+n-1, the three interleaved, median of ``--reps``; prints
 whether they gave identical bits (they must).
 """

@@ -1,6 +1,6 @@
 """Where bench decode's plain tok/s goes on CUDA: graph capture per fresh cache or not.
 
-    python3 -m kernels.cuda.decode_probe MODEL.gguf
+    python3 -m tools.cuda.decode_probe MODEL.gguf
 
 Generates the bench-decode prompt with a throwaway session (a new KV cache, so new
 graphs: what ``bench decode`` measures) and with a named session (its cache and

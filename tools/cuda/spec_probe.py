@@ -1,6 +1,6 @@
 """Where a speculative round's time goes on the GPU: the forward vs everything around it.
 
-Run on the device: ``python3 -m kernels.cuda.spec_probe --model PATH [--backend cuda]``.
+Run on the device: ``python3 -m tools.cuda.spec_probe --model PATH [--backend cuda]``.
 Copy traffic (the `bench spec` requests), one warm-up pass, then plain and speculative
 passes. Prints, per mode, the decode time split into forward passes (run_rows + argmax,
 as the generation loop times them) and the rest of the loop, and the forward time per row

@@ -1,6 +1,6 @@
 """Where a forward's time goes, per row count, at a chosen context.
 
-Run: ``python -m engine.bench.op_profile --model smollm2 --context 1300``. It times each
+Run: ``python -m tools.engine.op_profile --model smollm2 --context 1300``. It times each
 backend op around its call inside real whole forwards (the row counts interleaved, the
 order reversed every other rep, medians) and prints the whole-forward time beside the
 parts. Why both: the parts attribute, the whole decides (field report: never sum parts to

@@ -1,6 +1,6 @@
 """One weight matrix (default: Gemma 3's tied 262144 x 640 head) at 1/8/16 rows per tile set.
 
-Run: ``flock /tmp/echoline-cpu.lock python -m kernels.cpu.bench_head --tiles 6x64,4x32,2x64,1x64``.
+Run: ``flock /tmp/echoline-cpu.lock python -m tools.cpu.bench_head --tiles 6x64,4x32,2x64,1x64``.
 Every tile set must give the same bits (asserted); a new tile set compiles a new kernel
 (~30-60 s) the first time.
 """

@@ -1,6 +1,6 @@
 """How faithfully each cpu numeric mode computes the model: top-1 agreement with float64.
 
-Run: ``python -m engine.bench.fidelity --model smollm2 --prompts 2 [--json]``. It runs the
+Run: ``python -m tools.engine.fidelity --model smollm2 --prompts 2 [--json]``. It runs the
 copy traffic's prompts (real source code under the chat template) through one teacher-forced
 forward each on the float64 numpy backend and on the cpu backend in every mode the host
 supports, and counts the positions where a mode's argmax equals float64's.

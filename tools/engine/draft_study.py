@@ -1,6 +1,6 @@
 """Offline studies of the drafter and the controller on recorded replies.
 
-Run: ``python -m engine.bench.draft_study --model NAME --traffic copy|edit
+Run: ``python -m tools.engine.draft_study --model NAME --traffic copy|edit
 [--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47] [--context 1300] [--excess-scale 1,0.8,0.7]``.
 It records the plain replies of the `bench spec` requests, then replays them (no model
 involved):

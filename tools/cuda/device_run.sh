@@ -11,33 +11,33 @@ for p in .mdl/part0*; do [ -f "$p" ] && cp "$p" /tmp/models/; done
 ls -l /tmp/models
 if [ "$1" = kernels ]; then
   timeout 330 python3 -m pytest -q -x -p no:cacheprovider --durations=8 tests/test_cuda_backend.py 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error|s call" | head -30
-  timeout 240 python3 -m kernels.cuda.bench_device --reps 30 > "$OUT/bench.log" 2>&1
+  timeout 240 python3 -m tools.cuda.bench_device --reps 30 > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"
 fi
 if [ "$1" = tc ]; then  # round 6: tensor-core products (kernel tests, then the A/B bench)
   timeout 300 python3 -m pytest -q -x -p no:cacheprovider --durations=6 tests/test_cuda_backend.py -k "${TC_TESTS:-tensor}" 2>&1 | tee "$OUT/tc_tests.log" | grep -E "passed|failed|^E |Error|s call" | head -40
-  [ -n "$TC_BENCH" ] && timeout ${TC_BENCH} python3 -m kernels.cuda.bench_device --reps 30 --tc --quick > "$OUT/bench.log" 2>&1
+  [ -n "$TC_BENCH" ] && timeout ${TC_BENCH} python3 -m tools.cuda.bench_device --reps 30 --tc --quick > "$OUT/bench.log" 2>&1
   [ -n "$TC_BENCH" ] && sed -n '/== summary ==/,$p' "$OUT/bench.log"
 fi
 if [ "$1" = attn ]; then  # session 5: tensor-core attention (its tests, the A/B bench, then every GPU test)
   timeout 200 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_cuda_backend.py -k "attention" 2>&1 | tee "$OUT/attn_tests.log" | grep -E "passed|failed|^E |Error|s call" | head -40
-  timeout ${ATTN_BENCH:-240} python3 -m kernels.cuda.bench_device --reps 30 --attn --quick --ks 1,2,4,8,12,16,17 > "$OUT/bench.log" 2>&1
+  timeout ${ATTN_BENCH:-240} python3 -m tools.cuda.bench_device --reps 30 --attn --quick --ks 1,2,4,8,12,16,17 > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "not attention" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -30
 fi
 if [ "$1" = rows ]; then  # session 5: 9-17-row tensor-core launches split over blocks
   timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_backend.py -k "tensor or model or graph" 2>&1 | tee "$OUT/tc_tests.log" | grep -E "passed|failed|^E |Error" | head -30
-  timeout 200 python3 -m kernels.cuda.bench_device --reps 30 --rowsplit --quick --ks 1,8,9,12,16,17 > "$OUT/bench.log" 2>&1
+  timeout 200 python3 -m tools.cuda.bench_device --reps 30 --rowsplit --quick --ks 1,8,9,12,16,17 > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"
 fi
 if [ "$1" = gap ]; then  # session 6: GPU idle time per decode step, then the row-split tests
-  timeout 200 python3 -m kernels.cuda.bench_device --reps 30 --gap --quick --ks 1 ${GAP_ARGS} > "$OUT/bench.log" 2>&1
+  timeout 200 python3 -m tools.cuda.bench_device --reps 30 --gap --quick --ks 1 ${GAP_ARGS} > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "row_split or pair" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -30
 fi
 if [ "$1" = units ]; then  # session 6: tensor-product units in flight (bits, then the A/B)
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py -k "units or row_split" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -30
-  timeout ${UNITS_BENCH:-300} python3 -m kernels.cuda.bench_device --reps 30 --units --quick --ks ${UNITS_KS:-1,8,16} ${GAP_ARGS} > "$OUT/bench.log" 2>&1
+  timeout ${UNITS_BENCH:-300} python3 -m tools.cuda.bench_device --reps 30 --units --quick --ks ${UNITS_KS:-1,8,16} ${GAP_ARGS} > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
 fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then

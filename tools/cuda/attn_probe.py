@@ -1,6 +1,6 @@
 """Attention kernels alone at SmolLM2 / Qwen2.5-1.5B shapes, context 2048 (for ncu).
 
-    ncu --clock-control none --kernel-name regex:attn_ python3 -m kernels.cuda.attn_probe
+    ncu --clock-control none --kernel-name regex:attn_ python3 -m tools.cuda.attn_probe
 """
 
 from __future__ import annotations

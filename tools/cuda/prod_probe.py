@@ -4,7 +4,7 @@ Builds random GGUF-block weights of the real shapes (no model file), then runs e
 product ``--iters`` times: gate|up+glu (Q4_K 2x8960x1536, norm fused), down+add (Q6_K
 1536x8960), q|k|v (Q4_K + Q6_K), o+add (Q4_K), and the head (Q6_K 151936x1536).
 
-    ncu --clock-control none -k regex:mm_ python3 -m kernels.cuda.prod_probe --iters 1
+    ncu --clock-control none -k regex:mm_ python3 -m tools.cuda.prod_probe --iters 1
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import gguf
 import numpy as np
 
-from kernels.cuda.bench_device import random_blocks
+from tools.cuda.bench_device import random_blocks
 
 Q = gguf.GGMLQuantizationType
 

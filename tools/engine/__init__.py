@@ -1,0 +1,1 @@
+"""Developer tools (not installed): see the README's developer-tools list."""
