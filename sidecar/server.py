@@ -18,6 +18,12 @@ resynchronises on the next ``Content-Length`` header, and every request with an 
 gets an answer (-32700 parse error, -32600 invalid request, -32602 invalid params,
 -32601 unknown method, -32002 not initialized).
 
+Order: ``serve`` lets each new handler run up to its first wait before it reads the
+next frame, so a request sees the document as it was when the request came, whatever
+didChange/didClose follows it in the same read; handlers take the text, version and
+positions they need before their first ``await``. pygls' table of running handlers
+(``_request_futures``) drops each entry once done, and ``shutdown`` walks a copy of it.
+
 Positions: converted with ``sidecar.lsp_utils`` (LSP line ends only, the negotiated
 ``positionEncoding``), never with pygls' ``TextDocument.lines`` (``str.splitlines``).
 """
@@ -34,6 +40,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, get_origin
@@ -399,6 +406,64 @@ class EcholineProtocol(LanguageServerProtocol):
             hook(msg_id)
         super()._handle_cancel_notification(msg_id)
 
+    # -- the future table ---------------------------------------------------------------------
+    # pygls files a future in ``_request_futures`` for every handler it runs: a client
+    # request's (removed when its answer is sent), but also each notification's and each
+    # step of a generator handler (didOpen/didChange/didClose, executeCommand) under a fresh
+    # uuid that nothing ever removes, ~2 KB per keystroke; and a request we sent that is
+    # given up on (timed out) stays until an answer that never comes. Here every future
+    # leaves the table once it is done.
+    def _forget_when_done(self, key: Any, future: Any, sent: bool = False) -> None:
+        def forget(done: Any) -> None:
+            if self._request_futures.get(key) is done:
+                del self._request_futures[key]
+                if sent:
+                    self._result_types.pop(key, None)
+
+        future.add_done_callback(forget)
+
+    def _execute_handler(
+        self,
+        msg_id: Any,
+        handler: Any,
+        callback: Any,
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        before = self._request_futures.get(msg_id)
+        super()._execute_handler(msg_id, handler, callback, args, kwargs)
+        future = self._request_futures.get(msg_id)
+        if future is not None and future is not before:
+            self._forget_when_done(msg_id, future)
+
+    def send_request(
+        self, method: str, params: Any = None, callback: Any = None, msg_id: Any = None
+    ) -> Any:
+        if msg_id is None:
+            msg_id = str(uuid.uuid4())
+        future = super().send_request(method, params, callback, msg_id)
+        self._forget_when_done(msg_id, future, sent=True)
+        return future
+
+    def pending_futures(self) -> int:
+        """Handlers running and requests to the client awaiting their answer."""
+        return len(self._request_futures)
+
+    @lsp_method(types.SHUTDOWN)
+    def lsp_shutdown(self, *args: Any) -> Iterator[Any]:
+        """pygls' shutdown, iterating over a copy of the future table: cancelling a
+        request's future runs its done callbacks at once (answering it and removing it from
+        the table), which failed the shutdown with "dictionary changed size during
+        iteration" whenever a rewrite was in flight."""
+        if (user_handler := self.fm.features.get(types.SHUTDOWN)) is not None:
+            yield user_handler, args, None
+        current_id = self.msg_id
+        for msg_id, future in list(self._request_futures.items()):
+            if msg_id != current_id and not future.done():
+                future.cancel()
+        self._shutdown = True
+        return None
+
     # -- answering --------------------------------------------------------------------------
     def reply_error(self, msg_id: Any, code: int, message: str) -> None:
         """An error response. Written as a dict: lsprotocol's ResponseErrorMessage drops
@@ -695,6 +760,12 @@ class EcholineServer(LanguageServer):
                     raise
                 except Exception:  # never let one message end the server
                     log.exception("could not handle a message")
+                # A coroutine handler only starts when the loop runs it: without this,
+                # every later frame of the same read (a didChange, a didClose) would be
+                # applied first and the request served against text it was not sent
+                # with. One loop step runs each new handler up to its first real wait;
+                # handlers read the document (text, version, positions) before that.
+                await asyncio.sleep(0)
 
     # ---- plumbing ----------------------------------------------------------------------
     def cancel_request(self, msg_id: Any) -> None:
@@ -1133,7 +1204,9 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
             code=CONTENT_MODIFIED,
         )
     rng: types.Range = req["range"]
-    text = doc.source  # the text of the version checked above, whatever arrives meanwhile
+    # The text of the version checked above, whatever arrives meanwhile: everything up
+    # to the first await runs before the server reads the next frame (see ``serve``).
+    text = doc.source
     encoding = ls.position_encoding
     start = checked_offset(text, rng.start, encoding, "range.start")
     end = checked_offset(text, rng.end, encoding, "range.end")
@@ -1307,6 +1380,9 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         except Exception:
             out["sourceMemoryBytes"] = out["tokenCacheBytes"] = None
     out["recentJobs"] = [job.summary() for job in list(ls.worker.finished)]
+    # Handlers running + requests to the client unanswered (this command's own two
+    # included): flat over a session, or something leaks (see EcholineProtocol).
+    out["pendingFutures"] = ls.protocol.pending_futures()
     return out
 
 

@@ -92,8 +92,14 @@ class RawServer:
                 headers[name.strip().lower()] = value.strip()
             msg = json.loads(out.read(int(headers[b"content-length"])))
             if "method" in msg and "id" in msg:
-                self.send({"jsonrpc": "2.0", "id": msg["id"], "result": None})
+                reply = self.answer(msg)
+                if reply is not None:
+                    self.send(reply)
             self._inbox.put(msg)
+
+    def answer(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The reply to a request the server sent us (None: no reply). Here null."""
+        return {"jsonrpc": "2.0", "id": request["id"], "result": None}
 
     def write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
@@ -737,6 +743,129 @@ def test_utf8_session_counts_bytes(utf8_server: RawServer, root: Path, engine: A
         engine, new_text, 0, len(new_line), uri
     )
     srv.status_ok()
+
+
+# ---- frames of one read are served in the order they came (soak bug B) ----------------------
+
+
+def _message(msg_id: int | None, method: str, params: Any) -> bytes:
+    body: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+    if msg_id is not None:
+        body["id"] = msg_id
+    return frame(json.dumps(body).encode())
+
+
+def test_a_request_is_served_against_the_text_it_was_sent_with(
+    server: RawServer, root: Path, engine: Any
+) -> None:
+    """A request and, in the same write, a didChange/didClose of its document: the request
+    sees the text it was sent with (it used to see the text after the change: a valid
+    rewrite was refused as stale, a valid position as past the end)."""
+    line1 = "    return x + 1"
+    text = f"def f(x):\n{line1}\n"
+    uri = new_uri(root, text)
+    server.open(uri, text)
+    rewrite_id, inline_id = server.next_id(), server.next_id()
+    rewrite = {
+        "command": "echoline.rewrite",
+        "arguments": [{"uri": uri, "version": 1, "range": rng(1, 0, 1, len(line1)), "mode": "preview"}],
+    }
+    change = {  # line 1 becomes "    ": its old end is past the end of the new line
+        "textDocument": {"uri": uri, "version": 2},
+        "contentChanges": [{"range": rng(1, 4, 1, len(line1)), "text": ""}],
+    }
+    server.write(
+        _message(rewrite_id, "workspace/executeCommand", rewrite)
+        + _message(inline_id, "textDocument/inlineCompletion", inline_params(uri, 1, len(line1)))
+        + _message(None, "textDocument/didChange", change)
+    )
+    res = server.response(rewrite_id, MODEL_S)
+    assert "result" in res and res["result"]["reason"] == "preview", res
+    start = text.index(line1)
+    assert res["result"]["stats"]["prompt_tokens"] == _prompt_tokens(
+        engine, text, start, start + len(line1), uri
+    )
+    assert "result" in server.response(inline_id, MODEL_S)
+    # The change was applied after them: now the old position is past the end, version 1 stale.
+    err = server.error("textDocument/inlineCompletion", inline_params(uri, 1, len(line1)))
+    assert err["code"] == INVALID_PARAMS and "past the end" in err["message"], err
+    err = server.error("workspace/executeCommand", rewrite)
+    assert err["code"] == -32801 and "stale version" in err["message"], err
+    # A request followed by the didClose of its document.
+    inline2, rewrite2 = server.next_id(), server.next_id()
+    rewrite["arguments"][0] |= {"version": 2, "range": rng(1, 0, 1, 4)}
+    server.write(
+        _message(inline2, "textDocument/inlineCompletion", inline_params(uri, 1, 4))
+        + _message(rewrite2, "workspace/executeCommand", rewrite)
+        + _message(None, "textDocument/didClose", {"textDocument": {"uri": uri}})
+    )
+    assert "result" in server.response(inline2, MODEL_S)
+    assert "result" in server.response(rewrite2, MODEL_S)
+    err = server.error("textDocument/inlineCompletion", inline_params(uri, 1, 4))
+    assert err["code"] == INVALID_PARAMS and "unknown document" in err["message"], err
+    server.status_ok()
+
+
+# ---- the future table (soak bug C) -----------------------------------------------------------
+
+
+def test_notifications_and_commands_leave_no_futures_behind(server: RawServer, root: Path) -> None:
+    """pygls kept one finished future per notification and per executeCommand, forever."""
+    text = "x = 1\n"
+    uri = new_uri(root, text)
+    server.open(uri, text)
+    before = server.status_ok()["pendingFutures"]
+    burst = b"".join(
+        _message(
+            None,
+            "textDocument/didChange",
+            {
+                "textDocument": {"uri": uri, "version": v},
+                "contentChanges": [{"range": rng(0, 5, 0, 5), "text": "0"}],
+            },
+        )
+        for v in range(2, 302)
+    )
+    server.write(burst)
+    good = {"textDocument": {"uri": uri}, "range": rng(0, 0, 0, 1), "context": {"diagnostics": []}}
+    for _ in range(20):
+        server.status_ok()
+        assert server.result("textDocument/codeAction", good)[0]["command"]["arguments"][0]["version"] == 301
+    server.open(uri, "y = 2\n", version=400)  # an open of an open document
+    server.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    after = server.status_ok()["pendingFutures"]
+    assert after == before and after <= 4, (before, after)
+
+
+def test_shutdown_with_a_rewrite_in_flight(tmp_path: Path, model: Path, root: Path) -> None:
+    """shutdown answered -32603 "dictionary changed size during iteration" whenever a
+    request was in flight: cancelling its future removed it from the table pygls iterated."""
+    srv = RawServer(tmp_path / "shutdown.err")
+    try:
+        srv.initialize(root, model, {})
+        srv.wait_ready()
+        text = "def f(x):\n    return x\n"
+        uri = new_uri(root, text)
+        srv.open(uri, text)
+        rewrite_id, inline_id, shutdown_id = srv.next_id(), srv.next_id(), srv.next_id()
+        args = {"uri": uri, "version": 1, "range": rng(0, 0, 2, 0), "mode": "apply"}
+        srv.write(
+            _message(rewrite_id, "workspace/executeCommand", {"command": "echoline.rewrite", "arguments": [args]})
+            + _message(inline_id, "textDocument/inlineCompletion", inline_params(uri, 1, 12))
+            + _message(shutdown_id, "shutdown", None)
+        )
+        assert srv.response(shutdown_id) == {"jsonrpc": "2.0", "id": shutdown_id, "result": None}
+        for msg_id in (rewrite_id, inline_id):  # cancelled, or done just before
+            msg = srv.response(msg_id)
+            assert "result" in msg or msg["error"]["code"] == -32800, msg
+        srv.notify("exit", None)
+        assert srv.proc.stdin is not None
+        srv.proc.stdin.close()
+        assert srv.proc.wait(15) == 0
+    finally:
+        srv.close()
+    log = (tmp_path / "shutdown.err").read_text(errors="replace")
+    assert "Traceback" not in log and "dictionary changed size" not in log, log[-3000:]
 
 
 # ---- lifecycle -------------------------------------------------------------------------------
