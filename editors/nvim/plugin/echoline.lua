@@ -5,8 +5,39 @@ end
 vim.g.loaded_echoline = true
 
 vim.api.nvim_create_user_command('EcholineRewrite', function(a)
-  require('echoline').rewrite(a.args, { line1 = a.line1, line2 = a.line2, confirm = not a.bang and nil or false })
-end, { range = true, nargs = '*', bang = true, desc = 'echoline: rewrite the range with an instruction (! applies without preview)' })
+  local opts = { line1 = a.line1, line2 = a.line2 }
+  if a.bang then
+    opts.confirm = false -- apply without preview; else the `confirm` option decides
+  end
+  if a.args == '' then
+    -- No instruction on the command line: ask for one.
+    require('echoline').rewrite_prompt(opts)
+  else
+    require('echoline').rewrite(a.args, opts)
+  end
+end, {
+  range = true,
+  nargs = '*',
+  bang = true,
+  desc = 'echoline: rewrite the range with an instruction (none: prompt; ! applies without preview)',
+})
+
+vim.api.nvim_create_user_command('EcholineToggle', function(a)
+  local want = nil
+  if a.args == 'on' then
+    want = true
+  elseif a.args == 'off' then
+    want = false
+  end
+  local on = require('echoline').toggle(want)
+  vim.api.nvim_echo({ { 'echoline: inline suggestions ' .. (on and 'on' or 'off') } }, false, {})
+end, {
+  nargs = '?',
+  complete = function()
+    return { 'on', 'off' }
+  end,
+  desc = 'echoline: turn inline suggestions on/off',
+})
 
 vim.api.nvim_create_user_command('EcholineCancel', function()
   if not require('echoline').cancel(0) then

@@ -175,6 +175,11 @@ elseif scenario == 'cancel' then
   local l1, l2 = lines_env('ECHOLINE_TEST_LINE1'), lines_env('ECHOLINE_TEST_LINE2')
   local done, reason = false, nil
   local uri = vim.uri_from_bufnr(bufnr)
+  -- The model loads first (a fresh server, maybe a busy machine: it can take longer
+  -- than the cancel window below), so the window measures the generation only.
+  wait('the model to be ready', function()
+    return require('echoline.status').state.state == 'ready'
+  end)
   local id = echoline.rewrite(env.ECHOLINE_TEST_INSTRUCTION or '', {
     bufnr = bufnr,
     line1 = l1,

@@ -75,25 +75,33 @@ local function root_dir(bufnr)
   return vim.fs.dirname(name) or vim.uv.cwd()
 end
 
-function M.start_config(bufnr)
-  local o = config.options
+--- What both ways of starting the client share: command, settings, handlers, hooks.
+function M.base_config(o)
+  o = o or config.options
+  local settings = config.server_settings(o)
   return {
-    name = M.name,
     cmd = config.cmd(o),
     cmd_env = o.cmd_env,
     cmd_cwd = o.cmd_cwd,
-    root_dir = root_dir(bufnr),
-    init_options = config.server_settings(o),
-    settings = { echoline = config.server_settings(o) },
+    settings = { echoline = settings },
     handlers = {
       ['echoline/status'] = on_status,
       ['echoline/rewriteProgress'] = on_rewrite_progress,
       ['workspace/applyEdit'] = on_apply_edit,
     },
+    -- The server reads initializationOptions; they are the `settings.echoline` table
+    -- as resolved at start (so vim.lsp.config() overrides of settings apply to both).
+    before_init = function(params, cfg)
+      local s = cfg.settings and cfg.settings.echoline
+      if s then
+        params.initializationOptions = s
+      end
+    end,
     on_init = function(client)
+      local s = (client.config.settings or {}).echoline or settings
       -- Push the settings once too, for servers that read them from didChangeConfiguration.
-      compat.notify(client, 'workspace/didChangeConfiguration', { settings = { echoline = config.server_settings(o) } })
-      status.update({ state = status.state.state == 'idle' and 'loading' or status.state.state, model = o.model })
+      compat.notify(client, 'workspace/didChangeConfiguration', { settings = { echoline = s } })
+      status.update({ state = status.state.state == 'idle' and 'loading' or status.state.state, model = s.model })
     end,
     on_exit = function(code)
       status.update({ state = code == 0 and 'idle' or 'error', message = 'server exited with code ' .. code })
@@ -102,6 +110,25 @@ function M.start_config(bufnr)
       require('echoline.ghost').attach(client, b)
     end,
   }
+end
+
+--- The config of vim.lsp.start() for `bufnr` (setup()'s FileType autocmd).
+function M.start_config(bufnr)
+  local c = M.base_config()
+  c.name = M.name
+  c.root_dir = root_dir(bufnr)
+  c.init_options = c.settings.echoline
+  return c
+end
+
+--- The config table of lsp/echoline.lua, for vim.lsp.config() / vim.lsp.enable() (0.11+):
+--- the same as start_config() with root_markers and filetypes instead of a root_dir.
+function M.lsp_config()
+  local o = config.options
+  local c = M.base_config(o)
+  c.root_markers = o.root_markers
+  c.filetypes = (o.filetypes and #o.filetypes > 0) and o.filetypes or nil
+  return c
 end
 
 --- Attach `bufnr` to the echoline server (starting it when needed).

@@ -8,6 +8,9 @@ M.defaults = {
   cmd_cwd = nil, -- working directory of the server process
   -- Filetypes to attach to; nil or {} attaches to every normal file buffer.
   filetypes = nil,
+  -- Start the client from setup() (FileType autocmd). false: you start it yourself,
+  -- e.g. with vim.lsp.enable('echoline') on 0.11+ (lsp/echoline.lua).
+  autostart = true,
   root_markers = { '.git', 'pyproject.toml', 'package.json' },
   -- Server settings (initializationOptions and workspace/didChangeConfiguration).
   -- 'qwen2.5-coder-0.5b' (edits and completion on a laptop CPU), 'qwen2.5-coder-1.5b'
@@ -17,7 +20,8 @@ M.defaults = {
   backend = 'auto',
   cpu_activations = nil, -- cpu backend: 'auto' (server default: q8 with AVX-512 VNNI, else f32), 'q8' or 'f32'
   speculation = true,
-  max_tokens = 256,
+  max_tokens = 512, -- longest rewrite (the server's default)
+  inline_max_tokens = 64, -- longest inline completion (the server's default)
   -- Seconds a request waits for a model that is still loading (nil: the server's, 60).
   ready_timeout_s = nil,
   kv_budget_mb = nil,
@@ -32,18 +36,29 @@ M.defaults = {
   ghost_text = true,
   auto_trigger = true,
   debounce_ms = 200,
+  -- Insert-mode keys. With no suggestion shown each falls through to what the key did
+  -- before (your own mapping of it, e.g. a completion plugin's <Tab>, or the key itself).
   keymaps = {
-    accept = '<Tab>', -- insert mode; falls through when no suggestion is shown
+    accept = '<Tab>', -- the whole suggestion
+    accept_word = false, -- opt-in, e.g. '<M-Right>': its next word
+    accept_line = false, -- opt-in, e.g. '<M-C-Right>': the rest of its current line
     dismiss = '<C-]>',
   },
-  -- Progress messages while rewriting (vim.notify, throttled).
-  notify_progress = true,
+  -- Progress of a running rewrite in the message area: one line, replaced in place
+  -- (at most every 250 ms; a progress message on 0.12+). The statusline shows it too.
+  progress = true,
 }
 
 M.options = vim.deepcopy(M.defaults)
 
 function M.set(opts)
-  M.options = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
+  opts = vim.deepcopy(opts or {})
+  -- Older name of `progress`.
+  if opts.progress == nil and opts.notify_progress ~= nil then
+    opts.progress = opts.notify_progress
+  end
+  opts.notify_progress = nil
+  M.options = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts)
   return M.options
 end
 
@@ -56,6 +71,7 @@ function M.server_settings(o)
     cpuActivations = o.cpu_activations,
     speculation = o.speculation,
     maxTokens = o.max_tokens,
+    inlineMaxTokens = o.inline_max_tokens,
     kvBudgetMB = o.kv_budget_mb,
     prefillOnIdle = o.prefill_on_idle,
     prefillIdleMs = o.prefill_idle_ms,

@@ -11,6 +11,10 @@ M.ns = ns
 
 --- Shown suggestion per buffer: { row, col, text, suffix, range, tick, mark }.
 M.current = {}
+--- Inline suggestions on or off (:EcholineToggle); :EcholineSuggest asks even when off.
+M.enabled = true
+--- Buffers set up by attach() (for the built-in client on 0.12+).
+local attached = {}
 local pending = {} -- bufnr → { client, id }
 local timers = {} -- bufnr → uv timer
 
@@ -44,20 +48,12 @@ local function item_text(item)
   return type(t) == 'string' and t or ''
 end
 
---- Draw `item` at (row0, col) if it extends what is typed; returns the suggestion.
-function M.show(bufnr, row0, col, item, encoding)
-  local text = item_text(item)
-  local suffix, range = text, nil
-  if type(item.range) == 'table' then
-    local s, e = item.range.start, item.range['end']
-    local sline = vim.api.nvim_buf_get_lines(bufnr, s.line, s.line + 1, false)[1] or ''
-    local eline = vim.api.nvim_buf_get_lines(bufnr, e.line, e.line + 1, false)[1] or ''
-    range = {
-      srow = s.line,
-      scol = compat.byte_col(sline, s.character, encoding),
-      erow = e.line,
-      ecol = compat.byte_col(eline, e.character, encoding),
-    }
+--- Draw `text` at (row0, col) if it extends what is typed; returns the suggestion.
+--- `range` (byte positions, 0-based rows) is what accepting the text replaces; nil:
+--- the text is inserted at the cursor.
+function M.show_text(bufnr, row0, col, text, range)
+  local suffix = text
+  if range then
     -- Only a suggestion that continues the typed text can be drawn as ghost text.
     if range.srow > row0 or (range.srow == row0 and range.scol > col) then
       return nil
@@ -94,6 +90,23 @@ function M.show(bufnr, row0, col, item, encoding)
   }
   M.current[bufnr] = cur
   return cur
+end
+
+--- Draw the LSP inline completion `item` at (row0, col); returns the suggestion.
+function M.show(bufnr, row0, col, item, encoding)
+  local range
+  if type(item.range) == 'table' then
+    local s, e = item.range.start, item.range['end']
+    local sline = vim.api.nvim_buf_get_lines(bufnr, s.line, s.line + 1, false)[1] or ''
+    local eline = vim.api.nvim_buf_get_lines(bufnr, e.line, e.line + 1, false)[1] or ''
+    range = {
+      srow = s.line,
+      scol = compat.byte_col(sline, s.character, encoding),
+      erow = e.line,
+      ecol = compat.byte_col(eline, e.character, encoding),
+    }
+  end
+  return M.show_text(bufnr, row0, col, item_text(item), range)
 end
 
 --- Ask the server for an inline completion at the cursor of the current window.
@@ -141,17 +154,38 @@ function M.request(bufnr, opts)
   end
 end
 
---- Insert the shown suggestion; false when there is none.
-function M.accept(bufnr)
+--- The part of `suffix` that accept_word (`word`) or accept_line (`line`) inserts.
+function M.part(suffix, kind)
+  if kind == 'line' then
+    local first = suffix:match('^[^\n]*')
+    if first ~= '' then
+      return first
+    end
+    return suffix:match('^\n[^\n]*') -- at a line end: the line break and the next line
+  end
+  -- A word: leading blanks, then a run of word characters, or else of other
+  -- non-blank characters (so `foo(bar)` goes foo, (, bar, )).
+  return suffix:match('^%s*[%w_]+') or suffix:match('^%s*[^%w_%s]+') or suffix:match('^%s+') or suffix
+end
+
+--- Insert the shown suggestion, or its next word / rest of line (`kind`: 'word',
+--- 'line'); the rest stays shown. False when no suggestion is shown.
+function M.accept(bufnr, kind)
   bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
   local cur = M.current[bufnr]
   if not cur or vim.b[bufnr].changedtick ~= cur.tick then
     M.clear(bufnr)
     return false
   end
+  local part = kind and M.part(cur.suffix, kind) or cur.suffix
+  if part == cur.suffix then
+    kind = nil -- all of it
+  end
   M.clear(bufnr)
   local srow, scol, erow, ecol, text
-  if cur.range then
+  if kind then
+    srow, scol, erow, ecol, text = cur.row, cur.col, cur.row, cur.col, part
+  elseif cur.range then
     srow, scol, erow, ecol, text = cur.range.srow, cur.range.scol, cur.range.erow, cur.range.ecol, cur.text
   else
     srow, scol, erow, ecol, text = cur.row, cur.col, cur.row, cur.col, cur.suffix
@@ -162,6 +196,18 @@ function M.accept(bufnr)
   local end_col = #lines == 1 and scol + #lines[1] or #lines[#lines]
   if vim.api.nvim_get_current_buf() == bufnr then
     pcall(vim.api.nvim_win_set_cursor, 0, { end_row + 1, end_col })
+  end
+  if kind then
+    -- Show the rest at the new cursor; the item's range moves with the inserted text.
+    local range = cur.range and vim.deepcopy(cur.range) or nil
+    if range and range.erow == cur.row and range.ecol >= cur.col then
+      range.erow = end_row
+      range.ecol = end_col + (range.ecol - cur.col)
+    elseif range then
+      range.erow = range.erow + #lines - 1
+    end
+    local rest = cur.range and cur.text or cur.suffix:sub(#part + 1)
+    M.show_text(bufnr, end_row, end_col, rest, range)
   end
   return true
 end
@@ -180,18 +226,106 @@ local function schedule(bufnr)
   end
   t:stop()
   t:start(config.options.debounce_ms, 0, vim.schedule_wrap(function()
-    if vim.api.nvim_get_current_buf() == bufnr and vim.fn.mode():sub(1, 1) == 'i' then
+    if M.enabled and vim.api.nvim_get_current_buf() == bufnr and vim.fn.mode():sub(1, 1) == 'i' then
       M.request(bufnr)
     end
   end))
 end
 
-local function map_accept(bufnr, key, accept)
-  vim.keymap.set('i', key, function()
-    if not accept() then
-      vim.api.nvim_feedkeys(vim.api.nvim_replace_termcodes(key, true, false, true), 'n', false)
+local function termcodes(keys)
+  return vim.api.nvim_replace_termcodes(keys, true, true, true)
+end
+
+local function is_ours(m)
+  return type(m) == 'table' and type(m.desc) == 'string' and m.desc:sub(1, 10) == 'echoline: '
+end
+
+--- The global insert-mode mapping of `key` now (nil: none or ours).
+local function global_map(key)
+  local raw = termcodes(key)
+  for _, m in ipairs(vim.api.nvim_get_keymap('i')) do
+    if (m.lhsraw == raw or termcodes(m.lhs) == raw) and not is_ours(m) then
+      return m
     end
-  end, { buffer = bufnr, desc = 'echoline: accept inline suggestion' })
+  end
+  return nil
+end
+
+--- Do what `key` would do without echoline's mapping: run the mapping `m` (a
+--- mapping dict as maparg() returns it; a Lua callback, an <expr> mapping, a
+--- plain rhs) or, without one, insert the key itself.
+function M.fallthrough(key, m)
+  local function feed(keys, remap)
+    -- 'i': before whatever is already typed ahead, as if the key had done it.
+    vim.api.nvim_feedkeys(keys, (remap and 'm' or 'n') .. 'i', false)
+  end
+  if type(m) ~= 'table' or (m.callback == nil and (m.rhs == nil or m.rhs == '')) then
+    return feed(termcodes(key), false)
+  end
+  local remap = m.noremap ~= 1 and m.noremap ~= true
+  local keys
+  if m.callback then
+    local r = m.callback()
+    if not (m.expr == 1 or m.expr == true) or type(r) ~= 'string' then
+      return
+    end
+    keys = termcodes(r)
+  else
+    local rhs = m.rhs:gsub('<[Ss][Ii][Dd]>', '<SNR>' .. tostring(m.sid or 0) .. '_')
+    if m.expr == 1 or m.expr == true then
+      local ok, r = pcall(vim.api.nvim_eval, rhs)
+      if not ok or type(r) ~= 'string' then
+        return
+      end
+      keys = r
+    else
+      keys = termcodes(rhs)
+    end
+  end
+  -- A remappable rhs that contains the key itself would come back here forever.
+  if remap and keys:find(termcodes(key), 1, true) then
+    remap = false
+  end
+  feed(keys, remap)
+end
+
+--- Map `key` in insert mode for `bufnr`: `action()` runs, and when it returns false
+--- (no suggestion shown) the key falls through to the mapping it had before.
+function M.map_key(bufnr, key, action, desc)
+  local prev = vim.api.nvim_buf_call(bufnr, function()
+    return vim.fn.maparg(key, 'i', false, true)
+  end)
+  -- A buffer-local mapping is replaced by ours: keep it. A global one (or one made
+  -- later, e.g. by a completion plugin set up after echoline) is looked up when the
+  -- key is pressed.
+  local local_prev = (type(prev) == 'table' and prev.buffer == 1 and not is_ours(prev)) and prev or nil
+  vim.keymap.set('i', key, function()
+    if not action() then
+      M.fallthrough(key, local_prev or global_map(key))
+    end
+  end, { buffer = bufnr, desc = 'echoline: ' .. desc })
+end
+
+--- Turn inline suggestions on or off for every buffer (nil: flip). Returns the new state.
+function M.set_enabled(on)
+  if on == nil then
+    on = not M.enabled
+  end
+  M.enabled = on
+  for bufnr in pairs(attached) do
+    if vim.api.nvim_buf_is_valid(bufnr) then
+      if not on then
+        cancel_pending(bufnr)
+        M.clear(bufnr)
+      end
+      if builtin() then
+        pcall(vim.lsp.inline_completion.enable, on, { bufnr = bufnr })
+      end
+    else
+      attached[bufnr] = nil
+    end
+  end
+  return on
 end
 
 --- Set up ghost text for a buffer the client attached to.
@@ -200,12 +334,14 @@ function M.attach(_, bufnr)
   if not o.ghost_text then
     return
   end
+  attached[bufnr] = true
+  local keys = o.keymaps or {}
   if builtin() then
-    pcall(vim.lsp.inline_completion.enable, true, { bufnr = bufnr })
-    if o.keymaps.accept then
-      map_accept(bufnr, o.keymaps.accept, function()
+    pcall(vim.lsp.inline_completion.enable, M.enabled, { bufnr = bufnr })
+    if keys.accept then
+      M.map_key(bufnr, keys.accept, function()
         return vim.lsp.inline_completion.get() == true
-      end)
+      end, 'accept inline suggestion')
     end
     return
   end
@@ -214,8 +350,12 @@ function M.attach(_, bufnr)
     group = group,
     buffer = bufnr,
     callback = function()
+      local cur = M.current[bufnr]
+      if cur and cur.tick == vim.b[bufnr].changedtick then
+        return -- our own partial accept: the rest is shown already
+      end
       M.clear(bufnr)
-      if o.auto_trigger then
+      if o.auto_trigger and M.enabled then
         schedule(bufnr)
       end
     end,
@@ -246,6 +386,7 @@ function M.attach(_, bufnr)
     buffer = bufnr,
     callback = function()
       cancel_pending(bufnr)
+      attached[bufnr] = nil
       if timers[bufnr] then
         timers[bufnr]:stop()
         timers[bufnr]:close()
@@ -253,16 +394,28 @@ function M.attach(_, bufnr)
       end
     end,
   })
-  if o.keymaps.accept then
-    map_accept(bufnr, o.keymaps.accept, function()
+  if keys.accept then
+    M.map_key(bufnr, keys.accept, function()
       return M.accept(bufnr)
-    end)
+    end, 'accept inline suggestion')
   end
-  if o.keymaps.dismiss then
-    vim.keymap.set('i', o.keymaps.dismiss, function()
+  if keys.accept_word then
+    M.map_key(bufnr, keys.accept_word, function()
+      return M.accept(bufnr, 'word')
+    end, 'accept the next word of the inline suggestion')
+  end
+  if keys.accept_line then
+    M.map_key(bufnr, keys.accept_line, function()
+      return M.accept(bufnr, 'line')
+    end, 'accept the current line of the inline suggestion')
+  end
+  if keys.dismiss then
+    M.map_key(bufnr, keys.dismiss, function()
+      local shown = M.current[bufnr] ~= nil or pending[bufnr] ~= nil
       cancel_pending(bufnr)
       M.clear(bufnr)
-    end, { buffer = bufnr, desc = 'echoline: dismiss inline suggestion' })
+      return shown
+    end, 'dismiss inline suggestion')
   end
 end
 

@@ -60,6 +60,8 @@ function M.check()
       end
     end
   end
+  local ghost = require('echoline.ghost')
+  health.info('inline suggestions: ' .. (ghost.enabled and 'on' or 'off (:EcholineToggle turns them on)'))
   local st = require('echoline.status').state
   health.info('state: ' .. tostring(st.state) .. (st.message and (' (' .. tostring(st.message) .. ')') or ''))
 end

@@ -14,6 +14,9 @@ local group = vim.api.nvim_create_augroup('echoline', { clear = true })
 function M.setup(opts)
   local o = config.set(opts)
   vim.api.nvim_clear_autocmds({ group = group })
+  if not o.autostart then
+    return o -- started elsewhere, e.g. vim.lsp.enable('echoline') (lsp/echoline.lua)
+  end
   local pattern = (o.filetypes and #o.filetypes > 0) and o.filetypes or '*'
   vim.api.nvim_create_autocmd('FileType', {
     group = group,
@@ -57,8 +60,9 @@ function M.suggest(bufnr, opts)
   return require('echoline.ghost').request(bufnr, vim.tbl_extend('force', { manual = true }, opts or {}))
 end
 
-function M.accept(bufnr)
-  return require('echoline.ghost').accept(bufnr)
+--- Accept the shown suggestion, or its next word / rest of line (`kind`: 'word', 'line').
+function M.accept(bufnr, kind)
+  return require('echoline.ghost').accept(bufnr, kind)
 end
 
 function M.dismiss(bufnr)
@@ -67,6 +71,22 @@ end
 
 function M.suggestion(bufnr)
   return require('echoline.ghost').get(bufnr)
+end
+
+--- Turn inline suggestions on (true), off (false) or over (nil); returns the new state.
+function M.toggle(enable)
+  return require('echoline.ghost').set_enabled(enable)
+end
+
+--- Ask for an instruction (vim.ui.input), then rewrite; `opts` as for rewrite().
+--- Cancelling the prompt does nothing; an empty instruction lets the model tidy the lines.
+function M.rewrite_prompt(opts)
+  vim.ui.input({ prompt = 'echoline rewrite: ' }, function(input)
+    if input == nil then
+      return
+    end
+    M.rewrite(input, opts)
+  end)
 end
 
 --- For 'statusline': `set statusline+=%{v:lua.require'echoline'.statusline()}`.

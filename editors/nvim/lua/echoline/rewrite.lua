@@ -143,6 +143,7 @@ function M.rewrite(instruction, opts)
     status.progress(status.describe(st))
   end
   status.update({ rewriting = {} })
+  status.progress(string.format('rewriting lines %d-%d…', l1, l2))
   -- Neovim drops the callback when the server acknowledges a cancel, so cancel()
   -- finishes the rewrite itself and marks `run` so a late answer is ignored.
   local run = { client = client, uri = uri, on_done = on_done }
@@ -159,6 +160,7 @@ function M.rewrite(instruction, opts)
     finish(bufnr)
     if err then
       local cancelled = err.code == RequestCancelled
+      status.progress(cancelled and 'rewrite cancelled' or 'rewrite failed', cancelled and 'cancel' or 'failed')
       if not cancelled then
         vim.notify('echoline: rewrite failed: ' .. tostring(err.message), vim.log.levels.ERROR)
       end
@@ -201,7 +203,7 @@ function M.cancel(bufnr)
   compat.cancel(r.client, r.id)
   client_mod.rewrite_listeners[r.uri] = nil
   finish(bufnr)
-  status.progress('rewrite cancelled', true)
+  status.progress('rewrite cancelled', 'cancel')
   r.on_done(false, 'cancelled', nil)
   return true
 end

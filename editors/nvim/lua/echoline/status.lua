@@ -3,7 +3,7 @@ local M = {}
 
 M.state = { state = 'idle', model = nil, message = nil, tokS = nil, acceptance = nil, rewriting = nil }
 
-local last_notify = 0
+local last_progress = 0
 
 local function fmt_acceptance(a)
   if type(a) ~= 'number' then
@@ -78,19 +78,55 @@ function M.statusline()
       parts[#parts + 1] = st
     end
   end
+  if not require('echoline.ghost').enabled then
+    parts[#parts + 1] = 'inline off'
+  end
   return table.concat(parts, ' · ')
 end
 
---- Throttled progress message (at most every 500 ms unless `force`).
-function M.progress(msg, force)
+M.progress_interval_ms = 250
+local progress_id = nil -- 0.12+: the id of the progress message being updated
+
+--- Echo `msg` in the message area, replacing the previous line (not kept in
+--- :messages). On 0.12+ a progress message (`kind = 'progress'`), updated in place.
+--- `final`: nil while running, else true (done) or 'cancel' / 'failed'.
+local function echo(msg, final)
+  if require('echoline.compat').has_012 then
+    local ok, id = pcall(vim.api.nvim_echo, { { msg } }, final ~= nil, {
+      kind = 'progress',
+      id = progress_id,
+      title = 'echoline',
+      status = final == nil and 'running' or (final == true and 'success' or final),
+    })
+    if ok then
+      progress_id = not final and id or nil
+      return
+    end
+  end
+  -- One line, truncated to the screen so it never asks for "Press ENTER".
+  local width = math.max(vim.o.columns - 12, 20)
+  if vim.fn.strdisplaywidth(msg) > width then
+    msg = vim.fn.strcharpart(msg, 0, width - 1) .. '…'
+  end
+  vim.api.nvim_echo({ { msg, final and 'MoreMsg' or 'Normal' } }, false, {})
+end
+
+--- Progress of a running rewrite: the statusline (always) and one line in the message
+--- area, replaced in place, at most every `progress_interval_ms` unless `final`
+--- (true: done; 'cancel' or 'failed').
+--- Never vim.notify: a notification per update would pile up (nvim-notify, noice).
+function M.progress(msg, final)
+  vim.schedule(function()
+    pcall(vim.cmd, 'redrawstatus')
+  end)
   local opts = require('echoline.config').options
-  if not opts.notify_progress then
+  if not opts.progress then
     return
   end
   local now = vim.uv.now()
-  if force or now - last_notify > 500 then
-    last_notify = now
-    vim.notify('echoline: ' .. msg, vim.log.levels.INFO, { title = 'echoline' })
+  if final or now - last_progress >= M.progress_interval_ms then
+    last_progress = now
+    echo('echoline: ' .. msg, final)
   end
 end
 

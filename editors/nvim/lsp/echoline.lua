@@ -1,0 +1,12 @@
+-- Neovim 0.11+: the config of the `echoline` language server for vim.lsp.config()
+-- and vim.lsp.enable() (:help echoline-lsp-config).
+--
+--   vim.lsp.config('echoline', { cmd = { '/venv/bin/echoline', 'serve' },
+--                                settings = { echoline = { model = 'smollm2' } } })
+--   vim.lsp.enable('echoline')
+--
+-- The table is built from require('echoline').setup()'s options when setup() ran
+-- first (use setup({ autostart = false, ... }) so it does not start the client a
+-- second way), else from the defaults. The server reads `settings.echoline`
+-- (sent as initializationOptions too). on_attach draws the ghost text.
+return require('echoline.client').lsp_config()
