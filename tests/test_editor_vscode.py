@@ -3,8 +3,10 @@
 The extension is compiled with tsc and packed with vsce, installed into a fresh
 code-server, which is then driven by playwright-core (editors/vscode/test/e2e.cjs):
 activation, a rewrite from the command palette (apply mode), an inline suggestion
-shown and committed, then a rewrite in preview mode (diff editor + Accept). The
-assertions read the saved file from disk. Screenshots are kept in docs/images/
+shown and committed, then a rewrite in preview mode started with its keybinding
+(ctrl+alt+r; diff editor, no modal, accepted with ctrl+alt+enter), the live
+settings sync, the status bar menu with the model list from the server's CLI, and
+the inline completions toggle. The assertions read the saved file from disk. Screenshots are kept in docs/images/
 (vscode-rewrite.png: the preview; vscode-rewrite-applied.png: after apply mode).
 """
 
@@ -125,6 +127,13 @@ def test_vscode_rewrite_and_inline_suggestion(
         "telemetry.telemetryLevel": "off",
         "extensions.autoCheckUpdates": False,
         "files.autoSave": "off",
+        # The driver types settings.json into the JSON editor: no auto-closed braces or
+        # auto-indent, or the file it saves is not valid JSON (VS Code then refuses to
+        # write settings, e.g. the inline completions toggle).
+        "editor.autoClosingBrackets": "never",
+        "editor.autoClosingQuotes": "never",
+        "editor.autoIndent": "none",
+        "editor.formatOnType": False,
         "echoline.trace.server": "messages",  # LSP traffic in the log, for failures
     }
     (user_dir / "User" / "settings.json").write_text(json.dumps(settings, indent=2))
@@ -193,6 +202,7 @@ def test_vscode_rewrite_and_inline_suggestion(
             E2E_PREVIEW_LINE2=str(p_line2),
             E2E_PREVIEW_INSTRUCTION=p_instruction,
             E2E_PREVIEW_SCREENSHOT=str(preview_shot),
+            E2E_MENU="1",
             E2E_OUT=str(out),
             E2E_SCREENSHOT=str(shot),
         )
@@ -236,6 +246,23 @@ def test_vscode_rewrite_and_inline_suggestion(
     else:
         assert record["previewOutcome"] == "accepted"
     assert any("applied=true" in line for line in record["previewLog"]), record["previewLog"]
+    if record["previewOutcome"] == "accepted":
+        # Reviewed without a modal dialog: the notification names the keybindings.
+        assert record["modalDialogs"] == 0
+        assert "Ctrl+Alt+Enter" in record["previewNotification"], record["previewNotification"]
+    # Live settings sync: keys beyond the first six reach the running server.
+    assert "replyHistory=3" in record["settingsSent"], record["settingsSent"]
+    assert "prefillIdleMs=300" in record["settingsSent"], record["settingsSent"]
+    # The status bar menu and the model picker, filled from `echoline models list --json`.
+    assert any("Pick Model" in r for r in record["menuRows"]), record["menuRows"]
+    assert any("Disable Inline Completions" in r for r in record["menuRows"]), record["menuRows"]
+    names = " ".join(record["modelRows"])
+    for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2", "gemma3-270m"):
+        assert name in names, record["modelRows"]
+    # The toggle wrote the setting off, then on; the status bar showed it.
+    assert [t["setting"] for t in record["toggle"]] == [False, True]
+    assert "inline off" in record["toggle"][0]["status"], record["toggle"]
+    assert "inline off" not in record["toggle"][1]["status"], record["toggle"]
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     if preview_shot.exists():
         shutil.copyfile(preview_shot, SCREENSHOT)

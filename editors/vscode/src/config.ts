@@ -2,6 +2,28 @@
 // Kept apart from the client wiring so the mapping is in one place.
 import * as vscode from 'vscode';
 
+/**
+ * Every `echoline.*` setting that is also a server setting (docs/sidecar.md, "Settings").
+ * They go to the server in initializationOptions and, whenever one of them changes,
+ * in workspace/didChangeConfiguration. tests/test_editor_static.py checks this list
+ * against package.json and sidecar/config.py.
+ */
+export const SERVER_KEYS = [
+  'model',
+  'backend',
+  'cpuActivations',
+  'speculation',
+  'maxTokens',
+  'inlineMaxTokens',
+  'kvBudgetMB',
+  'readyTimeoutS',
+  'prefillOnIdle',
+  'prefillIdleMs',
+  'replyHistory',
+] as const;
+
+export type ServerKey = (typeof SERVER_KEYS)[number];
+
 /** Keys the server understands in initializationOptions and didChangeConfiguration. */
 export interface ServerSettings {
   model: string;
@@ -9,34 +31,43 @@ export interface ServerSettings {
   cpuActivations: string | null; // null: the server's default (auto); sent so a reset reaches it
   speculation: boolean;
   maxTokens: number;
-  kvBudgetMB?: number;
+  inlineMaxTokens: number;
+  kvBudgetMB: number | null; // null: the server's choice; sent so a reset reaches it
+  readyTimeoutS: number;
   prefillOnIdle: boolean;
   prefillIdleMs: number;
   replyHistory: number;
 }
 
+/** The models `echoline models list` knows (used when that command cannot run). */
+export const KNOWN_MODELS = ['qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b', 'smollm2', 'gemma3-270m'];
+
 export function section(): vscode.WorkspaceConfiguration {
   return vscode.workspace.getConfiguration('echoline');
 }
 
-/** The settings the server reads, with null/undefined ones left out. */
+/** The settings the server reads; the defaults are package.json's (the server's own). */
 export function serverSettings(): ServerSettings {
   const cfg = section();
-  const out: ServerSettings = {
+  const budget = cfg.get<number | null>('kvBudgetMB', null);
+  return {
     model: cfg.get<string>('model', 'qwen2.5-coder-0.5b'),
     backend: cfg.get<string>('backend', 'auto'),
     cpuActivations: cfg.get<string | null>('cpuActivations', null),
     speculation: cfg.get<boolean>('speculation', true),
-    maxTokens: cfg.get<number>('maxTokens', 256),
+    maxTokens: cfg.get<number>('maxTokens', 512),
+    inlineMaxTokens: cfg.get<number>('inlineMaxTokens', 64),
+    kvBudgetMB: typeof budget === 'number' ? budget : null,
+    readyTimeoutS: cfg.get<number>('readyTimeoutS', 60),
     prefillOnIdle: cfg.get<boolean>('prefillOnIdle', true),
     prefillIdleMs: cfg.get<number>('prefillIdleMs', 400),
     replyHistory: cfg.get<number>('replyHistory', 4),
   };
-  const budget = cfg.get<number | null>('kvBudgetMB', null);
-  if (typeof budget === 'number') {
-    out.kvBudgetMB = budget;
-  }
-  return out;
+}
+
+/** The server keys a configuration change touches (empty: nothing to send). */
+export function changedServerKeys(e: vscode.ConfigurationChangeEvent): ServerKey[] {
+  return SERVER_KEYS.filter((k) => e.affectsConfiguration(`echoline.${k}`));
 }
 
 /** Command and arguments that start `echoline serve` (stdio). */
@@ -53,10 +84,36 @@ export function serverCommand(): { command: string; args: string[] } {
   return { command: 'echoline', args: ['serve'] };
 }
 
+/**
+ * The command that prints the known models as JSON (`echoline models list --json`),
+ * derived from the server command: `<python> -m sidecar serve` becomes
+ * `<python> -m sidecar.cli models list --json`, `<echoline> serve` becomes
+ * `<echoline> models list --json`.
+ */
+export function modelsListCommand(): { command: string; args: string[] } {
+  const { command, args } = serverCommand();
+  const tail = ['models', 'list', '--json'];
+  const m = args.indexOf('-m');
+  if (m >= 0 && args[m + 1] === 'sidecar') {
+    return { command, args: [...args.slice(0, m), '-m', 'sidecar.cli', ...tail] };
+  }
+  const serve = args.lastIndexOf('serve');
+  return { command, args: [...(serve >= 0 ? args.slice(0, serve) : args), ...tail] };
+}
+
 export function confirmRewrites(): boolean {
   return section().get<boolean>('rewrite.confirm', true);
 }
 
 export function inlineCompletionsEnabled(): boolean {
   return section().get<boolean>('inlineCompletions', true);
+}
+
+/** The workspace settings when the user set `key` there, else the user settings. */
+export function targetFor(key: string): vscode.ConfigurationTarget {
+  const i = section().inspect(key);
+  if (i?.workspaceValue !== undefined) {
+    return vscode.ConfigurationTarget.Workspace;
+  }
+  return vscode.ConfigurationTarget.Global;
 }

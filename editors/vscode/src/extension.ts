@@ -11,8 +11,9 @@ import {
   ServerOptions,
   StaticFeature,
 } from 'vscode-languageclient/node';
-import { inlineCompletionsEnabled, serverCommand, serverSettings } from './config';
+import { changedServerKeys, inlineCompletionsEnabled, serverCommand, serverSettings } from './config';
 import { RewriteProgressParams, ServerEvents } from './events';
+import { pickModel, showMenu, toggleInline } from './menu';
 import { PREVIEW_SCHEME, PreviewProvider } from './preview';
 import { Rewriter } from './rewrite';
 import { StatusItem, StatusParams } from './status';
@@ -95,8 +96,9 @@ async function startClient(c: LanguageClient, status: StatusItem, log: vscode.Lo
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   const log = vscode.window.createOutputChannel('echoline', { log: true });
   const events = new ServerEvents();
-  const status = new StatusItem('echoline.showLog');
+  const status = new StatusItem('echoline.menu');
   status.update({ model: serverSettings().model, state: 'loading' });
+  status.setInline(inlineCompletionsEnabled());
   const preview = new PreviewProvider();
   const rewriter = new Rewriter(() => client, events, preview, status, log);
   context.subscriptions.push(log, events, status, preview);
@@ -105,6 +107,11 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     events.status.event((p) => status.update(p)),
     vscode.commands.registerCommand('echoline.showLog', () => log.show(true)),
     vscode.commands.registerCommand('echoline.rewriteSelection', () => rewriter.run(vscode.window.activeTextEditor)),
+    vscode.commands.registerCommand('echoline.acceptRewrite', () => rewriter.resolvePreview(true)),
+    vscode.commands.registerCommand('echoline.rejectRewrite', () => rewriter.resolvePreview(false)),
+    vscode.commands.registerCommand('echoline.toggleInlineCompletions', () => toggleInline()),
+    vscode.commands.registerCommand('echoline.pickModel', () => pickModel(log)),
+    vscode.commands.registerCommand('echoline.menu', () => showMenu(serverSettings().model)),
     vscode.commands.registerCommand('echoline.restart', async () => {
       // Recreate the client so a changed command/pythonPath takes effect.
       if (client) {
@@ -118,12 +125,16 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       if (e.affectsConfiguration('echoline')) {
         log.info('settings changed');
       }
-      // Only the keys the server knows (it reports unknown ones as errors).
-      const serverKeys = ['model', 'backend', 'cpuActivations', 'speculation', 'maxTokens', 'kvBudgetMB'];
-      if (client?.isRunning() && serverKeys.some((k) => e.affectsConfiguration(`echoline.${k}`))) {
-        void client.sendNotification(DidChangeConfigurationNotification.type, {
-          settings: { echoline: serverSettings() },
-        });
+      if (e.affectsConfiguration('echoline.inlineCompletions')) {
+        status.setInline(inlineCompletionsEnabled());
+      }
+      // Every server setting the extension has, whichever changed (the server keeps
+      // the others as they are; it reports unknown keys as errors, so only these).
+      const changed = changedServerKeys(e);
+      if (client?.isRunning() && changed.length > 0) {
+        const settings = serverSettings();
+        log.info(`settings sent to the server (changed: ${changed.map((k) => `${k}=${JSON.stringify(settings[k])}`).join(', ')})`);
+        void client.sendNotification(DidChangeConfigurationNotification.type, { settings: { echoline: settings } });
       }
       if (e.affectsConfiguration('echoline.command') || e.affectsConfiguration('echoline.pythonPath')) {
         void vscode.window

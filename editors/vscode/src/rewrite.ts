@@ -183,7 +183,31 @@ export class Rewriter {
     }
   }
 
-  /** Show the proposal in a diff editor; apply it only if the user accepts. */
+  /** The pending preview's decision: accept (true) or reject (false). */
+  private decide: ((accept: boolean) => void) | undefined;
+
+  /** Whether a rewrite preview is waiting for Accept/Reject. */
+  get previewing(): boolean {
+    return this.decide !== undefined;
+  }
+
+  /** Accept (true) or reject (false) the rewrite shown in the preview; false if none is shown. */
+  resolvePreview(accept: boolean): boolean {
+    const d = this.decide;
+    if (!d) {
+      void vscode.window.setStatusBarMessage('echoline: no rewrite preview is open', 3000);
+      return false;
+    }
+    d(accept);
+    return true;
+  }
+
+  /**
+   * Show the proposal in a diff editor; apply it only if the user accepts. No modal
+   * dialog: the context key `echoline.previewActive` enables the Accept/Reject
+   * commands (keybindings, editor title buttons); a notification names the keys and
+   * its Cancel button rejects; closing the diff rejects too.
+   */
   private async previewAndApply(
     client: LanguageClient,
     doc: vscode.TextDocument,
@@ -205,20 +229,50 @@ export class Rewriter {
       void vscode.window.showInformationMessage('echoline: the model proposed no change.');
       return;
     }
+    // A preview still open from an earlier rewrite is rejected.
+    this.decide?.(false);
     const previewUri = this.preview.add(doc.uri, proposed);
     const name = doc.uri.path.split('/').pop();
+    let settle: (accept: boolean) => void = () => undefined;
+    const decision = new Promise<boolean>((resolve) => (settle = resolve));
+    const decide = (accept: boolean): void => {
+      if (this.decide === decide) {
+        this.decide = undefined;
+      }
+      settle(accept);
+    };
+    this.decide = decide;
+    const subs: vscode.Disposable[] = [
+      vscode.window.tabGroups.onDidChangeTabs((e) => {
+        const key = previewUri.toString();
+        if (e.closed.some((t) => t.input instanceof vscode.TabInputTextDiff && t.input.modified.toString() === key)) {
+          decide(false);
+        }
+      }),
+    ];
+    await vscode.commands.executeCommand('setContext', 'echoline.previewActive', true);
     await vscode.commands.executeCommand('vscode.diff', doc.uri, previewUri, `${name} ↔ echoline rewrite`, {
-      preview: true,
+      preview: false, // a pinned tab: opening another file does not close (reject) it
       selection: target,
     });
-    const choice = await vscode.window.showInformationMessage(
-      'Apply the echoline rewrite?',
-      { modal: true, detail: describeStats(stats) },
-      'Accept',
+    const mac = process.platform === 'darwin';
+    const keys = `Accept: ${mac ? '⌥⌘Enter' : 'Ctrl+Alt+Enter'} · Reject: Escape`;
+    void vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Notification, title: 'echoline: review the rewrite', cancellable: true },
+      (progress, token) => {
+        progress.report({ message: `${describeStats(stats)}. ${keys} (or the ✓/✕ buttons above the diff)` });
+        token.onCancellationRequested(() => decide(false));
+        return decision;
+      },
     );
+    const accepted = await decision;
+    subs.forEach((d) => d.dispose());
+    if (!this.decide) {
+      await vscode.commands.executeCommand('setContext', 'echoline.previewActive', false);
+    }
     await closePreviewTabs(previewUri);
     this.preview.remove(previewUri);
-    if (choice !== 'Accept') {
+    if (!accepted) {
       this.log.info('rewrite rejected');
       return;
     }

@@ -26,13 +26,21 @@ export function fmtAcceptance(a?: number): string | undefined {
 export class StatusItem implements vscode.Disposable {
   private readonly item: vscode.StatusBarItem;
   private current: StatusParams = { state: 'loading' };
+  private inline = true;
 
-  constructor(showLogCommand: string) {
+  /** `menuCommand`: what a click runs (the echoline menu). */
+  constructor(menuCommand: string) {
     this.item = vscode.window.createStatusBarItem('echoline.status', vscode.StatusBarAlignment.Right, 100);
     this.item.name = 'echoline';
-    this.item.command = showLogCommand;
+    this.item.command = menuCommand;
     this.render();
     this.item.show();
+  }
+
+  /** Show whether inline completions are on (off: a marker in the item). */
+  setInline(enabled: boolean): void {
+    this.inline = enabled;
+    this.render();
   }
 
   /** Merge a partial update (status notification or rewrite stats) and redraw. */
@@ -56,8 +64,14 @@ export class StatusItem implements vscode.Disposable {
     } else if (s.state) {
       parts.push(s.state);
     }
+    if (!this.inline) {
+      parts.push('$(circle-slash) inline off');
+    }
     this.item.text = parts.join(' · ');
-    this.item.tooltip = `echoline ${s.state ?? ''}${s.message ? `: ${s.message}` : ''}\nClick to show the log.`;
+    this.item.tooltip =
+      `echoline ${s.state ?? ''}${s.message ? `: ${s.message}` : ''}` +
+      `\nInline completions ${this.inline ? 'on' : 'off'}.` +
+      '\nClick for the menu: inline completions on/off, model, log, restart.';
     this.item.backgroundColor =
       s.state === 'error' ? new vscode.ThemeColor('statusBarItem.errorBackground') : undefined;
   }

@@ -1,6 +1,8 @@
 // Drives a real VS Code (code-server) in headless Chromium through the echoline
 // extension: wait for activation, trigger and commit an inline suggestion, save,
-// then rewrite a line range from the command palette and save again.
+// then rewrite a line range from the command palette and save again; then a rewrite
+// in preview mode (ctrl+alt+r, accepted with ctrl+alt+enter), the status bar menu
+// and its model list, and the inline completions toggle.
 // Run by tests/test_editor_vscode.py; every input comes from the environment and
 // the findings go to E2E_OUT as JSON (the Python test checks the file on disk).
 'use strict';
@@ -177,7 +179,11 @@ async function main() {
       const settingsFile = path.join(env.E2E_USER_DATA, 'User', 'settings.json');
       const settings = JSON.parse(fs.readFileSync(settingsFile, 'utf8'));
       settings['echoline.rewrite.confirm'] = true;
+      // Server settings beyond the first six must reach the running server too.
+      settings['echoline.replyHistory'] = 3;
+      settings['echoline.prefillIdleMs'] = 300;
       const seen = extensionLog().split('settings changed').length;
+      const sent = extensionLog().split('settings sent to the server').length;
       await palette(page, 'Preferences: Open User Settings (JSON)');
       // A tab in older versions, a modal editor in newer ones: wait for its text.
       await page.locator('.monaco-editor', { hasText: 'echoline.rewrite.confirm' }).last()
@@ -185,31 +191,42 @@ async function main() {
       await page.waitForTimeout(500);
       await page.keyboard.press('Control+A');
       await page.keyboard.insertText(JSON.stringify(settings, null, 2));
+      // Whatever the editor added after the cursor (an auto-closed brace) goes.
+      await page.keyboard.press('Control+Shift+End');
+      await page.keyboard.press('Delete');
       await page.keyboard.press('Control+S');
       await waitFor('the settings change', () => extensionLog().split('settings changed').length > seen, 30000);
+      JSON.parse(fs.readFileSync(settingsFile, 'utf8')); // still valid JSON (VS Code refuses to write into a broken one)
+      await waitFor('the settings sent to the server', () => extensionLog().split('settings sent to the server').length > sent, 30000);
+      out.settingsSent = extensionLog().split('\n').filter((l) => /settings sent to the server/.test(l)).slice(-1)[0];
       await page.keyboard.press('Control+W');
       await openFile(page, env.E2E_FILE);
       const p1 = Number(env.E2E_PREVIEW_LINE1), p2 = Number(env.E2E_PREVIEW_LINE2);
       await gotoLine(page, p1, false);
       for (let i = p1; i <= p2; i++) await page.keyboard.press('Shift+ArrowDown');
-      await palette(page, 'echoline: Rewrite Selection');
+      // The keybinding this time (ctrl+alt+r with a selection).
+      await page.keyboard.press('Control+Alt+KeyR');
       const box2 = page.locator('.quick-input-widget input');
       await box2.waitFor({ state: 'visible', timeout: 15000 });
       await box2.fill(env.E2E_PREVIEW_INSTRUCTION || '');
       await page.keyboard.press('Enter');
       step('preview requested');
-      const dialog = page.locator('.monaco-dialog-box', { hasText: 'Apply the echoline rewrite?' });
+      // No modal: a notification names the keys; Ctrl+Alt+Enter accepts (context key echoline.previewActive).
+      const review = page.locator('.notification-toast', { hasText: 'echoline: review the rewrite' });
       const noChange = page.locator('.notification-toast', { hasText: 'proposed no change' });
       await waitFor('the preview (or "no change")', async () =>
-        (await dialog.isVisible().catch(() => false)) || (await noChange.isVisible().catch(() => false)), TIMEOUT);
-      if (await dialog.isVisible()) {
+        (await review.isVisible().catch(() => false)) || (await noChange.isVisible().catch(() => false)), TIMEOUT);
+      if (await review.isVisible()) {
         await page.locator('.monaco-diff-editor').first().waitFor({ state: 'visible', timeout: 15000 });
+        out.previewNotification = (await review.innerText()).trim();
+        out.modalDialogs = await page.locator('.monaco-dialog-box').count();
         await page.waitForTimeout(500);
         if (env.E2E_PREVIEW_SCREENSHOT) await page.screenshot({ path: env.E2E_PREVIEW_SCREENSHOT });
         step('preview shown');
         const before = extensionLog().split('rewrite accepted').length;
-        await dialog.locator('.monaco-button', { hasText: 'Accept' }).first().click();
+        await page.keyboard.press('Control+Alt+Enter');
         await waitFor('the accepted rewrite', () => extensionLog().split('rewrite accepted').length > before, 15000);
+        await waitFor('the preview to close', async () => (await page.locator('.monaco-diff-editor').count()) === 0, 15000);
         out.previewOutcome = 'accepted';
       } else {
         out.previewOutcome = 'no change';
@@ -220,6 +237,39 @@ async function main() {
       out.afterPreview = fs.readFileSync(file, 'utf8');
       out.previewLog = extensionLog().split('\n').filter((l) => /rewrite (done|text|accepted)/.test(l)).slice(-3);
       step('preview accepted');
+    }
+    // --- status bar menu: Pick Model… lists the server's models ------------------
+    if (env.E2E_MENU) {
+      await page.locator('.statusbar-item', { hasText: env.E2E_MODEL || 'smollm2' }).first().click();
+      const rows = page.locator('.quick-input-list .monaco-list-row');
+      await rows.filter({ hasText: 'Pick Model' }).first().waitFor({ state: 'visible', timeout: 15000 });
+      out.menuRows = (await rows.allInnerTexts()).map((t) => t.replace(/\s+/g, ' ').trim());
+      await page.locator('.quick-input-widget input').fill('Pick Model');
+      await page.waitForTimeout(200);
+      await page.keyboard.press('Enter');
+      // The list from `echoline models list --json` marks downloaded models.
+      await waitFor('the model list', async () => (await rows.filter({ hasText: 'downloaded' }).count()) > 0, 60000);
+      out.modelRows = (await rows.allInnerTexts()).map((t) => t.replace(/\s+/g, ' ').trim());
+      await page.keyboard.press('Escape');
+      await page.locator('.quick-input-widget').waitFor({ state: 'hidden', timeout: 15000 });
+      step('menu and model list', { rows: out.modelRows.length });
+      // --- toggle inline completions off and on again (the setting is written) ---
+      const settingsFile = path.join(env.E2E_USER_DATA, 'User', 'settings.json');
+      const inlineSetting = () => {
+        try {
+          return JSON.parse(fs.readFileSync(settingsFile, 'utf8'))['echoline.inlineCompletions'];
+        } catch {
+          return undefined;
+        }
+      };
+      out.toggle = [];
+      for (const want of [false, true]) {
+        await palette(page, 'echoline: Toggle Inline Completions');
+        await waitFor(`echoline.inlineCompletions = ${want}`, async () => inlineSetting() === want, 15000);
+        await page.waitForTimeout(300);
+        out.toggle.push({ setting: inlineSetting(), status: await statusText(page) });
+      }
+      step('toggled', { toggle: out.toggle });
     }
     out.ok = true;
   } catch (e) {
