@@ -18,6 +18,10 @@ resynchronises on the next ``Content-Length`` header, and every request with an 
 gets an answer (-32700 parse error, -32600 invalid request, -32602 invalid params,
 -32601 unknown method, -32002 not initialized).
 
+Text: a lone surrogate in a JSON string (``"\\ud800"``, which JSON allows and Unicode
+text cannot hold) is read as U+FFFD, one UTF-16 unit as before; error messages quote a
+client's value in at most 300 characters (``short``).
+
 Order: ``serve`` lets each new handler run up to its first wait before it reads the
 next frame, so a request sees the document as it was when the request came, whatever
 didChange/didClose follows it in the same read; handlers take the text, version and
@@ -37,6 +41,7 @@ import json
 import logging
 import os
 import re
+import reprlib
 import sys
 import threading
 import time
@@ -385,8 +390,49 @@ def describe_structure_error(exc: BaseException) -> str:
     return text[:500]
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 300
+_SHORT.maxlevel = 3
+
+
+def short(value: Any) -> str:
+    """A client's value in an error message: bounded in length and depth (a huge string
+    or a deeply nested array is not echoed back whole)."""
+    return _SHORT.repr(value)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+# A "\uD800".."\uDFFF" escape: JSON lets a string hold a lone surrogate (a JavaScript
+# string may, and JSON.stringify writes it so), Python text keeps it, and every later
+# .encode("utf-8") (the index, the tokenizer, our own output) raises on it.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _replace_lone_surrogates(data: Any) -> Any:
+    """Every lone surrogate in the strings of ``data`` (fresh from json.loads, changed in
+    place) replaced by U+FFFD: one UTF-16 unit and one code point each, as the surrogate
+    was, so positions keep their meaning (json.loads has already joined the valid pairs
+    into one character). Iterative: a message may nest as deep as json.loads takes."""
+    if isinstance(data, str):
+        return _LONE_SURROGATE.sub("\ufffd", data)
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        items = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        for key, value in items:
+            if isinstance(value, str):
+                value = _LONE_SURROGATE.sub("\ufffd", value)
+            elif isinstance(value, list | dict):
+                stack.append(value)
+            if isinstance(key, str) and _LONE_SURROGATE.search(key):
+                del node[key]
+                key = _LONE_SURROGATE.sub("\ufffd", key)
+            node[key] = value
+    return data
 
 
 def _valid_id(value: Any) -> bool:
@@ -481,6 +527,8 @@ class EcholineProtocol(LanguageServerProtocol):
                 None, PARSE_ERROR, f"Parse error: the message is not valid JSON ({str(exc)[:200]})"
             )
             return
+        if _SURROGATE_ESCAPE.search(body):
+            data = _replace_lone_surrogates(data)
         if isinstance(data, list):
             self.reply_error(
                 None,
@@ -981,7 +1029,7 @@ def get_doc(ls: EcholineServer, uri: Any) -> TextDocument:
         raise invalid("'uri' must be a non-empty string")
     doc = find_document(ls.workspace, uri)
     if doc is None:
-        raise invalid(f"unknown document {uri!r}: open it first (textDocument/didOpen)")
+        raise invalid(f"unknown document {short(uri)}: open it first (textDocument/didOpen)")
     return doc
 
 
@@ -990,7 +1038,7 @@ def parse_position(raw: Any, what: str) -> types.Position:
         isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
         for k in ("line", "character")
     ):
-        raise invalid(f"{what} must be {{line: int, character: int}}, got {raw!r}"[:300])
+        raise invalid(f"{what} must be {{line: int, character: int}}, got {short(raw)}")
     line, character = raw["line"], raw["character"]
     if line < 0 or character < 0:
         raise invalid(f"{what} {line}:{character} is negative")
@@ -1010,10 +1058,10 @@ def parse_rewrite_args(args: tuple[Any, ...]) -> dict[str, Any]:
     a = args[0]
     version = a.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise invalid(f"'version' must be an integer (the document version you read), got {version!r}")
+        raise invalid(f"'version' must be an integer (the document version you read), got {short(version)}")
     rng = a.get("range")
     if not isinstance(rng, dict):
-        raise invalid(f"'range' must be {{start, end}}, got {rng!r}")
+        raise invalid(f"'range' must be {{start, end}}, got {short(rng)}")
     start = parse_position(rng.get("start"), "range.start")
     end = parse_position(rng.get("end"), "range.end")
     if (end.line, end.character) < (start.line, start.character):
@@ -1025,7 +1073,7 @@ def parse_rewrite_args(args: tuple[Any, ...]) -> dict[str, Any]:
         raise invalid(f"'instruction' must be a string, got {type(instruction).__name__}")
     mode = a.get("mode", "apply") or "apply"
     if mode not in ("apply", "preview"):
-        raise invalid(f"'mode' must be \"apply\" or \"preview\", got {mode!r}")
+        raise invalid(f"'mode' must be \"apply\" or \"preview\", got {short(mode)}")
     return {
         "uri": a.get("uri"),
         "version": version,

@@ -745,6 +745,31 @@ def test_utf8_session_counts_bytes(utf8_server: RawServer, root: Path, engine: A
     srv.status_ok()
 
 
+# ---- lone surrogates (found by tests/test_lsp_fuzz.py) -----------------------------------------
+
+
+def test_lone_surrogates_are_read_as_replacement_characters(server: RawServer, root: Path) -> None:
+    """JSON may carry a lone surrogate ("\\ud800"); Python text would keep it and every
+    UTF-8 encode after (index, tokenizer) failed. It is read as U+FFFD: still one UTF-16
+    unit, so positions after it keep their meaning."""
+    uri = new_uri(root, "")
+    server.open(uri, "s = 'a\ud800b'\nt = '\udfff'\n")  # json.dumps writes "\\ud800"
+    line0 = "s = 'a\ufffdb'"
+    msg = server.request("textDocument/inlineCompletion", inline_params(uri, 0, len(line0)), MODEL_S)
+    assert "result" in msg, msg
+    err = server.error("textDocument/inlineCompletion", inline_params(uri, 0, len(line0) + 1))
+    assert "past the end" in err["message"], err
+    args = {"uri": uri, "version": 1, "range": rng(0, 0, 1, 0), "mode": "preview"}
+    res = server.command("echoline.rewrite", [{**args, "instruction": "\udc00 fix"}], MODEL_S)
+    assert "result" in res, res
+    status = server.command("echoline.status", [{"uri": uri}])["result"]
+    assert status["indexed"] is True, status
+    assert not [m for m in server.seen if m.get("method") == "window/showMessage"], server.seen
+    # An error quotes a client's value in at most ~300 characters.
+    err = server.error("textDocument/inlineCompletion", inline_params("file:///" + "x" * 100_000, 0, 0))
+    assert "unknown document" in err["message"] and len(err["message"]) < 500, len(err["message"])
+
+
 # ---- frames of one read are served in the order they came (soak bug B) ----------------------
 
 
