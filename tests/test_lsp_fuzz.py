@@ -33,10 +33,11 @@ answered (InvalidParams, the PositionError behind it, ContentModified).
 
 Cases tried: ``MAX_EXAMPLES`` = 1000 examples, 3496 messages (1925 requests: 749 inline
 completions, 600 rewrites, 310 status commands, 298 code actions, and 1571 notifications),
-1300 of them mutated, in ~40 s (~50 s with the server's start) on the 2-core machine with
-both cores busy with another test run; the server's resident memory peaked at ~275 MB (the
-600 K-character strings), and the answer to an example's messages never took more than
-~1.3 s. The JSON line it printed on stderr:
+1300 of them mutated (the same ones every run: ``derandomize``), in 29.5 s on the quiet
+2-core machine (31.5 s with the server's start; 38 s and 48 s with both cores busy with
+another test run); the server's resident memory peaked at 275 MB (the 600 K-character
+strings), and the answers to an example's messages never took more than 0.22 s (1.2 s busy).
+The JSON line it printed on stderr:
 {"applyEditAnswers": 12, "error -32602": 1128, "error -32800": 12, "error -32801": 52,
 "examples": 1000, "messages": 3496, "mutated": 1300, "parseErrors": 52, "requests": 1925,
 "result code_action": 172, "result inline": 237, "result rewrite": 104, "result status": 220,
@@ -44,8 +45,8 @@ both cores busy with another test run; the server's resident memory peaked at ~2
 reached maxTokens (32)": 42, "rewrite: workspace/applyEdit failed: malf": 6, "rewrite:
 workspace/applyEdit failed: the ": 2, "sent cancel": 334, "sent code_action": 298, "sent
 did_change": 676, "sent did_close": 293, "sent did_open": 236, "sent inline": 749, "sent
-rewrite": 600, "sent status": 310, "unmutated": 2196, "maxExampleS": 1.23, "peakRssMB": 274.2,
-"endRssMB": 248.9, "fuzzS": 38.3, "serverTracebacks": {"pygls.exceptions.JsonRpcInvalidParams":
+rewrite": 600, "sent status": 310, "unmutated": 2196, "maxExampleS": 0.22, "peakRssMB": 274.7,
+"endRssMB": 249.2, "fuzzS": 29.5, "serverTracebacks": {"pygls.exceptions.JsonRpcInvalidParams":
 580, "sidecar.lsp_utils.PositionError": 160, "pygls.exceptions.JsonRpcException": 52}}
 (``ECHOLINE_FUZZ_EXAMPLES=N`` runs another number; 1500 passed as well.)
 
