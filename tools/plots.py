@@ -34,6 +34,17 @@ def _load(paths: list[Path]) -> list[dict]:
     return out
 
 
+def _save(fig, ax, path: Path) -> Path:
+    """Legend, layout, write, close: the end of every plot."""
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_versus(runs: list[dict], out: Path) -> Path | None:
     """Grouped bars: one group per (model, traffic), one bar per engine and mode."""
     import matplotlib.pyplot as plt
@@ -51,12 +62,7 @@ def plot_versus(runs: list[dict], out: Path) -> Path | None:
     first = runs[0]
     ax.set_title(f"echoline vs llama-server, {first.get('cpu', '?')} ({first.get('cores', '?')} cores), "
                  f"{first.get('date', '')}")  # fmt: skip
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "versus-llamacpp.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, out / "versus-llamacpp.png")
 
 
 def plot_verify_cost(runs: list[dict], out: Path) -> Path | None:
@@ -79,12 +85,7 @@ def plot_verify_cost(runs: list[dict], out: Path) -> Path | None:
     ax.set_xlabel("rows in one forward (k)")
     ax.set_ylabel("time / one-row time")
     ax.set_title("verify cost")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "verify-cost.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, out / "verify-cost.png")
 
 
 def plot_acceptance(runs: list[dict], out: Path) -> Path | None:
@@ -101,12 +102,7 @@ def plot_acceptance(runs: list[dict], out: Path) -> Path | None:
            label="tokens per round")  # fmt: skip
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_title("speculation by traffic (bench spec)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "acceptance.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, out / "acceptance.png")
 
 
 def main() -> int:
