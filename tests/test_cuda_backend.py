@@ -567,9 +567,13 @@ def test_graph_replay_equals_eager(models, rng):
         return b.norm_matmul(x, gpu.output_norm, gpu.config.rms_eps, gpu.output)
 
     cache.truncate(10)
-    for i in range(10, 20):  # first call captures, later ones replay
+    from engine.backends import cupy_backend
+
+    for i in range(10, 20):  # the first GRAPH_AFTER - 1 calls run eagerly, then capture, replays
         out = b.to_host(b.run_graph(("decode", 1), step, [prompt[i : i + 1], np.array([i])]))
         assert np.array_equal(out[0], eager[i]), f"graph step at {i} differs from eager"
+        captured = ("decode", 1) in b._graphs
+        assert captured == (i - 10 + 1 >= cupy_backend.GRAPH_AFTER), (i, captured)
     b.drop_graphs()
 
 
