@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from engine.backends import BACKEND_NAMES as BACKENDS
+from engine.backends import CPU_ACTIVATIONS
 from engine.models_registry import DEFAULT_MODEL
-
-BACKENDS = ("auto", "cpu", "numpy", "cuda", "mlx")  # engine.backends.BACKEND_NAMES
-CPU_ACTIVATIONS = ("auto", "f32", "q8")  # engine.backends.CPU_ACTIVATIONS
 
 
 @dataclass(frozen=True)
