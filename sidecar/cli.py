@@ -96,8 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench spec: earlier replies the engine keeps as draft sources (default 4; "
                         "0 = none, to measure followup traffic without them)")
 
-    d = sub.add_parser("doctor", help="check batch invariance of this backend on this machine")
+    d = sub.add_parser("doctor", help="check the set-up (libraries, backend, model, caches); "
+                                      "--invariance: batch invariance on the real model")
     _add_model_args(d)
+    d.add_argument("--invariance", action="store_true",
+                   help="load the model and check that verify and prefill rows equal decoded ones")
 
     s = sub.add_parser("serve", help="run the language server (stdio unless --tcp)")
     s.add_argument("--tcp", type=parse_hostport, metavar="HOST:PORT",
@@ -252,6 +255,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    if not args.invariance:
+        from engine.setup_check import print_setup, setup_report
+
+        setup = setup_report(args.model, args.backend)
+        print_setup(setup)
+        if args.json:
+            print(json.dumps(setup))
+        return 0 if setup["ok"] else 1
     from engine.doctor import run
 
     report = run(args.model, args.backend)

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,21 @@ def test_lazy_spec_in_the_docs_works_from_a_clone(nvim: str, tmp_path: Path) -> 
         "vim.cmd.runtime('plugin/echoline.lua')",
     ):
         assert line in help_text and line in spec.read_text()
+
+
+def test_checkhealth_shows_the_doctor_report(nvim: str, tmp_path: Path, smollm2_path: Path) -> None:
+    """:checkhealth echoline runs `doctor --json` through the server command and lists its checks."""
+    script = tmp_path / "health.lua"
+    script.write_text(
+        f"vim.opt.rtp:prepend({str(NVIM_DIR)!r})\n"
+        f"require('echoline').setup({{ cmd = {{ {sys.executable!r}, '-m', 'sidecar', 'serve' }},"
+        " model = 'smollm2', autostart = false })\n"
+        "vim.cmd('checkhealth echoline')\n"
+        "io.stdout:write(table.concat(vim.api.nvim_buf_get_lines(0, 0, -1, false), '\\n') .. '\\n')\n"
+        "vim.cmd('qa!')\n"
+    )
+    proc = subprocess.run([nvim, "--headless", "--clean", "-l", str(script)], capture_output=True, text=True,
+                          timeout=120, env=nvim_env(tmp_path), cwd=REPO)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert "model: smollm2: cached and verified" in out, out[-3000:]
+    assert "backend: auto -> " in out and "ERROR" not in out, out[-3000:]

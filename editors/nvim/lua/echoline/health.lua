@@ -60,10 +60,52 @@ function M.check()
       end
     end
   end
+  M.doctor(cmd, o)
   local ghost = require('echoline.ghost')
   health.info('inline suggestions: ' .. (ghost.enabled and 'on' or 'off (:EcholineToggle turns them on)'))
   local st = require('echoline.status').state
   health.info('state: ' .. tostring(st.state) .. (st.message and (' (' .. tostring(st.message) .. ')') or ''))
+end
+
+-- The server's own set-up report (`echoline doctor --json`: libraries, the backend auto
+-- picks, the model's cache state, cache folders), derived from the server command.
+function M.doctor_cmd(cmd, o)
+  if cmd[2] == '-m' and cmd[3] == 'sidecar' then
+    return { cmd[1], '-m', 'sidecar.cli', 'doctor', '--json', '--model', tostring(o.model) }
+  end
+  for i, a in ipairs(cmd) do
+    if a == 'serve' then
+      local d = vim.list_slice(cmd, 1, i - 1)
+      vim.list_extend(d, { 'doctor', '--json', '--model', tostring(o.model) })
+      return d
+    end
+  end
+  return nil
+end
+
+function M.doctor(cmd, o)
+  local dcmd = M.doctor_cmd(cmd, o)
+  if not dcmd then
+    health.info('set-up report skipped: the server command does not end in `serve`')
+    return
+  end
+  local r = vim.system(dcmd, { text = true, env = o.cmd_env, cwd = o.cmd_cwd }):wait(60000)
+  local lines = vim.split(vim.trim(r.stdout or ''), '\n')
+  local ok, report = pcall(vim.json.decode, lines[#lines] or '')
+  if not ok or type(report) ~= 'table' or type(report.checks) ~= 'table' then
+    health.error('`' .. table.concat(dcmd, ' ') .. '` gave no report: ' .. vim.trim(r.stderr or ''))
+    return
+  end
+  for _, c in ipairs(report.checks) do
+    local line = c.name .. ': ' .. tostring(c.detail)
+    if c.ok then
+      health.ok(line)
+    elseif c.required then
+      health.error(line)
+    else
+      health.warn(line)
+    end
+  end
 end
 
 return M

