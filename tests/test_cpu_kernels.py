@@ -188,6 +188,29 @@ def test_weight_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert weight_cache.matrix_key(no_origin, 64, TILES_A) is None
 
 
+def test_weight_cache_prunes_least_recently_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ECHOLINE_WEIGHT_CACHE_MB the oldest entries go (a load counts as a use); the entry
+    just written stays even when it alone is over the limit."""
+    import os
+
+    from kernels.cpu import weight_cache
+
+    monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
+    arrays = [np.zeros(100_000, np.uint8)]  # ~0.1 MB an entry
+    for i, key in enumerate(("a", "b", "c")):
+        monkeypatch.setenv("ECHOLINE_WEIGHT_CACHE_MB", "1")
+        weight_cache.store(key, {"n": i}, arrays)
+        os.utime(tmp_path / "relayout" / f"{key}.bin", (1000 + i, 1000 + i))  # a, then b, then c
+    assert weight_cache.load("a") is not None  # a is now the most recently used
+    monkeypatch.setenv("ECHOLINE_WEIGHT_CACHE_MB", "0.25")  # room for two entries
+    weight_cache.store("d", {"n": 3}, arrays)
+    left = sorted(p.stem for p in (tmp_path / "relayout").glob("*.bin"))
+    assert left == ["a", "d"] and sorted(p.stem for p in (tmp_path / "relayout").glob("*.json")) == left
+    monkeypatch.setenv("ECHOLINE_WEIGHT_CACHE_MB", "0")
+    weight_cache.store("e", {"n": 4}, arrays)
+    assert sorted(p.stem for p in (tmp_path / "relayout").glob("*.bin")) == ["e"]
+
+
 # ---- row ops -----------------------------------------------------------------------------------
 @SETTINGS
 @given(

@@ -16,6 +16,12 @@ Key: every tensor's ``origin`` (file size, mtime, header hash, byte offset),
 name, type and shape, plus ``LAYOUT_VERSION`` and the group width. Files are
 written to a temporary name and renamed, so a concurrent reader never sees a
 partial entry; a damaged entry is ignored and rewritten.
+
+Size: entries of layouts no longer used (an older version of echoline, a different
+activation mode, a model deleted) would pile up: each model costs its weights' size again.
+So every load marks its entry as used (mtime), and every store prunes the least recently
+used entries until the folder is under ``ECHOLINE_WEIGHT_CACHE_MB`` (default 4096 MiB,
+about three times the 1.5B model's entries); the entry just written is never removed.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from kernels.cpu.relayout import Kind
 #: Bump when ``prepare``'s arrays change meaning (layout, padding, scale formulas).
 LAYOUT_VERSION = 1
 _ALIGN = 64
+DEFAULT_LIMIT_MB = 4096
 
 
 def cache_dir() -> Path:
@@ -76,6 +83,10 @@ def load(key: str) -> dict | None:
                 return None
     except (OSError, ValueError, KeyError):
         return None
+    try:
+        os.utime(bin_path)  # used now: pruning removes the least recently used entries first
+    except OSError:
+        pass
     arrays = []
     for dtype, count, offset in meta["arrays"]:
         dt = np.dtype(dtype)
@@ -107,7 +118,44 @@ def store(key: str, meta: dict, arrays: list[np.ndarray]) -> None:
         tmp_meta.write_text(json.dumps(meta))
         os.replace(tmp_meta, meta_path)  # written last: its presence marks a complete entry
     except OSError:
-        pass
+        return
+    prune(keep=key)
+
+
+def limit_bytes() -> int:
+    try:
+        return int(float(os.environ.get("ECHOLINE_WEIGHT_CACHE_MB", DEFAULT_LIMIT_MB)) * 2**20)
+    except ValueError:
+        return DEFAULT_LIMIT_MB * 2**20
+
+
+def prune(keep: str | None = None, limit: int | None = None) -> int:
+    """Delete least recently used entries (by their .bin's mtime) until the folder holds at
+    most ``limit`` bytes; ``keep`` is never deleted. Returns the bytes freed. Failures
+    (a file another process removed first, a read-only folder) are ignored."""
+    limit = limit_bytes() if limit is None else limit
+    entries = []
+    try:
+        for b in cache_dir().glob("*.bin"):
+            st = b.stat()
+            entries.append((st.st_mtime, st.st_size, b))
+    except OSError:
+        return 0
+    total = sum(size for _, size, _ in entries)
+    freed = 0
+    for _, size, b in sorted(entries):
+        if total <= limit:
+            break
+        if b.stem == keep:
+            continue
+        try:
+            b.with_suffix(".json").unlink(missing_ok=True)  # the marker first: never a half entry
+            b.unlink(missing_ok=True)
+        except OSError:
+            continue
+        total -= size
+        freed += size
+    return freed
 
 
 def kind_to_json(kind: Kind) -> dict:
