@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from engine.errors import ModelFileError, UnsupportedArchitectureError
 from engine.gguf_file import GGUFFile
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -56,6 +54,8 @@ def _required(gf: GGUFFile, key: str) -> int | float:
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     """Build the config, naming the architecture when it is not one echoline runs."""
+    from engine.models import MODEL_CLASSES, SUPPORTED_ARCHITECTURES  # models import this module
+
     arch = gf.architecture
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedArchitectureError(
@@ -72,13 +72,9 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         raise ModelFileError(f"{gf.path}: missing tensor 'token_embd.weight'")
     vocab = int(gf.get(f"{arch}.vocab_size", embd.shape[0]))
     rope_base = float(gf.get(f"{arch}.rope.freq_base", 10000.0))
-    window = 0
-    local: frozenset[int] = frozenset()
-    rope_local = rope_base
-    if arch == "gemma3":
-        window = int(gf.get(f"{arch}.attention.sliding_window", 512))
-        local = frozenset(i for i in range(n_layers) if i % 6 < 5)
-        rope_local = 10000.0
+    window, local, rope_local = MODEL_CLASSES[arch].local_attention(
+        lambda key, default=None: gf.get(f"{arch}.{key}", default), n_layers, rope_base
+    )
     return ModelConfig(
         arch=arch,
         n_layers=n_layers,

@@ -567,7 +567,8 @@ class GGUFFile:
         A file without the keys a config needs (a vocabulary-only GGUF) is left alone here:
         ``config_from_gguf`` reports the missing key when something tries to run it.
         """
-        from engine.config import SUPPORTED_ARCHITECTURES, config_from_gguf
+        from engine.config import config_from_gguf
+        from engine.models import SUPPORTED_ARCHITECTURES
 
         arch = self.metadata.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:

@@ -10,5 +10,7 @@ MODEL_CLASSES: dict[str, type[Transformer]] = {
     "qwen2": Qwen2Model,
     "gemma3": Gemma3Model,
 }
+#: The architectures echoline runs: exactly those with a model class.
+SUPPORTED_ARCHITECTURES = tuple(MODEL_CLASSES)
 
-__all__ = ["MODEL_CLASSES", "Transformer"]
+__all__ = ["MODEL_CLASSES", "SUPPORTED_ARCHITECTURES", "Transformer"]

@@ -47,6 +47,13 @@ class Transformer:
     qk_norm = False
     sandwich_norms = False
 
+    @classmethod
+    def local_attention(cls, get: Any, n_layers: int, rope_base: float) -> tuple[int, frozenset[int], float]:
+        """(sliding window, local layer indices, their RoPE base) from the file's metadata
+        (``get(key, default)``, keys without the architecture prefix). No local layers here;
+        an architecture that has them says so in its own module."""
+        return 0, frozenset(), rope_base
+
     def __init__(self, gf: GGUFFile, config: ModelConfig, backend: Backend) -> None:
         self.config = config
         self.backend = backend
