@@ -64,7 +64,7 @@ class Engine:
         self.backend = self.model.backend
         # Tests of tokenizer-less synthetic models pass a stand-in tokenizer.
         self.tokenizer = tokenizer or Tokenizer.from_gguf(self.gguf)
-        fixed = 0 if self.backend.batch_invariant else int(getattr(self.backend, "fixed_rows", 0))
+        fixed = self.backend.padded_rows
         if fixed:
             # Every forward is padded to fixed rows: a verify round can carry at most fixed - 1 drafts.
             max_draft = min(max_draft, fixed - 1)

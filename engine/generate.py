@@ -118,7 +118,7 @@ def run_rows(model: Transformer, cache: KVCache, rows: Sequence[int], all_logits
     see, and the cache is cut back to the real rows.
     """
     backend = model.backend
-    fixed = 0 if backend.batch_invariant else int(getattr(backend, "fixed_rows", 0))
+    fixed = backend.padded_rows
     if not fixed:
         return model.forward(rows, cache, all_logits=all_logits)
     n = len(rows)
@@ -143,8 +143,8 @@ def prefill(
     batch-invariant kernels it changes no value.
     """
     backend = model.backend
-    if not backend.batch_invariant and getattr(backend, "fixed_rows", 0):
-        chunk = min(chunk, backend.fixed_rows)
+    if backend.padded_rows:
+        chunk = min(chunk, backend.padded_rows)
     logits = None
     for start in range(0, len(tokens), max(1, chunk)):
         if cancel is not None and cancel.is_set():

@@ -48,7 +48,7 @@ class KVCache:
         self.config = config
         self.capacity = max(16, capacity)
         # Graph-capturing backends bake slice offsets into their graphs: they keep linear caches.
-        linear_only = getattr(backend, "linear_cache_only", False)
+        linear_only = backend.linear_cache_only
         self.ring = ring_size(config, max_rows) if max_rows and not linear_only else 0
         self.k: list[Any] = []
         self.v: list[Any] = []

@@ -55,7 +55,7 @@ class SessionStore:
     def __init__(self, model: Transformer, budget_bytes: int | None = None, max_rows: int = 512) -> None:
         self.model = model
         self.max_rows = max_rows  # the most rows one forward carries (prefill chunk, verify)
-        self.ring = 0 if getattr(model.backend, "linear_cache_only", False) else ring_size(model.config, max_rows)
+        self.ring = 0 if model.backend.linear_cache_only else ring_size(model.config, max_rows)
         default = min(2 << 30, KVCache.bytes_for(model.config, 65536, self.ring))
         self.budget_bytes = int(budget_bytes if budget_bytes is not None else default)
         self.sessions: OrderedDict[str, Session] = OrderedDict()

@@ -32,6 +32,22 @@ class Backend(ABC):
     name: str = "abstract"
     #: True when every op's per-row result is independent of the row count.
     batch_invariant: bool = True
+    #: Rows every forward is padded to when the backend is not batch-invariant (0: none);
+    #: read it through ``padded_rows``.
+    fixed_rows: int = 0
+    #: Caches must be plain linear buffers, no sliding-window rings (a backend that replays
+    #: captured graphs bakes slice offsets into them).
+    linear_cache_only: bool = False
+    #: ``Transformer.forward`` replays a captured graph (``run_graph``) for up to this many
+    #: rows; 0: never.
+    graph_max_rows: int = 0
+
+    @property
+    def padded_rows(self) -> int:
+        """Rows every forward is padded to, 0 for none: the one place the rule lives (only
+        a backend that is not batch-invariant pads, so that decode, verify and prefill all
+        run the same multi-row kernels)."""
+        return 0 if self.batch_invariant else int(self.fixed_rows)
 
     @property
     def variant(self) -> str:

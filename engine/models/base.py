@@ -106,7 +106,7 @@ class Transformer:
         b, c = self.backend, self.config
         ids = np.asarray(ids, dtype=np.int64)
         n = len(ids)
-        if 0 < n <= getattr(b, "graph_max_rows", 0) and not cache.ring:
+        if 0 < n <= b.graph_max_rows and not cache.ring:
             return self._forward_graph(ids, cache, all_logits)
         start = cache.length
         cache.ensure(start + n)
