@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
+from kernels.gguf_blocks import half, high_bits_32, k_codes_4, k_scale_min, nibbles_32
+
 Q = gguf.GGMLQuantizationType
 QK_K = 256
 
@@ -43,30 +45,6 @@ KINDS: dict[Q, Kind] = {
 }
 
 
-def _f16(raw: np.ndarray) -> np.ndarray:
-    """Little-endian f16 bytes (…, 2) → float32 (…)."""
-    return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
-
-
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """(…, 16) bytes → (…, 32) values: low nibbles first, then high (ggml's order)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-
-
-def _high_bits(qh: np.ndarray) -> np.ndarray:
-    """(…, 4) bytes of a little-endian uint32 → (…, 32) bits 0..31."""
-    word = np.ascontiguousarray(qh).view("<u4")[..., 0].astype(np.uint32)
-    return ((word[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
-
-
-def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 12 packed bytes of Q4_K/Q5_K → eight 6-bit scales and eight 6-bit mins."""
-    d, m, md = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
-    sc = np.concatenate([d & 63, (md & 15) | ((d >> 6) << 4)], axis=-1)
-    mn = np.concatenate([m & 63, (md >> 4) | ((m >> 6) << 4)], axis=-1)
-    return sc, mn
-
-
 def unpack(qtype: Q, data: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Rows of raw blocks → (values (rows, cols), scale (rows, nb) or None, offset or None).
 
@@ -84,39 +62,37 @@ def unpack(qtype: Q, data: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarra
     if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
         bsize = gguf.GGML_QUANT_SIZES[qtype][1]
         b = raw.reshape(rows, cols // 32, bsize)
-        d = _f16(b[..., 0:2])
+        d = half(b[..., 0:2])
         if qtype == Q.Q8_0:
             q = b[..., 2:34].view(np.int8)
             return q.reshape(rows, cols), d, None
         if qtype == Q.Q4_0:
-            q = _nibbles(b[..., 2:18]).astype(np.int8) - np.int8(8)
+            q = nibbles_32(b[..., 2:18]).astype(np.int8) - np.int8(8)
             return q.reshape(rows, cols), d, None
         if qtype == Q.Q4_1:
-            q = _nibbles(b[..., 4:20]).astype(np.int8)
-            return q.reshape(rows, cols), d, _f16(b[..., 2:4])
+            q = nibbles_32(b[..., 4:20]).astype(np.int8)
+            return q.reshape(rows, cols), d, half(b[..., 2:4])
         if qtype == Q.Q5_0:
-            q = (_nibbles(b[..., 6:22]) | (_high_bits(b[..., 2:6]) << 4)).astype(np.int8) - np.int8(16)
+            q = (nibbles_32(b[..., 6:22]) | (high_bits_32(b[..., 2:6]) << 4)).astype(np.int8) - np.int8(16)
             return q.reshape(rows, cols), d, None
-        q = (_nibbles(b[..., 8:24]) | (_high_bits(b[..., 4:8]) << 4)).astype(np.int8)
-        return q.reshape(rows, cols), d, _f16(b[..., 2:4])
+        q = (nibbles_32(b[..., 8:24]) | (high_bits_32(b[..., 4:8]) << 4)).astype(np.int8)
+        return q.reshape(rows, cols), d, half(b[..., 2:4])
     nsb = cols // QK_K
     if qtype in (Q.Q4_K, Q.Q5_K):
         bsize = gguf.GGML_QUANT_SIZES[qtype][1]
         b = raw.reshape(rows, nsb, bsize)
-        d = _f16(b[..., 0:2])[..., None]
-        dmin = _f16(b[..., 2:4])[..., None]
-        sc, mn = _k_scale_min(b[..., 4:16])
+        d = half(b[..., 0:2])[..., None]
+        dmin = half(b[..., 2:4])[..., None]
+        sc, mn = k_scale_min(b[..., 4:16])
         scale = d * sc.astype(np.float32)  # (rows, nsb, 8): same op order as ggml
         offset = -(dmin * mn.astype(np.float32))
         if qtype == Q.Q4_K:
-            qs = b[..., 16:144].reshape(rows, nsb, 4, 32)
-            q = np.stack([qs & 0x0F, qs >> 4], axis=3)  # (rows, nsb, 4, 2, 32)
+            q = k_codes_4(b[..., 16:144])  # (rows, nsb, 256)
         else:
             qh = b[..., 16:48]  # (rows, nsb, 32): bit j of qh[l] belongs to sub-block j
-            qs = b[..., 48:176].reshape(rows, nsb, 4, 32)
-            low = np.stack([qs & 0x0F, qs >> 4], axis=3)
+            low = k_codes_4(b[..., 48:176]).reshape(rows, nsb, 8, 32)
             hb = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (rows,nsb,8,32)
-            q = low.reshape(rows, nsb, 8, 32) | (hb << 4)
+            q = low | (hb << 4)
         q = q.astype(np.int8).reshape(rows, cols)
         return q, scale.reshape(rows, nsb * 8), offset.reshape(rows, nsb * 8)
     if qtype == Q.Q6_K:
@@ -124,7 +100,7 @@ def unpack(qtype: Q, data: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarra
         ql = b[..., 0:128].reshape(rows, nsb, 2, 64)
         qh = b[..., 128:192].reshape(rows, nsb, 2, 32)
         sc = b[..., 192:208].view(np.int8).astype(np.float32)
-        d = _f16(b[..., 208:210])[..., None]
+        d = half(b[..., 208:210])[..., None]
         low = np.stack([ql & 0x0F, ql >> 4], axis=3).reshape(rows, nsb, 2, 4, 32)
         high = (qh[..., None, :] >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]) & 3
         q = (low | (high << 4)).astype(np.int8) - np.int8(32)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
+from kernels.gguf_blocks import half, high_bits_32, k_codes_4, k_scale_min, nibbles_32
+
 Q = gguf.GGMLQuantizationType
 GROUP = 32
 
@@ -52,41 +54,6 @@ def _blocks(data: np.ndarray, rows: int, block_bytes: int) -> np.ndarray:
     return raw.reshape(rows, -1, block_bytes)
 
 
-def _half(b: np.ndarray) -> np.ndarray:
-    """Two little-endian bytes (…, 2) → float32 of the half-float they encode."""
-    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
-
-
-def _nibbles_32(qs: np.ndarray) -> np.ndarray:
-    """16 bytes → 32 codes: low nibbles are weights 0-15, high nibbles 16-31 (Q4_0/Q4_1/Q5 layout)."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-
-
-def _high_bits_32(qh: np.ndarray) -> np.ndarray:
-    """Q5_0/Q5_1's 4-byte qh → the fifth bit of weights 0-31 (bit j of the little-endian word)."""
-    word = np.ascontiguousarray(qh).view("<u4")[..., 0].astype(np.uint32)
-    return ((word[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
-
-
-def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K's 12 packed bytes → eight 6-bit scales and eight 6-bit mins."""
-    s = scales.astype(np.uint8)
-    sc = np.empty(s.shape[:-1] + (8,), dtype=np.uint8)
-    mn = np.empty_like(sc)
-    sc[..., :4] = s[..., 0:4] & 63
-    mn[..., :4] = s[..., 4:8] & 63
-    sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
-    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
-    return sc, mn
-
-
-def _k_codes_4(qs: np.ndarray) -> np.ndarray:
-    """128 bytes → 256 4-bit codes: each 32-byte chunk gives sub-block 2i (low) and 2i+1 (high)."""
-    chunks = qs.reshape(qs.shape[:-1] + (4, 32))
-    both = np.stack([chunks & 0x0F, chunks >> 4], axis=-2)  # (…, 4, 2, 32)
-    return both.reshape(qs.shape[:-1] + (256,))
-
-
 def unpack(qtype: Q, data: np.ndarray, rows: int, cols: int) -> AffineRows:
     """The affine form of a GGUF tensor of an exactly-rewritable type."""
     if qtype not in AFFINE_BITS:
@@ -95,20 +62,20 @@ def unpack(qtype: Q, data: np.ndarray, rows: int, cols: int) -> AffineRows:
     b = _blocks(data, rows, block_bytes)
     nb = b.shape[1]
     if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
-        d = _half(b[..., 0:2])
+        d = half(b[..., 0:2])
         if qtype == Q.Q8_0:
             codes = (b[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
             bias = -128.0 * d
         elif qtype == Q.Q4_0:
-            codes, bias = _nibbles_32(b[..., 2:18]), -8.0 * d
+            codes, bias = nibbles_32(b[..., 2:18]), -8.0 * d
         elif qtype == Q.Q4_1:
-            codes, bias = _nibbles_32(b[..., 4:20]), _half(b[..., 2:4])
+            codes, bias = nibbles_32(b[..., 4:20]), half(b[..., 2:4])
         elif qtype == Q.Q5_0:
-            codes = _nibbles_32(b[..., 6:22]) | (_high_bits_32(b[..., 2:6]) << 4)
+            codes = nibbles_32(b[..., 6:22]) | (high_bits_32(b[..., 2:6]) << 4)
             bias = -16.0 * d
         else:  # Q5_1
-            codes = _nibbles_32(b[..., 8:24]) | (_high_bits_32(b[..., 4:8]) << 4)
-            bias = _half(b[..., 2:4])
+            codes = nibbles_32(b[..., 8:24]) | (high_bits_32(b[..., 4:8]) << 4)
+            bias = half(b[..., 2:4])
         return AffineRows(
             codes.reshape(rows, cols).astype(np.uint8),
             d.astype(np.float32),
@@ -116,15 +83,15 @@ def unpack(qtype: Q, data: np.ndarray, rows: int, cols: int) -> AffineRows:
             AFFINE_BITS[qtype],
         )
     # Q4_K / Q5_K: super-blocks of 256 = 8 groups of 32
-    d = _half(b[..., 0:2])[..., None]
-    dmin = _half(b[..., 2:4])[..., None]
-    sc, mn = _k_scale_min(b[..., 4:16])
+    d = half(b[..., 0:2])[..., None]
+    dmin = half(b[..., 2:4])[..., None]
+    sc, mn = k_scale_min(b[..., 4:16])
     if qtype == Q.Q4_K:
-        codes = _k_codes_4(b[..., 16:144])
+        codes = k_codes_4(b[..., 16:144])
     else:
         qh = b[..., 16:48]  # bit s of qh[l] is the fifth bit of weight l of sub-block s
         high = ((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(rows, nb, 256)
-        codes = _k_codes_4(b[..., 48:176]) | (high << 4)
+        codes = k_codes_4(b[..., 48:176]) | (high << 4)
     scales = (d * sc.astype(np.float32)).astype(np.float32)
     biases = -(dmin * mn.astype(np.float32)).astype(np.float32)
     return AffineRows(
