@@ -74,6 +74,7 @@ from pygls.workspace import TextDocument
 from sidecar import config as cfg
 from sidecar import tcp_guard
 from sidecar.idle_prefill import IdlePrefill, rewrite_session
+from sidecar.inline import completion_end, inline_job
 from sidecar.lsp_utils import (
     UTF16,
     PositionError,
@@ -82,15 +83,6 @@ from sidecar.lsp_utils import (
     line_start,
     normalize_encoding,
     rest_of_line,
-    unit_len,
-)
-from sidecar.prompts import (
-    block_end,
-    finish_completion,
-    heal_prefix,
-    indentation,
-    inline_prompt,
-    unheal,
 )
 from sidecar.rewrite import Progress, run_rewrite
 from sidecar.worker import EngineWorker, Job, JobCancelled
@@ -982,30 +974,7 @@ class EcholineServer(LanguageServer):
             self.index.open_buffer(uri, doc.source)
 
 
-@dataclass
-class InlineOutcome:
-    text: str | None  # None: stopped by a cancel or a newer request
-    stats: dict[str, Any]
-    mode: str
-
-
 # ---- helpers on documents -----------------------------------------------------------------
-
-
-def completion_end(
-    pos: types.Position, rest_of_line: str, completion: str, encoding: str = UTF16
-) -> types.Position:
-    """Where an inline item's range ends: the end of the cursor's line when the rest of
-    that line is blank or repeated at the end of the completion's first line (an
-    auto-closed ")" the model wrote too), so accepting it does not duplicate text;
-    otherwise the cursor itself (a pure insertion). ``encoding``: the session's
-    position encoding, the unit the end's character is counted in."""
-    first = completion.split("\n", 1)[0]
-    tail = rest_of_line.strip()
-    if rest_of_line and (not tail or first.rstrip().endswith(tail)):
-        width = unit_len(rest_of_line, encoding)
-        return types.Position(line=pos.line, character=pos.character + width)
-    return pos
 
 
 def checked_offset(text: str, pos: types.Position, encoding: str, what: str) -> int:
@@ -1156,47 +1125,8 @@ async def on_inline_completion(
     await ls.engine_ready()
     prefix, suffix = text[:offset], text[offset:]
     cursor_line = text[line_start(text, offset) : offset]
-    indent = indentation(cursor_line)
     rest = rest_of_line(text, offset)
-    max_tokens = ls.settings.inline_max_tokens
-    spec = ls.settings.speculation
-
-    healed, removed = heal_prefix(prefix)
-
-    def removed_ws(generated: str) -> str:
-        return unheal(generated, removed)
-
-    def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
-        prompt = inline_prompt(engine, healed, suffix)
-        if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
-            return InlineOutcome(None, {}, prompt.mode)
-        ended = threading.Event()
-        tok = engine.tokenizer
-        is_control = getattr(tok, "is_control", lambda _t: False)
-
-        def on_token(ev: Any) -> None:
-            # A control token (a FIM model's <|fim_suffix|>, <|file_sep|>, ...) ends the
-            # middle: its text must never reach the user's buffer.
-            if any(is_control(t) for t in ev.new_ids) or block_end(removed_ws(ev.text), indent) is not None:
-                ended.set()
-                cancel.set()
-
-        result = engine.generate(
-            prompt.ids,
-            max_tokens=max_tokens,
-            spec=spec,
-            session="inline:" + uri,
-            on_token=on_token,
-            cancel=cancel,
-        )
-        stats = result.stats.as_dict()
-        if result.finish_reason == "cancelled" and not ended.is_set():
-            return InlineOutcome(None, stats, prompt.mode)
-        ids = list(result.token_ids)
-        cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
-        generated = result.text if cut is None else tok.decode(ids[:cut])
-        return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode)
-
+    job = inline_job(prefix, suffix, cursor_line, uri, ls.settings.inline_max_tokens, ls.settings.speculation)
     try:
         out = await ls.run_job(job, kind="inline", key=("inline", uri))
     except JobCancelled:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lsprotocol import types
 
+from sidecar.inline import completion_end
 from sidecar.lsp_utils import (
     UTF8,
     UTF16,
@@ -30,7 +31,6 @@ from sidecar.lsp_utils import (
     rest_of_line,
     unit_len,
 )
-from sidecar.server import completion_end
 
 ENCODINGS = (UTF8, UTF16, UTF32)
 NOT_LSP_BREAKS = "\f\v\x1c\x1d\x1e\x85\u2028\u2029"

@@ -10,6 +10,7 @@ from lsprotocol import types
 
 from sidecar import config as cfg
 from sidecar.__main__ import parse_hostport
+from sidecar.inline import completion_end
 from sidecar.prompts import (
     REPRODUCE_INSTRUCTION,
     block_end,
@@ -23,7 +24,6 @@ from sidecar.prompts import (
     unheal,
 )
 from sidecar.rewrite_cli import parse_range
-from sidecar.server import completion_end
 from sidecar.worker import EngineWorker, JobCancelled
 
 
