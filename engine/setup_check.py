@@ -33,7 +33,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo), for reports that must name their machine."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -124,7 +125,7 @@ def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
         "echoline": _version("echoline"),
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "libraries": libs,
         "cuda_importable": importlib.util.find_spec("cupy") is not None,

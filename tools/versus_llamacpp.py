@@ -25,7 +25,6 @@ import argparse
 import inspect
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -37,20 +36,11 @@ from pathlib import Path
 from engine.api import Engine
 from engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
 from engine.models_registry import resolve_model
+from engine.setup_check import cpu_model
 from tools.llamacpp_peer import LlamaServer, build
 
 #: Held-out source: a standard-library module, not this repository's code.
 HELD_OUT = Path(inspect.getfile(textwrap))
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def prompts(engine: Engine, traffic: list[str]) -> dict[str, list[int]]:
