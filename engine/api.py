@@ -12,18 +12,18 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from engine.backends import get_backend
-from engine.backends.base import Backend
-from engine.calibration import measure_verify_cost
-from engine.drafting.controller import DraftController
-from engine.drafting.ngram_index import NgramIndex
-from engine.errors import EcholineError
-from engine.generate import Sampler, StopRules, generate_tokens
-from engine.model import load_model
-from engine.models_registry import resolve_model
-from engine.sessions import SessionStore
-from engine.tokenizer import Tokenizer
-from engine.types import GenerationResult, GenerationStats, TokenEvent
+from echoline.engine.backends import get_backend
+from echoline.engine.backends.base import Backend
+from echoline.engine.calibration import measure_verify_cost
+from echoline.engine.drafting.controller import DraftController
+from echoline.engine.drafting.ngram_index import NgramIndex
+from echoline.engine.errors import EcholineError
+from echoline.engine.generate import Sampler, StopRules, generate_tokens
+from echoline.engine.model import load_model
+from echoline.engine.models_registry import resolve_model
+from echoline.engine.sessions import SessionStore
+from echoline.engine.tokenizer import Tokenizer
+from echoline.engine.types import GenerationResult, GenerationStats, TokenEvent
 
 MAX_DRAFT = 16
 #: Earlier replies kept as draft sources (``history:<n>``). Why: an editor asks again about
@@ -135,7 +135,7 @@ class Engine:
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Messages through the chat template; user content is never parsed as special tokens."""
-        from engine.chat_template import encode_chat
+        from echoline.engine.chat_template import encode_chat
 
         return encode_chat(self.tokenizer, messages, add_generation_prompt=True)
 
@@ -208,7 +208,7 @@ class Engine:
         cache — a reallocation and copy on its critical path (~40 ms at 1k tokens).
         Returns the number of tokens the session's cache now holds of ``prompt_ids``.
         """
-        from engine.generate import prefill
+        from echoline.engine.generate import prefill
 
         prompt = [int(t) for t in prompt_ids]
         if len(prompt) < 2:

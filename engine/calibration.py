@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from engine.drafting.controller import VerifyCost
-from engine.kvcache import KVCache
-from engine.models.base import Transformer
+from echoline.engine.drafting.controller import VerifyCost
+from echoline.engine.kvcache import KVCache
+from echoline.engine.models.base import Transformer
 
 CAL_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
 CAL_CONTEXTS = (64, 512)

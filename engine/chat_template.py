@@ -29,10 +29,9 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+from echoline.engine.errors import EcholineError
+from echoline.engine.tokenizer import Tokenizer
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from engine.errors import EcholineError
-from engine.tokenizer import Tokenizer
 
 Message = Mapping[str, Any]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.errors import ModelFileError, UnsupportedArchitectureError
-from engine.gguf_file import GGUFFile
+from echoline.engine.errors import ModelFileError, UnsupportedArchitectureError
+from echoline.engine.gguf_file import GGUFFile
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,10 @@ def _required(gf: GGUFFile, key: str) -> int | float:
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     """Build the config, naming the architecture when it is not one echoline runs."""
-    from engine.models import MODEL_CLASSES, SUPPORTED_ARCHITECTURES  # models import this module
+    from echoline.engine.models import (  # models import this module
+        MODEL_CLASSES,
+        SUPPORTED_ARCHITECTURES,
+    )
 
     arch = gf.architecture
     if arch not in SUPPORTED_ARCHITECTURES:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
-from engine.api import Engine
+from echoline.engine.api import Engine
 
 VERIFY_ROWS = (1, 2, 8, 16)
 CHUNKS = (1, 5, 16, 64)

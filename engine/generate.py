@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.kvcache import KVCache
-from engine.models.base import Transformer
-from engine.types import GenerationResult, GenerationStats, TokenEvent
+from echoline.engine.kvcache import KVCache
+from echoline.engine.models.base import Transformer
+from echoline.engine.types import GenerationResult, GenerationStats, TokenEvent
 
 DRAFT_CONTEXT = 64  # context tokens handed to the n-gram lookup
 

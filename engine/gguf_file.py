@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import gguf
 import numpy as np
-
-from engine.errors import ModelFileError
+from echoline.engine.errors import ModelFileError
 
 if TYPE_CHECKING:
-    from engine.config import ModelConfig
+    from echoline.engine.config import ModelConfig
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" little-endian
 _U64 = struct.Struct("<Q")
@@ -567,8 +566,8 @@ class GGUFFile:
         A file without the keys a config needs (a vocabulary-only GGUF) is left alone here:
         ``config_from_gguf`` reports the missing key when something tries to run it.
         """
-        from engine.config import config_from_gguf
-        from engine.models import SUPPORTED_ARCHITECTURES
+        from echoline.engine.config import config_from_gguf
+        from echoline.engine.models import SUPPORTED_ARCHITECTURES
 
         arch = self.metadata.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -711,7 +710,7 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     ``qk_norm`` and ``sandwich_norms`` switches), so this list and what the model
     loads cannot drift apart.
     """
-    from engine.models import MODEL_CLASSES
+    from echoline.engine.models import MODEL_CLASSES
 
     model = MODEL_CLASSES[config.arch]
     d, hd, ff = config.d_model, config.head_dim, config.n_ff

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.config import ModelConfig
-from engine.errors import EcholineError
+from echoline.engine.backends.base import Backend
+from echoline.engine.config import ModelConfig
+from echoline.engine.errors import EcholineError
 
 RING_ALIGN = 256
 

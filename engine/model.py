@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.backends import get_backend
-from engine.backends.base import Backend
-from engine.config import config_from_gguf
-from engine.gguf_file import GGUFFile
-from engine.models import MODEL_CLASSES, Transformer
+from echoline.engine.backends import get_backend
+from echoline.engine.backends.base import Backend
+from echoline.engine.config import config_from_gguf
+from echoline.engine.gguf_file import GGUFFile
+from echoline.engine.models import MODEL_CLASSES, Transformer
 
 
 def load_model(path: str | Path, backend: Backend | str = "auto") -> tuple[GGUFFile, Transformer]:

@@ -27,9 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from echoline.engine.errors import EcholineError, ModelNotFoundError
 from filelock import FileLock
-
-from engine.errors import EcholineError, ModelNotFoundError
 
 #: The package index (PEP 691 JSON). Overridable for mirrors: ``ECHOLINE_INDEX_URL``.
 DEFAULT_INDEX = "https://pypi.org/simple"

@@ -19,9 +19,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from engine.errors import EcholineError
-from engine.kvcache import KVCache, ring_size
-from engine.models.base import Transformer
+from echoline.engine.errors import EcholineError
+from echoline.engine.kvcache import KVCache, ring_size
+from echoline.engine.models.base import Transformer
 
 _CAPACITY_STEP = 256
 

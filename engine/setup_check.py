@@ -63,7 +63,7 @@ def _check(name: str, ok: bool, detail: str, required: bool = True) -> dict[str,
 
 
 def _cache_dirs() -> dict[str, Path]:
-    from engine.models_registry import cache_dir
+    from echoline.engine.models_registry import cache_dir
 
     base = Path(os.environ.get("ECHOLINE_CACHE_DIR", Path.home() / ".cache" / "echoline"))
     xdg = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "echoline"
@@ -73,9 +73,9 @@ def _cache_dirs() -> dict[str, Path]:
 
 def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
     """The set-up report: facts, then checks (each ok or not, and whether it is required)."""
-    from engine.backends import cpu_activations_mode, resolve_backend_name
-    from engine.errors import EcholineError
-    from engine.models_registry import MODELS, hash_state, model_path
+    from echoline.engine.backends import cpu_activations_mode, resolve_backend_name
+    from echoline.engine.errors import EcholineError
+    from echoline.engine.models_registry import MODELS, hash_state, model_path
 
     checks = []
     py_ok = sys.version_info[:2] >= MIN_PYTHON
@@ -93,7 +93,7 @@ def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
     if picked == "cpu":
         try:
             mode = cpu_activations_mode()
-            from kernels.cpu.q8act import vnni_available
+            from echoline.kernels.cpu.q8act import vnni_available
 
             vnni = vnni_available()
             checks.append(_check("cpu activations", True,

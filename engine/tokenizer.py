@@ -37,13 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from echoline.engine.errors import TokenizerError
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.errors import TokenizerError
-
 if TYPE_CHECKING:
-    from engine.gguf_file import GGUFFile
+    from echoline.engine.gguf_file import GGUFFile
 
 #: Bumped whenever the way a tokenizer is built changes, so stale caches are ignored.
 _CACHE_VERSION = "1"

@@ -20,15 +20,15 @@ import sys
 import time
 from typing import Any
 
-from sidecar.edit_cases import CASES, EditCase
-from sidecar.edit_checks import (
+from echoline.sidecar.edit_cases import CASES, EditCase
+from echoline.sidecar.edit_checks import (
     RuntimeUnavailable,
     apply_edit,
     run_check,
     runtime_available,
     split_lines,
 )
-from sidecar.rewrite import run_rewrite
+from echoline.sidecar.rewrite import run_rewrite
 
 
 def selection_offsets(case: EditCase) -> tuple[int, int]:
@@ -66,7 +66,7 @@ def _group(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.api import Engine
+    from echoline.engine.api import Engine
 
     cases = pick_cases(getattr(args, "split", "all"), getattr(args, "case", []) or [])
     engine = Engine.load(args.model, backend=args.backend)

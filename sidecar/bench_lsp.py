@@ -3,7 +3,7 @@
 Why it exists: the sidecar promises (issue #6) a first progress report on a
 warm buffer within 0.3 s of the request, and rewrite throughput through LSP
 within 10% of the engine's own. Both are only meaningful end to end, so this
-starts ``python -m sidecar serve`` as a subprocess over stdio, speaks LSP to it
+starts ``python -m echoline serve`` as a subprocess over stdio, speaks LSP to it
 with pygls' client, and compares it with the engine called directly in this
 process on the SAME prompt token ids (built with the same sidecar.prompts
 functions), interleaved with the LSP requests, medians over rounds.
@@ -98,7 +98,7 @@ def pick_scenario(
     """The bench spec excerpt of ``path`` (or its first ``file_lines`` lines); the selection
     is the first ``def`` past the middle with the whole lines after it, up to
     ``selection_chars`` (or exactly ``selection_lines`` lines)."""
-    from engine.bench.traffic import excerpt
+    from echoline.engine.bench.traffic import excerpt
 
     if file_lines:
         all_lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
@@ -395,22 +395,22 @@ class DirectSide:
         self.max_tokens = max_tokens
 
     def prompt_ids(self, text: str, sc: Scenario, kind: str, uri: str, instruction: str) -> list[int]:
-        from sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
+        from echoline.sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
 
         start, end = sc.offsets(text, sc.selection(kind))
         return rewrite_prompt_ids(self.engine, rewrite_prompt(text, start, end, instruction, name=uri))
 
     def prefill(self, text: str, uri: str) -> None:
         """What the server's idle prefill does for ``text`` (untimed: the user's pause)."""
-        from sidecar.idle_prefill import CHUNK
-        from sidecar.prompts import rewrite_prefix_ids
+        from echoline.sidecar.idle_prefill import CHUNK
+        from echoline.sidecar.prompts import rewrite_prefix_ids
 
         ids = rewrite_prefix_ids(self.engine, text, name=uri)
         if ids:
             self.engine.prefill(ids, session=self.SESSION, chunk=CHUNK)
 
     def run(self, kind: str, ids: list[int], text: str, uri: str) -> DirectRun:
-        from sidecar.prompts import FENCE
+        from echoline.sidecar.prompts import FENCE
 
         self.engine.set_source("file:" + uri, text)  # the server indexes the open buffer too
         first: list[float] = []
@@ -571,7 +571,7 @@ def _summarize(args: Any, engine: Any, sc: Scenario, cold: LspRun, pairs: list, 
 
 
 def _strip(reply: str) -> str:
-    from sidecar.prompts import strip_fence
+    from echoline.sidecar.prompts import strip_fence
 
     return strip_fence(reply).rstrip("\n")
 
@@ -585,7 +585,7 @@ def _fmt(x: Any) -> str:
 
 
 def _print(out: dict[str, Any]) -> None:
-    from engine.bench.common import print_table
+    from echoline.engine.bench.common import print_table
 
     rows = []
     for kind in ("cold", *KINDS):
@@ -622,8 +622,8 @@ def _print(out: dict[str, Any]) -> None:
 
 def run(args: Any) -> dict[str, Any]:
     """Entry point of ``echoline bench lsp`` (args: model, backend, rounds, max_tokens, source)."""
-    from engine.api import Engine
-    from engine.bench.traffic import source_paths
+    from echoline.engine.api import Engine
+    from echoline.engine.bench.traffic import source_paths
 
     paths = source_paths(list(getattr(args, "source", []) or [])[:1])
     if not paths:

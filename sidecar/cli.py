@@ -13,9 +13,9 @@ import os
 import sys
 import threading
 
-from engine.backends import BACKEND_NAMES, CPU_ACTIVATIONS
-from engine.errors import EcholineError
-from engine.models_registry import DEFAULT_MODEL, MODELS
+from echoline.engine.backends import BACKEND_NAMES, CPU_ACTIVATIONS
+from echoline.engine.errors import EcholineError
+from echoline.engine.models_registry import DEFAULT_MODEL, MODELS
 
 
 def package_version() -> str:
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from engine.api import Engine
+    from echoline.engine.api import Engine
 
     engine = Engine.load(args.model, backend=args.backend)
     if args.chat:
@@ -202,7 +202,7 @@ class _ByteProgress:
 
 def _ensure_model(name: str) -> None:
     """Pull or verify a named model with a progress bar before an engine loads it."""
-    from engine.models_registry import MODELS, resolve_model
+    from echoline.engine.models_registry import MODELS, resolve_model
 
     if name in MODELS:
         bar = _ByteProgress()
@@ -213,7 +213,7 @@ def _ensure_model(name: str) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from engine.models_registry import list_models, pull
+    from echoline.engine.models_registry import list_models, pull
 
     if args.models_command == "pull":
         bar = _ByteProgress()
@@ -239,15 +239,15 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     if args.kind == "decode":
-        from engine.bench.decode import run
+        from echoline.engine.bench.decode import run
     elif args.kind == "spec":
-        from engine.bench.spec import run
+        from echoline.engine.bench.spec import run
     elif args.kind == "lsp":
-        from sidecar.bench_lsp import run
+        from echoline.sidecar.bench_lsp import run
     elif args.kind == "edits":
-        from sidecar.bench_edits import run
+        from echoline.sidecar.bench_edits import run
     else:
-        from engine.bench.cache import run
+        from echoline.engine.bench.cache import run
     result = run(args)
     if args.json:
         print(json.dumps(result))
@@ -256,14 +256,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     if not args.invariance:
-        from engine.setup_check import print_setup, setup_report
+        from echoline.engine.setup_check import print_setup, setup_report
 
         setup = setup_report(args.model, args.backend)
         print_setup(setup)
         if args.json:
             print(json.dumps(setup))
         return 0 if setup["ok"] else 1
-    from engine.doctor import run
+    from echoline.engine.doctor import run
 
     report = run(args.model, args.backend)
     if args.json:
@@ -272,7 +272,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from sidecar import server
+    from echoline.sidecar import server
 
     if args.tcp and args.stdio:
         raise EcholineError("--tcp and --stdio exclude each other")
@@ -289,7 +289,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["rewrite"]:
-        from sidecar.rewrite_cli import main as rewrite_main
+        from echoline.sidecar.rewrite_cli import main as rewrite_main
 
         return _guard(lambda: rewrite_main(argv[1:]))
     args = build_parser().parse_args(argv)

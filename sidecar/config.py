@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from engine.backends import BACKEND_NAMES as BACKENDS
-from engine.backends import CPU_ACTIVATIONS
-from engine.models_registry import DEFAULT_MODEL
+from echoline.engine.backends import BACKEND_NAMES as BACKENDS
+from echoline.engine.backends import CPU_ACTIVATIONS
+from echoline.engine.models_registry import DEFAULT_MODEL
 
 
 @dataclass(frozen=True)

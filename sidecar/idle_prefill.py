@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.config import Settings
-from sidecar.prompts import rewrite_prefix_ids
-from sidecar.worker import EngineWorker, Job
+from echoline.sidecar.config import Settings
+from echoline.sidecar.prompts import rewrite_prefix_ids
+from echoline.sidecar.worker import EngineWorker, Job
 
 CHUNK = 64  # tokens per forward: what a request arriving mid-prefill waits for at most
 

@@ -13,10 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lsprotocol import types
-
-from sidecar.lsp_utils import UTF16, unit_len
-from sidecar.prompts import (
+from echoline.sidecar.lsp_utils import UTF16, unit_len
+from echoline.sidecar.prompts import (
     block_end,
     finish_completion,
     heal_prefix,
@@ -24,6 +22,7 @@ from sidecar.prompts import (
     inline_prompt,
     unheal,
 )
+from lsprotocol import types
 
 
 @dataclass

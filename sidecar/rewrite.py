@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import EcholineError
-from sidecar.prompts import fit_selection, fitted_rewrite_ids, strip_fence
+from echoline.engine.errors import EcholineError
+from echoline.sidecar.prompts import fit_selection, fitted_rewrite_ids, strip_fence
 
 
 @dataclass

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.models_registry import DEFAULT_MODEL, MODELS
-from sidecar.rewrite import run_rewrite
+from echoline.engine.models_registry import DEFAULT_MODEL, MODELS
+from echoline.sidecar.rewrite import run_rewrite
 
 
 def parse_range(spec: str, n_lines: int) -> tuple[int, int]:
@@ -66,8 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = sum(len(x) for x in lines[:first])
     end = start + sum(len(x) for x in lines[first : last + 1])
 
-    from engine.api import Engine
-    from engine.errors import EcholineError
+    from echoline.engine.api import Engine
+    from echoline.engine.errors import EcholineError
 
     try:
         engine = Engine.load(args.model, backend=args.backend)

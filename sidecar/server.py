@@ -55,6 +55,22 @@ import attrs
 import cattrs
 import cattrs.gen
 from cattrs.cols import homogenous_tuple_structure_factory
+from echoline.sidecar import config as cfg
+from echoline.sidecar import tcp_guard
+from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
+from echoline.sidecar.inline import completion_end, inline_job
+from echoline.sidecar.lsp_utils import (
+    UTF16,
+    PositionError,
+    apply_change,
+    check_position,
+    line_start,
+    normalize_encoding,
+    rest_of_line,
+)
+from echoline.sidecar.rewrite import Progress, run_rewrite
+from echoline.sidecar.worker import EngineWorker, Job, JobCancelled
+from echoline.sidecar.workspace_index import WorkspaceIndex, normalize_uri
 from lsprotocol import types
 from lsprotocol.converters import get_converter
 from pygls import uris
@@ -70,23 +86,6 @@ from pygls.protocol import (
     lsp_method,
 )
 from pygls.workspace import TextDocument
-
-from sidecar import config as cfg
-from sidecar import tcp_guard
-from sidecar.idle_prefill import IdlePrefill, rewrite_session
-from sidecar.inline import completion_end, inline_job
-from sidecar.lsp_utils import (
-    UTF16,
-    PositionError,
-    apply_change,
-    check_position,
-    line_start,
-    normalize_encoding,
-    rest_of_line,
-)
-from sidecar.rewrite import Progress, run_rewrite
-from sidecar.worker import EngineWorker, Job, JobCancelled
-from sidecar.workspace_index import WorkspaceIndex, normalize_uri
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +127,7 @@ def invalid(message: str) -> JsonRpcException:
 
 
 def _default_loader(model: str, **kwargs: Any) -> Any:
-    from engine.api import Engine  # imported lazily: the server answers initialize at once
+    from echoline.engine.api import Engine  # imported lazily: the server answers initialize at once
 
     return Engine.load(model, **kwargs)
 

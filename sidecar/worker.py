@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.source_tokens import SourceTokens
+from echoline.sidecar.source_tokens import SourceTokens
 
 log = logging.getLogger(__name__)
 

@@ -43,18 +43,18 @@ def large_models_enabled() -> bool:
 
 def cpu_backend_name() -> str:
     """The fast CPU backend when it is importable, else the numpy reference."""
-    return "cpu" if importlib.util.find_spec("engine.backends.cpu_backend") else "numpy"
+    return "cpu" if importlib.util.find_spec("echoline.engine.backends.cpu_backend") else "numpy"
 
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from engine.models_registry import resolve_model
+    from echoline.engine.models_registry import resolve_model
 
     return resolve_model("smollm2")
 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    from engine.models_registry import resolve_model
+    from echoline.engine.models_registry import resolve_model
 
     return resolve_model("gemma3-270m")

@@ -70,7 +70,7 @@ def ensure_tools(what: str) -> dict[str, str]:
 
 def server_cmd() -> list[str]:
     """The real language server, from this checkout."""
-    return [sys.executable, "-m", "sidecar", "serve"]
+    return [sys.executable, "-m", "echoline", "serve"]
 
 
 def server_env() -> dict[str, str]:
@@ -94,7 +94,7 @@ def line_span(text: str, line1: int, line2: int) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=1)
 def _engine() -> Any:
-    from engine.api import Engine
+    from echoline.engine.api import Engine
 
     return Engine.load(MODEL, backend=BACKEND)
 
@@ -109,7 +109,7 @@ def expected_rewrite(
     cache shared with the server, speculation off: by the exactness contract the
     server's reply must equal it token for token.
     """
-    from sidecar.rewrite import run_rewrite
+    from echoline.sidecar.rewrite import run_rewrite
 
     start, end = line_span(text, line1, line2)
     out = run_rewrite(

@@ -21,9 +21,8 @@ QWEN2_VOCAB = "smollm-vocab-pre-qwen2.gguf"
 def write_texts(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import numpy as np
+    from echoline.engine.gguf_file import GGUFFile
     from test_tokenizer import TRICKY, _write_vocab_gguf
-
-    from engine.gguf_file import GGUFFile
 
     root = Path(np.__file__).parent
     files = sorted(p for p in root.rglob("*.py") if 2_000 < p.stat().st_size < 60_000)

@@ -146,7 +146,7 @@ FIM_MERGES = (("Ġ", "Ġ"), ("ĠĠ", "ĠĠ"), ("d", "e"), ("de", "f"), ("r", "e"
 
 def _byte_chars() -> list[str]:
     """GPT-2's byte -> printable character table (byte-level BPE token texts)."""
-    from engine.tokenizer import _gpt2_byte_decoder
+    from echoline.engine.tokenizer import _gpt2_byte_decoder
 
     table = {b: ch for ch, b in _gpt2_byte_decoder().items()}
     return [table[b] for b in range(256)]

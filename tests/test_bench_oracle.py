@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from engine.bench.oracle import (
+from echoline.engine.bench.oracle import (
     confirmed_draft_lengths,
     interpolated_ratios,
     oracle_cost,
@@ -60,7 +60,8 @@ def test_bench_spec_reports_the_oracle_bound(smollm2_path) -> None:
     """The benchmark on the real default model: replies identical, oracle ≥ measured limits."""
     from argparse import Namespace
 
-    from engine.bench import spec
+    from echoline.engine.bench import spec
+
     from tests.conftest import cpu_backend_name
 
     args = Namespace(model=str(smollm2_path), backend=cpu_backend_name(), traffic="copy",
@@ -117,7 +118,8 @@ def test_bench_spec_followup_drafts_the_kept_reply(smollm2_path) -> None:
     """Type-through on the real model: the second request drafts the first reply, exactly."""
     from argparse import Namespace
 
-    from engine.bench import spec
+    from echoline.engine.bench import spec
+
     from tests.conftest import cpu_backend_name
 
     args = Namespace(model=str(smollm2_path), backend=cpu_backend_name(), traffic="followup",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from engine.backends.numpy_backend import NumpyBackend
-from engine.calibration import _sane, measure_verify_cost
-from engine.model import load_model
+from echoline.engine.backends.numpy_backend import NumpyBackend
+from echoline.engine.calibration import _sane, measure_verify_cost
+from echoline.engine.model import load_model
+
 from tests.synth import write_model
 
 
@@ -35,7 +36,7 @@ def test_extrapolated_grid_stays_monotone_in_rows(tmp_path, monkeypatch):
     """A one-row slope steeper than the two-row one must not make T(2) < T(1) far out."""
     import json
 
-    from engine import calibration
+    from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_model(tmp_path / "m.gguf", "llama", context=16384)
@@ -57,7 +58,7 @@ def test_extrapolated_grid_stays_monotone_in_rows(tmp_path, monkeypatch):
 
 def test_cached_curve_is_keyed_by_the_kernel_sources(tmp_path, monkeypatch):
     """A kernel change (another code stamp) must not reuse a curve measured before it."""
-    from engine import calibration
+    from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
@@ -71,7 +72,7 @@ def _measured(tmp_path, monkeypatch):
     """A tiny model with its curve measured and cached: (model, path, cache file, table)."""
     import json
 
-    from engine import calibration
+    from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
@@ -87,7 +88,7 @@ def test_contended_cached_curve_is_measured_again(tmp_path, monkeypatch):
     calibration under contention) is replaced by a fresh measurement, also on disk."""
     import json
 
-    from engine import calibration
+    from echoline.engine import calibration
 
     model, path, cache_file, table = _measured(tmp_path, monkeypatch)
     wide = max(calibration.CAL_ROWS)
@@ -106,7 +107,7 @@ def test_a_cached_curve_slower_everywhere_is_measured_again(tmp_path, monkeypatc
     a one-row forward now far faster than the cached one condemns the cached curve, even
     when its wide/one-row ratio looks plausible; an honest cached curve is kept."""
 
-    from engine import calibration
+    from echoline.engine import calibration
 
     model, path, cache_file, table = _measured(tmp_path, monkeypatch)
     lo = min(table)
@@ -125,7 +126,7 @@ def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_
     import sys
     import threading
 
-    from engine import calibration
+    from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
@@ -171,8 +172,8 @@ def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_
 def test_the_curve_is_measured_as_wide_as_the_engine_drafts():
     """The longest verify (MAX_DRAFT drafts + the pending token) is a measured row count, so the
     controller never prices the verifies it picks most on copy traffic by extrapolation."""
-    from engine import calibration
-    from engine.api import MAX_DRAFT
+    from echoline.engine import calibration
+    from echoline.engine.api import MAX_DRAFT
 
     assert max(calibration.CAL_ROWS) >= MAX_DRAFT + 1
 
@@ -181,7 +182,7 @@ def test_an_unwritable_cache_costs_a_measurement_not_the_request(tmp_path, monke
     """Disk full or a read-only cache: the curve is measured and used, nothing raises."""
     from pathlib import Path
 
-    from engine import calibration
+    from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from engine.drafting import Draft
-from engine.drafting.controller import (
+from echoline.engine.drafting import Draft
+from echoline.engine.drafting.controller import (
     AcceptanceModel,
     DraftController,
     VerifyCost,

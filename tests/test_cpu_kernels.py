@@ -10,15 +10,14 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from echoline.engine.backends.cpu_backend import CpuBackend
+from echoline.engine.backends.numpy_backend import NumpyBackend
+from echoline.engine.gguf_file import QuantTensor
+from echoline.kernels.cpu import ops
+from echoline.kernels.cpu.matmul import matmul, prepare
+from echoline.kernels.cpu.relayout import dequantize_relayout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from engine.backends.cpu_backend import CpuBackend
-from engine.backends.numpy_backend import NumpyBackend
-from engine.gguf_file import QuantTensor
-from kernels.cpu import ops
-from kernels.cpu.matmul import matmul, prepare
-from kernels.cpu.relayout import dequantize_relayout
 
 Q = gguf.GGMLQuantizationType
 QUANTIZABLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16]
@@ -127,8 +126,8 @@ def test_absorbing_tile_plan_changes_no_bit(qtype) -> None:
     """The default set's 5-row tile runs only as often as it absorbs leftover rows (n = 4q + r:
     r passes of 5 when q >= r). Every n from 1 to 23 gives each row the bits of a one-row
     tile set, and the plan is what codegen says it is."""
-    from kernels.cpu.codegen import KernelSpec, matmul_source
-    from kernels.cpu.matmul import DEFAULT_TILES
+    from echoline.kernels.cpu.codegen import KernelSpec, matmul_source
+    from echoline.kernels.cpu.matmul import DEFAULT_TILES
 
     assert DEFAULT_TILES[0][0] == DEFAULT_TILES[1][0] + 1  # the absorbing form is in use
     t = make_tensor(qtype, 130, 512, 7)
@@ -162,8 +161,8 @@ def test_fused_mixed_types_equal_separate() -> None:
 def test_weight_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cached (read back) matrix gives the same bits as a fresh one; a changed
     origin misses; a damaged entry is ignored and rewritten."""
-    from kernels.cpu import weight_cache
-    from kernels.cpu.matmul import prepare_cached
+    from echoline.kernels.cpu import weight_cache
+    from echoline.kernels.cpu.matmul import prepare_cached
 
     monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ECHOLINE_WEIGHT_CACHE", "1")
@@ -193,7 +192,7 @@ def test_weight_cache_prunes_least_recently_used(tmp_path: Path, monkeypatch: py
     just written stays even when it alone is over the limit."""
     import os
 
-    from kernels.cpu import weight_cache
+    from echoline.kernels.cpu import weight_cache
 
     monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
     arrays = [np.zeros(100_000, np.uint8)]  # ~0.1 MB an entry
@@ -336,7 +335,7 @@ def _check_tiled_rows(mp, q, k, v, pos, window, scale, row_tile, cut) -> None:
 def test_key_store_grows_and_copies_like_a_plain_cache() -> None:
     """The CPU backend's K cache is an ordinary (capacity, KVH, hd) array to its users:
     writes, slices, growth and copies between caches see the same values as row-major storage."""
-    from engine.backends.cpu_backend import CpuBackend
+    from echoline.engine.backends.cpu_backend import CpuBackend
 
     b = CpuBackend()
     rng = np.random.default_rng(5)
@@ -519,7 +518,7 @@ REAL = Path(os.path.expanduser("~/.cache/echoline/models/SmolLM2-135M-Instruct.Q
 @pytest.mark.skipif(not REAL.exists(), reason="real model not on disk")
 def test_production_tiles_on_real_weights() -> None:
     """Default tiles on SmolLM2's fused q|k|v: rows bit-identical for n = 1..16."""
-    from engine.gguf_file import GGUFFile
+    from echoline.engine.gguf_file import GGUFFile
 
     f = GGUFFile(REAL)
     ts = [f.tensor(f"blk.0.attn_{p}.weight") for p in "qkv"]
@@ -538,7 +537,7 @@ def test_production_tiles_on_real_weights() -> None:
 def test_input_layout_changes_no_bit(qtype, monkeypatch) -> None:
     """The kernels read x as rows or transposed (``TRANSPOSE_ROWS``, chosen by speed per
     row count); the arithmetic is the same chain either way, so the bits are too."""
-    from kernels.cpu import matmul as mm
+    from echoline.kernels.cpu import matmul as mm
 
     w = prepare([make_tensor(qtype, 96, 256, 2)])
     x = (np.random.default_rng(4).standard_normal((19, 256)) * 3).astype(np.float32)

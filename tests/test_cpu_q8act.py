@@ -20,11 +20,8 @@ import re
 import gguf
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from kernels.cpu.matmul import prepare
-from kernels.cpu.q8act import (
+from echoline.kernels.cpu.matmul import prepare
+from echoline.kernels.cpu.q8act import (
     QBLOCK,
     ROW_TILES,
     factor_scales,
@@ -36,7 +33,10 @@ from kernels.cpu.q8act import (
     storage_for,
     vnni_available,
 )
-from kernels.cpu.relayout import unpack
+from echoline.kernels.cpu.relayout import unpack
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tests.test_cpu_kernels import make_tensor
 
 pytestmark = pytest.mark.skipif(not vnni_available(), reason="needs AVX-512 VNNI")
@@ -209,11 +209,11 @@ def test_kernels_use_vpdpbusd() -> None:
 
 def test_cpu_backend_activation_modes(monkeypatch) -> None:
     """The backend's switch: q8 gives VNNI matrices (float parts stay float32), errors are clear."""
-    from engine.backends.cpu_backend import CpuBackend
-    from engine.errors import EcholineError
-    from kernels.cpu import q8act
-    from kernels.cpu.matmul import PreparedMatrix, matmul
-    from kernels.cpu.q8act import Q8Matrix
+    from echoline.engine.backends.cpu_backend import CpuBackend
+    from echoline.engine.errors import EcholineError
+    from echoline.kernels.cpu import q8act
+    from echoline.kernels.cpu.matmul import PreparedMatrix, matmul
+    from echoline.kernels.cpu.q8act import Q8Matrix
 
     t = make_tensor(Q.Q4_1, 96, 128, 5)
     x = np.random.default_rng(5).standard_normal((5, 128)).astype(np.float32)
@@ -235,7 +235,7 @@ def test_cpu_backend_activation_modes(monkeypatch) -> None:
     assert CpuBackend(activations="auto").variant == "cpu/q8"
     with pytest.raises(EcholineError, match="unknown CPU activations"):
         CpuBackend(activations="int4")
-    from engine.backends import get_backend
+    from echoline.engine.backends import get_backend
 
     assert get_backend("cpu", cpu_activations="q8").variant == "cpu/q8"
     assert get_backend("numpy", cpu_activations="q8").variant == "numpy"  # other backends ignore it
@@ -252,9 +252,9 @@ def test_q8_weight_cache_round_trip(tmp_path, monkeypatch) -> None:
     differs from the float32 layout's; a damaged entry is ignored and rewritten."""
     import dataclasses
 
-    from kernels.cpu import weight_cache
-    from kernels.cpu.matmul import GROUP
-    from kernels.cpu.q8act import INTERLEAVE, prepare_q8_cached
+    from echoline.kernels.cpu import weight_cache
+    from echoline.kernels.cpu.matmul import GROUP
+    from echoline.kernels.cpu.q8act import INTERLEAVE, prepare_q8_cached
 
     monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("ECHOLINE_WEIGHT_CACHE", "1")

@@ -21,10 +21,10 @@ except Exception:  # noqa: BLE001 - a CuPy without a driver raises various error
     pytest.skip("no CUDA device", allow_module_level=True)
 
 import gguf  # noqa: E402
+from echoline.engine.backends.cupy_backend import CupyBackend  # noqa: E402
+from echoline.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
+from echoline.engine.gguf_file import QuantTensor  # noqa: E402
 
-from engine.backends.cupy_backend import CupyBackend  # noqa: E402
-from engine.backends.numpy_backend import NumpyBackend  # noqa: E402
-from engine.gguf_file import QuantTensor  # noqa: E402
 from tests.synth import encode_matrix  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -509,7 +509,8 @@ def test_argmax_ties_to_lowest(cb, rng):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, cb):
-    from engine.model import load_model
+    from echoline.engine.model import load_model
+
     from tests.synth import write_model
 
     out = {}
@@ -567,7 +568,7 @@ def test_graph_replay_equals_eager(models, rng):
         return b.norm_matmul(x, gpu.output_norm, gpu.config.rms_eps, gpu.output)
 
     cache.truncate(10)
-    from engine.backends import cupy_backend
+    from echoline.engine.backends import cupy_backend
 
     for i in range(10, 20):  # the first GRAPH_AFTER - 1 calls run eagerly, then capture, replays
         out = b.to_host(b.run_graph(("decode", 1), step, [prompt[i : i + 1], np.array([i])]))

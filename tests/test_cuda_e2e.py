@@ -29,7 +29,8 @@ MODEL = Path(
 if not MODEL.is_file():
     pytest.skip(f"model file {MODEL} not present", allow_module_level=True)
 
-from engine.api import Engine  # noqa: E402
+from echoline.engine.api import Engine  # noqa: E402
+
 from tests.test_real_models import check_spec_equals_plain  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

@@ -7,14 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.setup_check import setup_report
+from echoline.engine.setup_check import setup_report
+
 from tests.synth import write_fim_qwen2_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _doctor(*args: str) -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "sidecar.cli", "doctor", *args, "--json"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "echoline", "doctor", *args, "--json"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -11,10 +11,9 @@ import sys
 from collections import Counter
 
 import pytest
-
-from sidecar import edit_checks
-from sidecar.edit_cases import CASES, EditCase
-from sidecar.edit_checks import (
+from echoline.sidecar import edit_checks
+from echoline.sidecar.edit_cases import CASES, EditCase
+from echoline.sidecar.edit_checks import (
     RuntimeUnavailable,
     apply_edit,
     run_check,

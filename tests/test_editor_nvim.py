@@ -1,7 +1,7 @@
 """Neovim 0.11 (headless, real binary) against the real sidecar and the default model.
 
 Each test runs editors/nvim/tests/e2e.lua in a fresh ``nvim --headless --clean -l``:
-the plugin starts ``python -m sidecar serve``, edits a real buffer and :writes it;
+the plugin starts ``python -m echoline serve``, edits a real buffer and :writes it;
 the assertions here read the file back from disk.
 """
 

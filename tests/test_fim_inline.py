@@ -20,8 +20,8 @@ from typing import Any
 if __name__ == "__main__":  # the probe server: python tests/test_fim_inline.py LOG
 
     def _probe(log_path: str) -> None:
-        from engine.api import Engine
-        from sidecar import server
+        from echoline.engine.api import Engine
+        from echoline.sidecar import server
 
         original = Engine.generate
 
@@ -49,10 +49,10 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 import pytest_asyncio  # noqa: E402
+from echoline.sidecar.prompts import finish_completion, indentation, unheal  # noqa: E402
 from lsprotocol import types  # noqa: E402
 from pytest_lsp import ClientServerConfig, LanguageClient  # noqa: E402
 
-from sidecar.prompts import finish_completion, indentation, unheal  # noqa: E402
 from tests.synth import FIM_MERGES, _byte_chars, fim_vocab, write_fim_qwen2_model  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -143,7 +143,7 @@ async def fim_lsp(fim_model: Path, workspace: Path, tmp_path_factory: pytest.Tem
 
 @pytest.fixture(scope="module")
 def reference_engine(fim_model: Path) -> Any:
-    from engine.api import Engine
+    from echoline.engine.api import Engine
 
     return Engine.load(str(fim_model))
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from echoline.engine.backends.numpy_backend import NumpyBackend
+from echoline.engine.generate import StopRules, generate_tokens
+from echoline.engine.model import load_model
+from echoline.engine.types import GenerationStats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.backends.numpy_backend import NumpyBackend
-from engine.generate import StopRules, generate_tokens
-from engine.model import load_model
-from engine.types import GenerationStats
 from tests.synth import write_model
 
 
@@ -81,11 +81,11 @@ def _backend(kind: str):
     so its own exactness: every test below must hold within that mode too)."""
     if kind == "numpy":
         return NumpyBackend()
-    from kernels.cpu.q8act import vnni_available
+    from echoline.kernels.cpu.q8act import vnni_available
 
     if not vnni_available():
         pytest.skip("int8 activations need AVX-512 VNNI")
-    from engine.backends.cpu_backend import CpuBackend
+    from echoline.engine.backends.cpu_backend import CpuBackend
 
     return CpuBackend(activations="q8")
 

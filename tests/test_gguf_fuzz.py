@@ -38,13 +38,13 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+from echoline.engine.backends.numpy_backend import NumpyBackend
+from echoline.engine.errors import EcholineError, ModelFileError
+from echoline.engine.gguf_file import GGUFFile
+from echoline.engine.model import load_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.backends.numpy_backend import NumpyBackend
-from engine.errors import EcholineError, ModelFileError
-from engine.gguf_file import GGUFFile
-from engine.model import load_model
 from tests.synth import Q, write_fim_qwen2_model, write_model
 
 VT = gguf.GGUFValueType

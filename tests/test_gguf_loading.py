@@ -7,18 +7,18 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-
-from engine.backends.numpy_backend import NumpyBackend
-from engine.config import config_from_gguf
-from engine.errors import (
+from echoline.engine.backends.numpy_backend import NumpyBackend
+from echoline.engine.config import config_from_gguf
+from echoline.engine.errors import (
     EcholineError,
     ModelFileError,
     ModelNotFoundError,
     UnsupportedArchitectureError,
 )
-from engine.gguf_file import GGUFFile
-from engine.model import load_model
-from engine.models_registry import resolve_model
+from echoline.engine.gguf_file import GGUFFile
+from echoline.engine.model import load_model
+from echoline.engine.models_registry import resolve_model
+
 from tests.synth import GGUF_QUANTIZABLE, K_QUANTS, Q, write_model
 
 ARCHS = ("llama", "qwen2", "gemma3")

@@ -1,4 +1,4 @@
-"""The real server (``python -m sidecar serve``) spoken to in raw bytes over stdio.
+"""The real server (``python -m echoline serve``) spoken to in raw bytes over stdio.
 
 What an editor's client library never sends, but a buggy plugin, a proxy or a bad
 pipe can: invalid JSON, batches, missing ``jsonrpc``, params of the wrong types or
@@ -24,18 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from echoline.sidecar.lsp_utils import check_position, unit_len
+from echoline.sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
+from echoline.sidecar.server import FrameError, FrameParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lsprotocol import types
 from pygls.workspace import TextDocument
 
-from sidecar.lsp_utils import check_position, unit_len
-from sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
-from sidecar.server import FrameError, FrameParser
 from tests.synth import write_fim_qwen2_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVER_CMD = [sys.executable, "-m", "sidecar", "serve"]
+SERVER_CMD = [sys.executable, "-m", "echoline", "serve"]
 ANSWER_S = 5.0  # every request that needs no model gets its answer within this
 MODEL_S = 60.0  # a request that runs the (tiny) model; a hang guard on a busy machine
 READY_S = 120.0
@@ -280,7 +280,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(model: Path) -> Any:
     """The same model in-process, for its tokenizer: the prompt a selection makes."""
-    from engine.api import Engine
+    from echoline.engine.api import Engine
 
     return Engine.load(str(model))
 

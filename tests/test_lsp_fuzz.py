@@ -1,4 +1,4 @@
-"""A params fuzz of the real server (``python -m sidecar serve``) over stdio.
+"""A params fuzz of the real server (``python -m echoline serve``) over stdio.
 
 One server process, the tiny synthetic FIM ``qwen2`` model (tests/synth.py, loaded in well
 under a second), spoken to in raw frames (``RawServer`` of tests/test_lsp_framing.py). Each
@@ -47,7 +47,7 @@ workspace/applyEdit failed: the ": 2, "sent cancel": 334, "sent code_action": 29
 did_change": 676, "sent did_close": 293, "sent did_open": 236, "sent inline": 749, "sent
 rewrite": 600, "sent status": 310, "unmutated": 2196, "maxExampleS": 0.22, "peakRssMB": 274.7,
 "endRssMB": 249.2, "fuzzS": 29.5, "serverTracebacks": {"pygls.exceptions.JsonRpcInvalidParams":
-580, "sidecar.lsp_utils.PositionError": 160, "pygls.exceptions.JsonRpcException": 52}}
+580, "echoline.sidecar.lsp_utils.PositionError": 160, "pygls.exceptions.JsonRpcException": 52}}
 (``ECHOLINE_FUZZ_EXAMPLES=N`` runs another number; 1500 passed as well.)
 
 What it found, fixed in sidecar/server.py:
@@ -91,7 +91,7 @@ PARSE_ERROR, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32602, -32603
 REQUEST_CANCELLED, CONTENT_MODIFIED = -32800, -32801
 ANSWERED_EXCEPTIONS = frozenset(
     {
-        "sidecar.lsp_utils.PositionError",
+        "echoline.sidecar.lsp_utils.PositionError",
         "pygls.exceptions.JsonRpcInvalidParams",
         "pygls.exceptions.JsonRpcException",  # -32801 stale version
     }

@@ -9,12 +9,8 @@ U+2028 and U+2029, and Python indexes code points.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from lsprotocol import types
-
-from sidecar.inline import completion_end
-from sidecar.lsp_utils import (
+from echoline.sidecar.inline import completion_end
+from echoline.sidecar.lsp_utils import (
     UTF8,
     UTF16,
     UTF32,
@@ -31,6 +27,9 @@ from sidecar.lsp_utils import (
     rest_of_line,
     unit_len,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lsprotocol import types
 
 ENCODINGS = (UTF8, UTF16, UTF32)
 NOT_LSP_BREAKS = "\f\v\x1c\x1d\x1e\x85\u2028\u2029"

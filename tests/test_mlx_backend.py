@@ -16,11 +16,11 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 import gguf  # noqa: E402
+from echoline.engine.backends.mlx_backend import MlxBackend  # noqa: E402
+from echoline.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
+from echoline.engine.gguf_file import QuantTensor  # noqa: E402
+from echoline.kernels.mlx import affine  # noqa: E402
 
-from engine.backends.mlx_backend import MlxBackend  # noqa: E402
-from engine.backends.numpy_backend import NumpyBackend  # noqa: E402
-from engine.gguf_file import QuantTensor  # noqa: E402
-from kernels.mlx import affine  # noqa: E402
 from tests.synth import encode_matrix  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
@@ -297,7 +297,8 @@ class _Fixed:
 @pytest.fixture(scope="module", params=[("llama", "affine"), ("gemma3", "affine"), ("llama", "auto"),
                                         ("gemma3", "float")], ids=lambda p: "-".join(p))
 def tiny_mlx_model(request, tmp_path_factory):
-    from engine.model import load_model
+    from echoline.engine.model import load_model
+
     from tests.synth import write_model
 
     arch, mode = request.param
@@ -309,7 +310,7 @@ def tiny_mlx_model(request, tmp_path_factory):
 
 
 def _generate(model, prompt, n, index=None, k=0, cache=None):
-    from engine.generate import StopRules, generate_tokens
+    from echoline.engine.generate import StopRules, generate_tokens
 
     cache = cache or model.new_cache(64)
     res = generate_tokens(model, cache, prompt, decode=lambda ids: "", rules=StopRules(max_tokens=n),
@@ -341,7 +342,7 @@ def test_warm_equals_cold_tiny(tiny_mlx_model):
 
 def test_tiny_model_logits_match_numpy(tiny_mlx_model):
     """The same synthetic file on numpy and MLX: logits agree to float32 rounding, chunked or not."""
-    from engine.model import load_model
+    from echoline.engine.model import load_model
 
     _, np_model = load_model(tiny_mlx_model.source_path, NumpyBackend())
     ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
@@ -357,7 +358,8 @@ def test_tiny_model_logits_match_numpy(tiny_mlx_model):
                                                   ("gemma-3-270m-q4_k_m.gguf", "py_fib", "auto")])
 def test_real_model_greedy_matches_llamacpp(request, model_name, case, mode):
     """Greedy ids on MLX equal llama.cpp's for prompts where float32 engines agree with it."""
-    from engine.model import load_model
+    from echoline.engine.model import load_model
+
     from tests.conftest import reference_data
 
     path = request.getfixturevalue("smollm2_path" if model_name.startswith("SmolLM2") else "gemma_path")
@@ -369,8 +371,8 @@ def test_real_model_greedy_matches_llamacpp(request, model_name, case, mode):
 
 @pytest.mark.slow
 def test_real_model_speculative_equals_plain(smollm2_path):
-    from engine.drafting.ngram_index import NgramIndex
-    from engine.model import load_model
+    from echoline.engine.drafting.ngram_index import NgramIndex
+    from echoline.engine.model import load_model
 
     _, model = load_model(smollm2_path, MlxBackend())
     prompt = [1604, 3987, 46477, 24, 94, 727, 472, 1620, 1604, 3987, 46477]

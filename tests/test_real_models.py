@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from echoline.engine.api import Engine
+from echoline.engine.drafting.controller import DraftController, VerifyCost
+from echoline.engine.models_registry import MODELS
 
-from engine.api import Engine
-from engine.drafting.controller import DraftController, VerifyCost
-from engine.models_registry import MODELS
 from tests.conftest import cpu_backend_name, greedy_reference, large_models_enabled
 
 pytestmark = pytest.mark.slow
@@ -36,8 +36,8 @@ def engine_for(name: str, backend: str | None = None) -> Engine:
     key = (name, backend or cpu_backend_name())
     if key not in _ENGINES:
         if key[1] in ("cpu/q8", "cpu/f32"):
-            from engine.backends.cpu_backend import CpuBackend
-            from engine.models_registry import resolve_model
+            from echoline.engine.backends.cpu_backend import CpuBackend
+            from echoline.engine.models_registry import resolve_model
 
             mode = key[1].split("/")[1]
             _ENGINES[key] = Engine(resolve_model(name), backend=CpuBackend(activations=mode))
@@ -47,7 +47,7 @@ def engine_for(name: str, backend: str | None = None) -> Engine:
 
 
 def _vnni() -> bool:
-    from kernels.cpu.q8act import vnni_available
+    from echoline.kernels.cpu.q8act import vnni_available
 
     return vnni_available()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from echoline.engine.api import HISTORY_CONTEXT
+from echoline.engine.drafting.controller import DraftController, VerifyCost
 
-from engine.api import HISTORY_CONTEXT
-from engine.drafting.controller import DraftController, VerifyCost
 from tests.synth import write_model
 from tests.test_sessions import VOCAB, buffer, make_engine
 

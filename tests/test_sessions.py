@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from echoline.engine.api import Engine
+from echoline.engine.errors import EcholineError
+from echoline.engine.kvcache import KVCache
 
-from engine.api import Engine
-from engine.errors import EcholineError
-from engine.kvcache import KVCache
 from tests.synth import write_model
 
 VOCAB = 64
@@ -152,7 +152,7 @@ def test_sliding_window_ring_is_exact_and_small(gemma_long_path):
     model = ring_engine.model
     linear = model.new_cache(2048)
     assert linear.ring == 0
-    from engine.generate import StopRules, generate_tokens
+    from echoline.engine.generate import StopRules, generate_tokens
 
     ref = generate_tokens(model, linear, prompt, decode=StandInTokenizer().decode,
                           rules=StopRules(max_tokens=10), prefill_chunk=32)
@@ -222,7 +222,7 @@ def test_prefill_ahead_then_generate_equals_cold(llama_path, cancel_after):
     cancel = threading.Event()
     calls = {"n": 0}
     if cancel_after is not None:
-        import engine.generate as gen
+        import echoline.engine.generate as gen
 
         real = gen.run_rows
 

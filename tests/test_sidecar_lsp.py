@@ -20,7 +20,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-SERVER_CMD = [sys.executable, "-m", "sidecar", "serve"]
+SERVER_CMD = [sys.executable, "-m", "echoline", "serve"]
 READY_TIMEOUT = 300.0  # a hang guard, not a speed check: CI machines vary
 
 FIB = (
@@ -33,7 +33,7 @@ FIB = (
 
 
 def model_path() -> Path:
-    from engine.models_registry import resolve_model
+    from echoline.engine.models_registry import resolve_model
 
     return Path(resolve_model("smollm2"))
 
@@ -302,10 +302,10 @@ async def test_second_rewrite_on_a_buffer_reuses_its_cached_file_part(
     # the two prompts, built here as the server builds them: how much they share
     from types import SimpleNamespace
 
-    from engine.chat_template import encode_chat
-    from engine.gguf_file import GGUFFile
-    from engine.tokenizer import Tokenizer
-    from sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
+    from echoline.engine.chat_template import encode_chat
+    from echoline.engine.gguf_file import GGUFFile
+    from echoline.engine.tokenizer import Tokenizer
+    from echoline.sidecar.prompts import rewrite_prompt, rewrite_prompt_ids
 
     tok = Tokenizer.from_gguf(GGUFFile(model_path()))
     eng = SimpleNamespace(tokenizer=tok, has_chat_template=True, encode_chat=lambda m: encode_chat(tok, m))
@@ -652,7 +652,7 @@ async def test_bad_model_path_reports_error_and_keeps_serving(tmp_path: Path) ->
 async def test_cpu_activations_setting_switches_the_engine(tmp_path: Path) -> None:
     """cpuActivations f32 loads the cpu backend in its float32 mode; null switches back to the
     default, auto, which is int8 activations on a VNNI CPU (a reload)."""
-    from kernels.cpu.q8act import vnni_available
+    from echoline.kernels.cpu.q8act import vnni_available
 
     if not vnni_available():
         pytest.skip("int8 activations need AVX-512 VNNI")

@@ -69,7 +69,7 @@ async def _server(root: Path, prefill: bool) -> LanguageClient:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def servers(tmp_path_factory: pytest.TempPathFactory):
-    from engine.models_registry import resolve_model
+    from echoline.engine.models_registry import resolve_model
 
     resolve_model("smollm2")
     on_root, off_root = tmp_path_factory.mktemp("on"), tmp_path_factory.mktemp("off")
@@ -110,8 +110,8 @@ def edit_line(client: LanguageClient, uri: str, version: int, line: int, text: s
 
 
 async def test_prefix_ids_are_a_token_prefix_of_every_rewrite_prompt() -> None:
-    from engine.api import Engine
-    from sidecar.prompts import (
+    from echoline.engine.api import Engine
+    from echoline.sidecar.prompts import (
         MAX_FILE_CHARS,
         rewrite_prefix_ids,
         rewrite_prompt,

@@ -7,9 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from sidecar.source_tokens import SourceTokens, split_chunks
-from sidecar.worker import EngineWorker
+from echoline.sidecar.source_tokens import SourceTokens, split_chunks
+from echoline.sidecar.worker import EngineWorker
 
 
 def module_text(n: int = 400) -> str:
@@ -75,8 +74,8 @@ def test_an_edit_reencodes_only_the_touched_chunk() -> None:
 
 
 def test_chunked_ids_equal_whole_text_ids_on_the_real_tokenizer(smollm2_path: Path) -> None:
-    from engine.gguf_file import GGUFFile
-    from engine.tokenizer import Tokenizer
+    from echoline.engine.gguf_file import GGUFFile
+    from echoline.engine.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUFFile(smollm2_path))
     st = SourceTokens()

@@ -6,12 +6,10 @@ import threading
 import time
 
 import pytest
-from lsprotocol import types
-
-from sidecar import config as cfg
-from sidecar.__main__ import parse_hostport
-from sidecar.inline import completion_end
-from sidecar.prompts import (
+from echoline.sidecar import config as cfg
+from echoline.sidecar.__main__ import parse_hostport
+from echoline.sidecar.inline import completion_end
+from echoline.sidecar.prompts import (
     REPRODUCE_INSTRUCTION,
     block_end,
     file_window,
@@ -23,8 +21,9 @@ from sidecar.prompts import (
     strip_fence,
     unheal,
 )
-from sidecar.rewrite_cli import parse_range
-from sidecar.worker import EngineWorker, JobCancelled
+from echoline.sidecar.rewrite_cli import parse_range
+from echoline.sidecar.worker import EngineWorker, JobCancelled
+from lsprotocol import types
 
 
 def test_settings_good_and_bad_values() -> None:
@@ -45,7 +44,7 @@ def test_settings_good_and_bad_values() -> None:
 
 def test_cpu_activations_setting_reloads_the_engine() -> None:
     """cpuActivations picks the cpu backend's mode; a change is a reload, a bad value an error."""
-    from engine.backends import CPU_ACTIVATIONS
+    from echoline.engine.backends import CPU_ACTIVATIONS
 
     assert cfg.CPU_ACTIVATIONS == CPU_ACTIVATIONS  # the sidecar's copy keeps up with the engine
     base = cfg.Settings()
@@ -227,10 +226,9 @@ def test_code_action_carries_rewrite_command() -> None:
     command into a bare Command (lsprotocol union hook), so the wire shape is checked here."""
     from types import SimpleNamespace
 
+    from echoline.sidecar.server import on_code_action
     from lsprotocol.converters import get_converter
     from pygls.workspace import TextDocument
-
-    from sidecar.server import on_code_action
 
     uri = "file:///tmp/ca.py"
     ls = SimpleNamespace(
@@ -304,9 +302,8 @@ def test_request_waits_for_a_loading_model_then_fails_clearly() -> None:
     import asyncio
     import dataclasses
 
+    from echoline.sidecar.server import REQUEST_FAILED, EcholineServer
     from pygls.exceptions import JsonRpcException
-
-    from sidecar.server import REQUEST_FAILED, EcholineServer
 
     release = threading.Event()
 
@@ -361,7 +358,7 @@ def test_load_warms_the_engine_up_before_ready() -> None:
 def test_reply_history_setting_applies_to_the_loaded_engine_without_a_reload() -> None:
     """replyHistory (earlier replies kept as draft sources) is validated, is no engine_key
     change, and reaches the loaded engine through a worker job."""
-    from sidecar.server import EcholineServer
+    from echoline.sidecar.server import EcholineServer
 
     base = cfg.Settings()
     two, errs = cfg.apply(base, {"replyHistory": 2})
@@ -408,7 +405,7 @@ def test_prompts_fit_the_context_in_tokens_not_characters() -> None:
     the context is a clear error."""
     from types import SimpleNamespace
 
-    from sidecar.prompts import fitted_rewrite_ids
+    from echoline.sidecar.prompts import fitted_rewrite_ids
 
     eng = SimpleNamespace(tokenizer=CharTokenizer(False), has_chat_template=False,
                           config=SimpleNamespace(context_length=2000))
@@ -430,7 +427,7 @@ def test_prompts_fit_the_context_in_tokens_not_characters() -> None:
 def test_a_selection_holding_a_code_fence_gets_a_longer_fence() -> None:
     """Generation stops at the closing fence: a selection with ``` inside (Markdown, a
     docstring example) must not end the reply at its inner fence."""
-    from sidecar.prompts import fence_for, rewrite_prompt, strip_fence
+    from echoline.sidecar.prompts import fence_for, rewrite_prompt, strip_fence
 
     assert fence_for("plain code\n") == "```"
     doc = "# Usage\n\n```python\nrun()\n```\n\nMore text.\n"
@@ -448,9 +445,8 @@ def test_a_job_that_runs_too_long_fails_the_request_and_is_cancelled() -> None:
     job_timeout_s the request fails clearly and the job is asked to stop."""
     import asyncio
 
+    from echoline.sidecar.server import REQUEST_FAILED, EcholineServer
     from pygls.exceptions import JsonRpcException
-
-    from sidecar.server import REQUEST_FAILED, EcholineServer
 
     ls = EcholineServer(loader=lambda model, **kw: object())
     stopped = threading.Event()

@@ -1,4 +1,4 @@
-"""A bounded soak of the real server (``python -m sidecar serve``) over stdio.
+"""A bounded soak of the real server (``python -m echoline serve``) over stdio.
 
 One server process, the tiny synthetic FIM ``qwen2`` model (tests/synth.py: it loads in
 well under a second, so the soak exercises the server, not the model), 20 open Python
@@ -76,7 +76,7 @@ in all, RSS 185.7 -> 210.2 MB):
 211.0, 211.4], "soakS": 9.3, "durationS": 10.6, "rewriteOutcomes": {"document changed while
 generating": 16, "preview": 47, "applied": 100, "the reply reached maxTokens": 8, "stale: the
 buffer moved on": 1}, "serverTracebacks": {"pygls.exceptions.JsonRpcInvalidParams": 60,
-"sidecar.lsp_utils.PositionError": 56, "pygls.exceptions.JsonRpcException": 6}}
+"echoline.sidecar.lsp_utils.PositionError": 56, "pygls.exceptions.JsonRpcException": 6}}
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ class Flight:
 # Exceptions the server logs with a traceback while answering a request with an error.
 ANSWERED_EXCEPTIONS = frozenset(
     {
-        "sidecar.lsp_utils.PositionError",  # the cause of the InvalidParams below
+        "echoline.sidecar.lsp_utils.PositionError",  # the cause of the InvalidParams below
         "pygls.exceptions.JsonRpcInvalidParams",
         "pygls.exceptions.JsonRpcException",  # -32801 stale version
     }
@@ -1016,7 +1016,7 @@ async def test_soak_over_stdio(tmp_path: Path) -> None:
     cache = tmp_path / "cache"  # the calibration curve of this one-off model file goes here
     log_path = tmp_path / "server.stderr"
     # exec: the shell becomes the server, so its pid is the server's pid
-    command = ["/bin/sh", "-c", 'exec "$0" -m sidecar serve 2>"$1"', sys.executable, str(log_path)]
+    command = ["/bin/sh", "-c", 'exec "$0" -m echoline serve 2>"$1"', sys.executable, str(log_path)]
     env = {
         **os.environ,
         "ECHOLINE_LOG": "WARNING",
@@ -1026,7 +1026,7 @@ async def test_soak_over_stdio(tmp_path: Path) -> None:
     config = ClientServerConfig(server_command=command, server_env=env)
     client = await config.start()
     pid = client._server.pid  # type: ignore[union-attr]  # pygls keeps the process here
-    assert "sidecar" in Path(f"/proc/{pid}/cmdline").read_text(), "pid is not the server's"
+    assert "echoline" in Path(f"/proc/{pid}/cmdline").read_text(), "pid is not the server's"
     soak = Soak(client, root, pid)
     try:
         await client.initialize_session(

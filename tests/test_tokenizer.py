@@ -10,13 +10,18 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
+from echoline.engine import tokenizer as tokmod
+from echoline.engine.chat_template import (
+    ChatTemplateError,
+    NoChatTemplateError,
+    encode_chat,
+    render_chat,
+)
+from echoline.engine.errors import EcholineError, TokenizerError
+from echoline.engine.gguf_file import GGUFFile
+from echoline.engine.models_registry import MODELS, resolve_model
+from echoline.engine.tokenizer import FimTokens, Tokenizer
 
-from engine import tokenizer as tokmod
-from engine.chat_template import ChatTemplateError, NoChatTemplateError, encode_chat, render_chat
-from engine.errors import EcholineError, TokenizerError
-from engine.gguf_file import GGUFFile
-from engine.models_registry import MODELS, resolve_model
-from engine.tokenizer import FimTokens, Tokenizer
 from tests.conftest import qwen_reference, reference_data
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"

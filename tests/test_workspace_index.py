@@ -8,16 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
-from pygls import uris
-
-from sidecar import workspace_index as wi
-from sidecar.workspace_index import (
+from echoline.sidecar import workspace_index as wi
+from echoline.sidecar.workspace_index import (
     WorkspaceIndex,
     is_secret_name,
     source_id_for,
     too_broad_root,
     uri_for,
 )
+from pygls import uris
 
 
 class DictSink:

@@ -18,7 +18,8 @@ import json as _json_module
 import textwrap
 from pathlib import Path
 
-from engine.models_registry import resolve_model
+from echoline.engine.models_registry import resolve_model
+
 from tools.llamacpp_peer import LlamaServer
 
 N_GENERATED = 48

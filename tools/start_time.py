@@ -14,7 +14,7 @@ import time
 
 def main() -> int:
     t0 = time.perf_counter()
-    from engine.api import Engine
+    from echoline.engine.api import Engine
 
     name = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-0.5b"
     engine = Engine.load(name)

@@ -33,10 +33,11 @@ import textwrap
 import time
 from pathlib import Path
 
-from engine.api import Engine
-from engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
-from engine.models_registry import resolve_model
-from engine.setup_check import cpu_model
+from echoline.engine.api import Engine
+from echoline.engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
+from echoline.engine.models_registry import resolve_model
+from echoline.engine.setup_check import cpu_model
+
 from tools.llamacpp_peer import LlamaServer, build
 
 #: Held-out source: a standard-library module, not this repository's code.

@@ -9,8 +9,8 @@ import importlib.util
 import os
 import platform
 
-from engine.backends.base import Backend
-from engine.errors import EcholineError
+from echoline.engine.backends.base import Backend
+from echoline.engine.errors import EcholineError
 
 BACKEND_NAMES = ("auto", "cpu", "numpy", "cuda", "mlx")
 #: The cpu backend's activation modes. ``q8``: activations quantized to int8 per 32 inputs
@@ -24,7 +24,7 @@ CPU_ACTIVATIONS = ("auto", "f32", "q8")
 
 
 def _vnni() -> bool:
-    from kernels.cpu.q8act import vnni_available
+    from echoline.kernels.cpu.q8act import vnni_available
 
     return vnni_available()
 
@@ -79,18 +79,18 @@ def get_backend(name: str = "auto", cpu_activations: str | None = None) -> Backe
         cpu_activations_mode(cpu_activations)  # a bad value is an error whichever backend runs
     try:
         if resolved == "numpy":
-            from engine.backends.numpy_backend import NumpyBackend
+            from echoline.engine.backends.numpy_backend import NumpyBackend
 
             return NumpyBackend()
         if resolved == "cpu":
-            from engine.backends.cpu_backend import CpuBackend
+            from echoline.engine.backends.cpu_backend import CpuBackend
 
             return CpuBackend(activations=cpu_activations)
         if resolved == "cuda":
-            from engine.backends.cupy_backend import CupyBackend
+            from echoline.engine.backends.cupy_backend import CupyBackend
 
             return CupyBackend()
-        from engine.backends.mlx_backend import MlxBackend
+        from echoline.engine.backends.mlx_backend import MlxBackend
 
         return MlxBackend()
     except ImportError as exc:

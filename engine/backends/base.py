@@ -19,8 +19,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-
-from engine.gguf_file import QuantTensor
+from echoline.engine.gguf_file import QuantTensor
 
 Array = Any  # backend-native array (numpy.ndarray, cupy.ndarray, mlx.core.array)
 Weight = Any  # backend-native prepared weight matrix

@@ -11,19 +11,18 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from engine.backends import cpu_activations_mode
-from engine.backends.base import Array, Backend
-from engine.backends.host_cache import HostCacheMixin
-from engine.errors import EcholineError
-from engine.gguf_file import QuantTensor
-from kernels.cpu import ops
-from kernels.cpu.embed import embed_rows
-from kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
-from kernels.cpu.relayout import KINDS
+from echoline.engine.backends import cpu_activations_mode
+from echoline.engine.backends.base import Array, Backend
+from echoline.engine.backends.host_cache import HostCacheMixin
+from echoline.engine.errors import EcholineError
+from echoline.engine.gguf_file import QuantTensor
+from echoline.kernels.cpu import ops
+from echoline.kernels.cpu.embed import embed_rows
+from echoline.kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
+from echoline.kernels.cpu.relayout import KINDS
 
 if TYPE_CHECKING:  # q8act loads only when the q8 mode is used
-    from kernels.cpu.q8act import Q8Matrix
+    from echoline.kernels.cpu.q8act import Q8Matrix
 
 
 @lru_cache(maxsize=16)
@@ -48,7 +47,7 @@ class CpuBackend(HostCacheMixin, Backend):
         else f32). An explicit q8 on a CPU without AVX-512 VNNI is an error, not a quiet fallback: the two modes give different replies."""
         mode = cpu_activations_mode(activations)
         if mode == "q8":
-            from kernels.cpu.q8act import vnni_available
+            from echoline.kernels.cpu.q8act import vnni_available
 
             if not vnni_available():
                 raise EcholineError("CPU activations 'q8' need AVX-512 VNNI, which this CPU lacks; use 'f32'")
@@ -62,7 +61,7 @@ class CpuBackend(HostCacheMixin, Backend):
         # Re-laid-out weights are cached on disk keyed by the file's identity (weight_cache).
         tensors = list(tensors)
         if self.activations == "q8" and all(t.qtype in KINDS and KINDS[t.qtype].wdtype == "int8" for t in tensors):
-            from kernels.cpu.q8act import prepare_q8_cached
+            from echoline.kernels.cpu.q8act import prepare_q8_cached
 
             return prepare_q8_cached(tensors)
         # f32 mode, or a matrix with float parts: float32 products whatever the row count
@@ -92,7 +91,7 @@ class CpuBackend(HostCacheMixin, Backend):
     def matmul(self, x: Array, w: PreparedMatrix | Q8Matrix) -> np.ndarray:
         if isinstance(w, PreparedMatrix):
             return matmul(_f32(x), w)
-        from kernels.cpu.q8act import matmul_q8
+        from echoline.kernels.cpu.q8act import matmul_q8
 
         return matmul_q8(_f32(x), w)
 

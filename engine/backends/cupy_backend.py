@@ -24,11 +24,10 @@ from typing import Any, NamedTuple
 import cupy
 import gguf
 import numpy as np
-
-from engine.backends.base import Array, Backend
-from engine.errors import EcholineError
-from engine.gguf_file import QuantTensor
-from kernels.cuda import FACTORED, TENSOR, load_module
+from echoline.engine.backends.base import Array, Backend
+from echoline.engine.errors import EcholineError
+from echoline.engine.gguf_file import QuantTensor
+from echoline.kernels.cuda import FACTORED, TENSOR, load_module
 
 Q = gguf.GGMLQuantizationType
 _KERNEL_NAMES: dict[Q, str] = {

@@ -28,10 +28,9 @@ from typing import Any
 import gguf
 import mlx.core as mx
 import numpy as np
-
-from engine.backends.base import Array, Backend
-from engine.gguf_file import QuantTensor
-from kernels.mlx import affine
+from echoline.engine.backends.base import Array, Backend
+from echoline.engine.gguf_file import QuantTensor
+from echoline.kernels.mlx import affine
 
 Q = gguf.GGMLQuantizationType
 WEIGHT_MODES = ("auto", "affine", "float")
@@ -73,7 +72,7 @@ class Q6KSegment:
     cols: int
 
     def apply(self, x: Any) -> Any:
-        from kernels.mlx.q6k_metal import q6k_matmul
+        from echoline.kernels.mlx.q6k_metal import q6k_matmul
 
         return q6k_matmul(x, self.blocks, self.rows, self.cols)
 
@@ -195,7 +194,7 @@ class MlxBackend(Backend):
     @staticmethod
     def _rope_tables(x: Any, pos: np.ndarray, base: float, neox: bool) -> Any:
         """Rotation from float64 tables, for positions that are not one consecutive run."""
-        from engine.backends.numpy_backend import rope_tables
+        from echoline.engine.backends.numpy_backend import rope_tables
 
         hd = x.shape[-1]
         cos, sin = rope_tables(pos, hd, base)
@@ -265,7 +264,7 @@ class MlxBackend(Backend):
     def _q6k_self_check(self) -> bool:
         """Use the Q6_K Metal kernel only if it agrees with the exact float32 path here."""
         try:
-            from kernels.mlx.q6k_metal import q6k_matmul
+            from echoline.kernels.mlx.q6k_metal import q6k_matmul
 
             rng = np.random.default_rng(0)
             t = _random_q6k(rng, 64, 512)

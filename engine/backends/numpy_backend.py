@@ -10,10 +10,9 @@ attention. Tests compare the fast backends with this one.
 from __future__ import annotations
 
 import numpy as np
-
-from engine.backends.base import Array, Backend
-from engine.backends.host_cache import HostCacheMixin
-from engine.gguf_file import QuantTensor
+from echoline.engine.backends.base import Array, Backend
+from echoline.engine.backends.host_cache import HostCacheMixin
+from echoline.engine.gguf_file import QuantTensor
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from engine.bench import traffic
-from engine.bench.common import load, print_table
-from engine.sessions import common_prefix
+from echoline.engine.bench import traffic
+from echoline.engine.bench.common import load, print_table
+from echoline.engine.sessions import common_prefix
 
 TARGET_TOKENS = 2000
 REPLY_TOKENS = 16

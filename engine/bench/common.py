@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from engine.api import Engine
-from engine.calibration import row_times
+from echoline.engine.api import Engine
+from echoline.engine.calibration import row_times
 
 
 def load(args) -> Engine:

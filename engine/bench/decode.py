@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from engine.bench.common import load, print_table, row_costs
+from echoline.engine.bench.common import load, print_table, row_costs
 
 ROW_COUNTS = (1, 2, 4, 8, 16)
 PROMPT = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from engine.drafting.ngram_index import NgramIndex
-from engine.generate import DRAFT_CONTEXT
+from echoline.engine.drafting.ngram_index import NgramIndex
+from echoline.engine.generate import DRAFT_CONTEXT
 
 
 def confirmed_draft_lengths(

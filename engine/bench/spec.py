@@ -17,9 +17,9 @@ from __future__ import annotations
 import statistics
 import sys
 
-from engine.bench import traffic
-from engine.bench.common import load, print_table, row_costs
-from engine.bench.oracle import interpolated_ratios, oracle_ratio
+from echoline.engine.bench import traffic
+from echoline.engine.bench.common import load, print_table, row_costs
+from echoline.engine.bench.oracle import interpolated_ratios, oracle_ratio
 
 VERIFY_ROWS = (1, 2, 4, 8, 16)
 FOLLOWUP_TOKENS = 64  # an inline completion's length, not a rewrite's

@@ -1,6 +1,6 @@
 """Draft sources for speculative decoding: the n-gram index and the draft-length controller."""
 
-from engine.drafting.controller import AcceptanceModel, DraftController, VerifyCost
-from engine.drafting.ngram_index import Draft, NgramIndex
+from echoline.engine.drafting.controller import AcceptanceModel, DraftController, VerifyCost
+from echoline.engine.drafting.ngram_index import Draft, NgramIndex
 
 __all__ = ["AcceptanceModel", "Draft", "DraftController", "NgramIndex", "VerifyCost"]

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from statistics import median
 
-from engine.drafting.ngram_index import Draft
+from echoline.engine.drafting.ngram_index import Draft
 
 # Match-length buckets (lower bounds) and the prior acceptance for each: a brand-new
 # source with a long match is worth trying; a 1-token match rarely is.

@@ -1,9 +1,9 @@
 """One module per architecture; ``MODEL_CLASSES`` maps general.architecture to its class."""
 
-from engine.models.base import Transformer
-from engine.models.gemma3 import Gemma3Model
-from engine.models.llama import LlamaModel
-from engine.models.qwen2 import Qwen2Model
+from echoline.engine.models.base import Transformer
+from echoline.engine.models.gemma3 import Gemma3Model
+from echoline.engine.models.llama import LlamaModel
+from echoline.engine.models.qwen2 import Qwen2Model
 
 MODEL_CLASSES: dict[str, type[Transformer]] = {
     "llama": LlamaModel,

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from engine.backends.base import Backend
-from engine.config import ModelConfig
-from engine.gguf_file import GGUFFile
-from engine.kvcache import KVCache
+from echoline.engine.backends.base import Backend
+from echoline.engine.config import ModelConfig
+from echoline.engine.gguf_file import GGUFFile
+from echoline.engine.kvcache import KVCache
 
 
 @dataclass

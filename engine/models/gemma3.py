@@ -7,7 +7,7 @@ base): ``local_attention`` says which, and ModelConfig carries the answer.
 
 from typing import Any
 
-from engine.models.base import Transformer
+from echoline.engine.models.base import Transformer
 
 
 class Gemma3Model(Transformer):

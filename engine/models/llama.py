@@ -4,7 +4,7 @@ The GGUF converter permuted Q/K rows so that llama.cpp's adjacent-pair
 rotation reproduces HF's half-split one; rotating (2i, 2i+1) here matches it.
 """
 
-from engine.models.base import Transformer
+from echoline.engine.models.base import Transformer
 
 
 class LlamaModel(Transformer):

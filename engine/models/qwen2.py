@@ -1,6 +1,6 @@
 """``qwen2`` (Qwen2.5 / Qwen2.5-Coder): Q/K/V biases, NEOX RoPE, output optionally tied."""
 
-from engine.models.base import Transformer
+from echoline.engine.models.base import Transformer
 
 
 class Qwen2Model(Transformer):

@@ -2,8 +2,7 @@
 """Score and P·V register tiles of the multi-row attention (see ``kernels.cpu.ops``)."""
 
 import numpy as np
-
-from kernels.cpu._env import njit
+from echoline.kernels.cpu._env import njit
 
 f0 = np.float32(0.0)
 U = np.uint64

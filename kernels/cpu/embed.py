@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from kernels.cpu.relayout import KINDS, dequantize_relayout
+from echoline.kernels.cpu.relayout import KINDS, dequantize_relayout
 
 
 def embed_rows(qtype, data: np.ndarray, cols: int, ids: np.ndarray) -> np.ndarray:

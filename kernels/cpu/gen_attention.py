@@ -3,7 +3,7 @@
 Why generated: like the matmul kernels, these only vectorize when every accumulator is
 its own scalar (LLVM's SLP vectorizer packs named scalars into SIMD lanes); a 4 x 32
 tile is 128 of them. The output is committed (numba caches by file and line, so the
-module must be a real file); run ``python -m kernels.cpu.gen_attention`` after editing.
+module must be a real file); run ``python -m echoline.kernels.cpu.gen_attention`` after editing.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def source() -> str:
         "",
         "import numpy as np",
         "",
-        "from kernels.cpu._env import njit",
+        "from echoline.kernels.cpu._env import njit",
         "",
         "f0 = np.float32(0.0)",
         "U = np.uint64",

@@ -13,11 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from kernels.cpu import weight_cache
-from kernels.cpu._env import njit  # sets numba's flags before numba is imported
-from kernels.cpu.codegen import KernelSpec, load_kernel
-from kernels.cpu.relayout import KINDS, Kind, unpack
+from echoline.kernels.cpu import weight_cache
+from echoline.kernels.cpu._env import njit  # sets numba's flags before numba is imported
+from echoline.kernels.cpu.codegen import KernelSpec, load_kernel
+from echoline.kernels.cpu.relayout import KINDS, Kind, unpack
 
 #: Outputs per weight group (layout) and the default register tiles (rows, outputs).
 #: Session 6 (``python -m tools.engine.op_profile --model M --context 1300``, tile sets

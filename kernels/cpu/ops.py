@@ -10,9 +10,8 @@ same bits. Parallelism (prange) is only ever across rows or (row, head) pairs.
 from __future__ import annotations
 
 import numpy as np
-
-from kernels.cpu._env import njit, prange
-from kernels.cpu.attention_tiled import (
+from echoline.kernels.cpu._env import njit, prange
+from echoline.kernels.cpu.attention_tiled import (
     SCORE_TILE,
     VALUE_TILE,
     scores_one,

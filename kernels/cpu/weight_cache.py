@@ -33,8 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from kernels.cpu.relayout import Kind
+from echoline.kernels.cpu.relayout import Kind
 
 #: Bump when ``prepare``'s arrays change meaning (layout, padding, scale formulas).
 LAYOUT_VERSION = 1

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 import gguf
 import numpy as np
-
-from kernels.gguf_blocks import half, high_bits_32, k_codes_4, k_scale_min, nibbles_32
+from echoline.kernels.gguf_blocks import half, high_bits_32, k_codes_4, k_scale_min, nibbles_32
 
 Q = gguf.GGMLQuantizationType
 GROUP = 32

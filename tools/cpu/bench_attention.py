@@ -12,8 +12,7 @@ import argparse
 import time
 
 import numpy as np
-
-from kernels.cpu import ops
+from echoline.kernels.cpu import ops
 
 #: (query heads, kv heads, head dim, window, context before the rows, rows)
 SHAPES = [
@@ -81,7 +80,7 @@ def bench(nh: int, nkv: int, hd: int, window: int, ctx0: int, n: int, reps: int)
 def forward_bench(model: str, old_path: bool, reps: int = 3) -> None:
     """Whole forward of ``rows`` new tokens after ``context`` cached ones (the lead's
     prefill profile): best of ``reps``, the cache refilled in 512-row chunks each time."""
-    from engine.api import Engine
+    from echoline.engine.api import Engine
 
     if old_path:
         ops.TILED_MIN_ROWS = 1 << 30
@@ -104,8 +103,8 @@ def key_store_ab(model: str, reps: int = 40) -> None:
     """Whole forwards of 1 and 16 rows over a row-major K cache (transposed per call, one
     row on the three-stage path) and over the key store, interleaved in one process
     (order alternating), medians; logits must be equal."""
-    from engine.api import Engine
-    from engine.kvcache import KVCache
+    from echoline.engine.api import Engine
+    from echoline.engine.kvcache import KVCache
 
     m = Engine.load(model).model
     b = m.backend

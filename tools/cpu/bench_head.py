@@ -11,9 +11,8 @@ import argparse
 import time
 
 import numpy as np
-
-from engine.gguf_file import GGUFFile
-from kernels.cpu.matmul import DEFAULT_TILES, matmul, prepare_cached
+from echoline.engine.gguf_file import GGUFFile
+from echoline.kernels.cpu.matmul import DEFAULT_TILES, matmul, prepare_cached
 
 GEMMA = "/root/.cache/echoline/models/gemma-3-270m-q4_k_m.gguf"
 

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from engine.gguf_file import GGUFFile
-from kernels.cpu import matmul as matmul_module
-from kernels.cpu.matmul import matmul, prepare
+from echoline.engine.gguf_file import GGUFFile
+from echoline.kernels.cpu import matmul as matmul_module
+from echoline.kernels.cpu.matmul import matmul, prepare
 
 DEFAULT_MODELS = [
     Path.home() / ".cache/echoline/models/SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from echoline.engine.gguf_file import GGUFFile
+from echoline.kernels.cpu.matmul import matmul, prepare_cached
+from echoline.kernels.cpu.q8act import KINDS_Q8, kernel_asm, kernel_for, matmul_q8, prepare_q8
 
-from engine.gguf_file import GGUFFile
-from kernels.cpu.matmul import matmul, prepare_cached
-from kernels.cpu.q8act import KINDS_Q8, kernel_asm, kernel_for, matmul_q8, prepare_q8
 from tools.cpu.bench_matmul import model_matrices
 
 MODELS = [

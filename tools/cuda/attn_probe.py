@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import cupy
 import numpy as np
-
-from engine.backends.cupy_backend import CupyBackend
+from echoline.engine.backends.cupy_backend import CupyBackend
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ def rows(model, ids, prefix, k):
 
 def main() -> int:
     import gguf
+    from echoline.engine.backends.cupy_backend import CupyBackend
+    from echoline.engine.model import load_model
 
-    from engine.backends.cupy_backend import CupyBackend
-    from engine.model import load_model
     from tests.synth import write_model
 
     path = sys.argv[1] if len(sys.argv) > 1 else None

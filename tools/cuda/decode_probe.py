@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from engine.api import Engine
-from engine.bench.decode import PROMPT
+from echoline.engine.api import Engine
+from echoline.engine.bench.decode import PROMPT
 
 
 def main(path: str) -> None:

@@ -43,7 +43,7 @@ fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M
-  cli="python3 -m sidecar.cli"
+  cli="python3 -m echoline"
   if [ "$1" != spec ]; then
   timeout 120 $cli doctor --backend cuda --model $M --json > "$OUT/doctor.json" 2> "$OUT/doctor.err"; echo "doctor rc=$?"; tail -c 1500 "$OUT/doctor.json"
   fi

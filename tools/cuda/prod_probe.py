@@ -22,9 +22,8 @@ Q = gguf.GGMLQuantizationType
 
 def main() -> None:
     import cupy
-
-    from engine.backends.cupy_backend import CupyBackend
-    from engine.gguf_file import QuantTensor
+    from echoline.engine.backends.cupy_backend import CupyBackend
+    from echoline.engine.gguf_file import QuantTensor
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=1)

@@ -16,10 +16,10 @@ import statistics
 import time
 from collections import defaultdict
 
-from engine import generate
-from engine.api import Engine
-from engine.bench import traffic
-from engine.bench.spec import _prompts
+from echoline.engine import generate
+from echoline.engine.api import Engine
+from echoline.engine.bench import traffic
+from echoline.engine.bench.spec import _prompts
 
 
 def main() -> None:

@@ -26,11 +26,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
-
-from engine.bench.oracle import interpolated_ratios, oracle_cost
-from engine.drafting.controller import DraftController, VerifyCost
-from engine.drafting.ngram_index import Draft, NgramIndex
-from engine.generate import DRAFT_CONTEXT
+from echoline.engine.bench.oracle import interpolated_ratios, oracle_cost
+from echoline.engine.drafting.controller import DraftController, VerifyCost
+from echoline.engine.drafting.ngram_index import Draft, NgramIndex
+from echoline.engine.generate import DRAFT_CONTEXT
 
 MAX_N = 32  # the index's match-length cap
 RULES = ("recent", "oldest", "cursor", "vote", "cursor+vote", "hindsight")
@@ -193,10 +192,10 @@ def _set_lookup(max_n: int, context: int) -> None:
 
 
 def main() -> None:
-    from engine.api import Engine
-    from engine.bench import traffic
-    from engine.bench.common import row_costs
-    from engine.bench.spec import _prompts
+    from echoline.engine.api import Engine
+    from echoline.engine.bench import traffic
+    from echoline.engine.bench.common import row_costs
+    from echoline.engine.bench.spec import _prompts
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2")

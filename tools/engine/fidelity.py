@@ -18,14 +18,13 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from engine.api import Engine
-from engine.backends import CPU_ACTIVATIONS
-from engine.backends.cpu_backend import CpuBackend
-from engine.backends.numpy_backend import NumpyBackend
-from engine.bench import traffic
-from engine.bench.spec import _prompts
-from engine.models_registry import resolve_model
+from echoline.engine.api import Engine
+from echoline.engine.backends import CPU_ACTIVATIONS
+from echoline.engine.backends.cpu_backend import CpuBackend
+from echoline.engine.backends.numpy_backend import NumpyBackend
+from echoline.engine.bench import traffic
+from echoline.engine.bench.spec import _prompts
+from echoline.engine.models_registry import resolve_model
 
 
 def top1(engine: Engine, ids: list[int]) -> np.ndarray:
@@ -35,7 +34,7 @@ def top1(engine: Engine, ids: list[int]) -> np.ndarray:
 
 
 def modes_available() -> list[str]:
-    from kernels.cpu.q8act import vnni_available
+    from echoline.kernels.cpu.q8act import vnni_available
 
     return [m for m in CPU_ACTIVATIONS if m != "q8" or vnni_available()]
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.api import Engine
+from echoline.engine.api import Engine
 
 #: Backend methods timed (those a backend lacks are skipped).
 OPS = ("matmul", "attention", "rms_norm", "rope", "silu_mul", "gelu_tanh_mul", "add", "embed")

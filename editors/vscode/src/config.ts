@@ -79,24 +79,19 @@ export function serverCommand(): { command: string; args: string[] } {
   }
   const python = cfg.get<string>('pythonPath', '').trim();
   if (python) {
-    return { command: python, args: ['-m', 'sidecar', 'serve'] };
+    return { command: python, args: ['-m', 'echoline', 'serve'] };
   }
   return { command: 'echoline', args: ['serve'] };
 }
 
 /**
  * The command that prints the known models as JSON (`echoline models list --json`),
- * derived from the server command: `<python> -m sidecar serve` becomes
- * `<python> -m sidecar.cli models list --json`, `<echoline> serve` becomes
- * `<echoline> models list --json`.
+ * derived from the server command by putting `models list --json` where `serve` was:
+ * `<python> -m echoline serve` becomes `<python> -m echoline models list --json`.
  */
 export function modelsListCommand(): { command: string; args: string[] } {
   const { command, args } = serverCommand();
   const tail = ['models', 'list', '--json'];
-  const m = args.indexOf('-m');
-  if (m >= 0 && args[m + 1] === 'sidecar') {
-    return { command, args: [...args.slice(0, m), '-m', 'sidecar.cli', ...tail] };
-  }
   const serve = args.lastIndexOf('serve');
   return { command, args: [...(serve >= 0 ? args.slice(0, serve) : args), ...tail] };
 }

@@ -13,7 +13,7 @@ export interface ModelRow {
   default?: boolean;
 }
 
-/** Run `echoline models list --json` (or its `python -m sidecar.cli` form); undefined when it fails. */
+/** Run `echoline models list --json` (or its `python3 -m echoline` form); undefined when it fails. */
 export function listModels(log: vscode.LogOutputChannel, timeoutMs = 30000): Promise<ModelRow[] | undefined> {
   const { command, args } = modelsListCommand();
   const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath;

@@ -24,7 +24,7 @@ function M.check()
   else
     health.error('server command not executable: ' .. cmd[1], {
       'pip install echoline (provides `echoline serve`)',
-      "or setup({ cmd = { '/path/to/python', '-m', 'sidecar', 'serve' } })",
+      "or setup({ cmd = { '/path/to/python', '-m', 'echoline', 'serve' } })",
     })
     return
   end
@@ -70,9 +70,6 @@ end
 -- The server's own set-up report (`echoline doctor --json`: libraries, the backend auto
 -- picks, the model's cache state, cache folders), derived from the server command.
 function M.doctor_cmd(cmd, o)
-  if cmd[2] == '-m' and cmd[3] == 'sidecar' then
-    return { cmd[1], '-m', 'sidecar.cli', 'doctor', '--json', '--model', tostring(o.model) }
-  end
   for i, a in ipairs(cmd) do
     if a == 'serve' then
       local d = vim.list_slice(cmd, 1, i - 1)
