@@ -22,6 +22,8 @@ from echoline.engine.drafting.controller import VerifyCost
 from echoline.engine.kvcache import KVCache
 from echoline.engine.models.base import Transformer
 
+from echoline import paths
+
 CAL_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
 CAL_CONTEXTS = (64, 512)
 GRID_CONTEXTS = (0, 512, 2048, 8192)
@@ -105,8 +107,7 @@ def _cache_file(model_path: Path, backend: str) -> Path:
         f"|{_code_stamp()}"
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "echoline" / "calibration"
-    return root / f"{digest}.json"
+    return paths.cache_dir("calibration") / f"{digest}.json"
 
 
 #: A cached curve is re-measured when a quick check at load finds the widest verify this

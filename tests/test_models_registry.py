@@ -82,7 +82,7 @@ class Index:
 def index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Index]:
     idx = Index()
     monkeypatch.setenv("ECHOLINE_INDEX_URL", idx.url)
-    monkeypatch.setenv("ECHOLINE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path / "home"))
     yield idx
     idx.server.shutdown()
 

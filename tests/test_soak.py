@@ -98,6 +98,7 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient
 
+from echoline import paths
 from tests.synth import write_fim_qwen2_model
 
 SEED = 20_240_611
@@ -1013,7 +1014,11 @@ async def test_soak_over_stdio(tmp_path: Path) -> None:
     model = write_fim_qwen2_model(tmp_path / "fim-qwen2.gguf", seed=MODEL_SEED, context=4096)
     root = tmp_path / "ws"
     root.mkdir()
-    cache = tmp_path / "cache"  # the calibration curve of this one-off model file goes here
+    # The calibration curve of this one-off model file goes to a cache of its own; the
+    # compiled kernels are the user's (compiling them again would take minutes).
+    cache = tmp_path / "cache"
+    (cache / "echoline").mkdir(parents=True)
+    (cache / "echoline" / "numba").symlink_to(paths.cache_dir("numba"), target_is_directory=True)
     log_path = tmp_path / "server.stderr"
     # exec: the shell becomes the server, so its pid is the server's pid
     command = ["/bin/sh", "-c", 'exec "$0" -m echoline serve 2>"$1"', sys.executable, str(log_path)]

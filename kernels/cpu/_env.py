@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from echoline import paths
+
 os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
 if "numba" in sys.modules:  # imported earlier by someone else: set the live config too
     import numba.core.config as _cfg
@@ -39,8 +41,7 @@ def _cpu_name() -> str:
 
 
 def cache_root() -> Path:
-    """~/.cache/echoline/numba/<hash of numba, python, cpu, flags>/ (created on demand)."""
-    base = Path(os.environ.get("ECHOLINE_CACHE_DIR", Path.home() / ".cache" / "echoline"))
+    """<echoline cache>/numba/<hash of numba, python, cpu, flags>/ (created on demand)."""
     key = "|".join(
         [
             numba.__version__,
@@ -52,6 +53,6 @@ def cache_root() -> Path:
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = base / "numba" / digest
+    path = paths.cache_dir("numba") / digest
     path.mkdir(parents=True, exist_ok=True)
     return path

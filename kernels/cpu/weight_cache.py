@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 from echoline.kernels.cpu.relayout import Kind
 
+from echoline import paths
+
 #: Bump when ``prepare``'s arrays change meaning (layout, padding, scale formulas).
 LAYOUT_VERSION = 1
 _ALIGN = 64
@@ -42,9 +44,8 @@ DEFAULT_LIMIT_MB = 4096
 
 
 def cache_dir() -> Path:
-    """~/.cache/echoline/relayout (``ECHOLINE_CACHE_DIR`` moves it, like the numba cache)."""
-    base = Path(os.environ.get("ECHOLINE_CACHE_DIR", Path.home() / ".cache" / "echoline"))
-    return base / "relayout"
+    """The relaid-out weights folder of the echoline cache (``echoline.paths``)."""
+    return paths.cache_dir("weights")
 
 
 def enabled() -> bool:
