@@ -19,11 +19,13 @@ Exactness argument, in the order the code relies on it:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from echoline.engine.drafting.ngram_index import Draft
 from echoline.engine.kvcache import KVCache
 from echoline.engine.models.base import Transformer
 from echoline.engine.types import GenerationResult, GenerationStats, TokenEvent
@@ -185,8 +187,18 @@ def generate_tokens(
     stats.reused_tokens = reused
     stats.prefilled_tokens = len(prompt_ids) - reused
     reply = _Reply(decode=decode, rules=rules, stream=stream() if stream is not None else None)
+    # Reply tokens not yet in the index: it is read only at a lookup, so rounds that skip the
+    # lookup (the plain arm, carried drafts) skip this work too; a lookup adds them first.
+    unindexed: list[int] = []
+
+    def index_reply() -> None:
+        if unindexed:
+            index.extend_source("reply", unindexed)
+            unindexed.clear()
 
     def finish(reason: str | None = None) -> GenerationResult:
+        if index is not None:
+            index_reply()
         stats.generated_tokens = len(reply.ids)
         stats.total_s = time.perf_counter() - t_start
         stats.kv_bytes = cache.bytes_reserved
@@ -208,7 +220,7 @@ def generate_tokens(
     def push(new_ids: list[int], prev_text: str) -> None:
         context.extend(new_ids)
         if index is not None:
-            index.extend_source("reply", new_ids)
+            unindexed.extend(new_ids)
         stats.decode_s = time.perf_counter() - t_first
         if on_token is not None:
             stats.generated_tokens = len(reply.ids)
@@ -221,20 +233,36 @@ def generate_tokens(
         return finish()
     push([pending], prev_text)
 
+    speculate = index is not None and controller is not None
+    arm = getattr(controller, "arm", None) if speculate else None
+    if arm is not None:
+        arm.start()
+    observe_overhead = getattr(controller, "observe_overhead", None)
+    carry = speculate and os.environ.get("ECHOLINE_DRAFT_CARRY", "1") != "0"  # 0: for A/B runs
+    fetch = (2 if carry else 1) * controller.max_draft if speculate else 0  # the rest is carried
+    carried: Draft | None = None  # the unverified rest of a draft the model is following
     t_round = time.perf_counter()
     while True:
         if cancel is not None and cancel.is_set():
             run_rows(model, cache, [pending])  # the reply so far is complete in the cache
             return finish("cancelled")
         drafts: list[int] = []
-        source = ""
-        match_len = 0
-        if index is not None and controller is not None:
-            draft = index.draft(context[-DRAFT_CONTEXT:], controller.max_draft)
+        draft = None
+        look = speculate and (arm is None or arm.look())
+        if look:
+            t_look = time.perf_counter()
+            if carried is not None:
+                draft, carried = carried, None
+            else:
+                index_reply()
+                draft = index.draft(context[-DRAFT_CONTEXT:], fetch)
             remaining = rules.max_tokens - len(reply.ids)
             k = controller.choose(draft, cache.length, remaining) if draft.tokens else 0
             drafts = list(draft.tokens[:k])
-            source, match_len = draft.source, draft.match_len
+            stats.lookups += 1
+            stats.lookup_s += time.perf_counter() - t_look
+        else:
+            carried = None
         base = cache.length
         rows = [pending] + drafts
         t0 = time.perf_counter()
@@ -250,14 +278,17 @@ def generate_tokens(
             accepted += 1
         new_ids = drafts[:accepted] + [int(best[accepted])]
         stats.rounds += 1
-        if controller is not None:
-            controller.cost.observe(len(rows), base, dt)
+        if speculate:
+            if look or stats.rounds % 16 == 0:  # plain-arm rounds: a sample keeps T(1) current
+                controller.cost.observe(len(rows), base, dt)
             if drafts:
-                controller.observe(source, match_len, len(drafts), accepted)
+                controller.observe(draft.source, draft.match_len, len(drafts), accepted)
+            if draft is not None and carry:
+                carried = _carry(draft, len(drafts), accepted, new_ids[-1], controller.max_draft)
         if drafts:
             stats.drafted += len(drafts)
             stats.accepted += accepted
-            src = stats.per_source.setdefault(source, {"drafted": 0, "accepted": 0})
+            src = stats.per_source.setdefault(draft.source, {"drafted": 0, "accepted": 0})
             src["drafted"] += len(drafts)
             src["accepted"] += accepted
         # Valid cache rows: pending and the accepted drafts.
@@ -274,8 +305,29 @@ def generate_tokens(
         push(new_ids, prev_text)
         pending = new_ids[-1]
         now = time.perf_counter()
-        stats.host_s += now - t_round - dt
-        if controller is not None and hasattr(controller, "observe_overhead"):
-            controller.observe_overhead(now - t_round - dt)
+        host = now - t_round - dt
+        stats.host_s += host
+        if look:
+            if observe_overhead is not None:
+                observe_overhead(host)
+            if arm is not None:
+                t1 = controller.cost.t1(base)
+                arm.observe_lookup(accepted, dt - t1 if drafts else 0.0, host, t1)
+        elif arm is not None:
+            arm.observe_plain(host)
         t_round = now
 
+
+def _carry(draft, k: int, accepted: int, bonus: int, max_draft: int) -> Draft | None:
+    """The rest of ``draft`` once this round confirmed all of its first k + 1 tokens.
+
+    Why: when the model accepted every draft and its own next token is the draft's next one,
+    the next lookup would find this same match, one round longer; taking the rest saves the
+    lookup (and the index update before it) on the rounds where copying goes well. A rest
+    shorter than half a full draft is left to a fresh lookup, which may find a longer one.
+    """
+    if accepted < k or len(draft.tokens) <= k + max(1, max_draft // 2) or draft.tokens[k] != bonus:
+        return None
+    position = getattr(draft, "position", -1)
+    return Draft(list(draft.tokens[k + 1 :]), draft.source, draft.match_len + k + 1,
+                 position + k + 1 if position >= 0 else -1)

@@ -31,6 +31,10 @@ class GenerationStats:
     #: round's time goes, the split a controller must charge (host time is per round).
     forward_s: float = 0.0
     host_s: float = 0.0
+    #: Rounds that looked up drafts (the rest were plain-arm rounds) and the host seconds
+    #: those lookups took (drafting and the controller's choice; part of ``host_s``).
+    lookups: int = 0
+    lookup_s: float = 0.0
 
     @property
     def acceptance(self) -> float:
@@ -60,6 +64,8 @@ class GenerationStats:
             "kv_bytes": self.kv_bytes,
             "forward_s": round(self.forward_s, 6),
             "host_s": round(self.host_s, 6),
+            "lookups": self.lookups,
+            "lookup_s": round(self.lookup_s, 6),
         }
 
 

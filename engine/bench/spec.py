@@ -25,6 +25,19 @@ VERIFY_ROWS = (1, 2, 4, 8, 16)
 FOLLOWUP_TOKENS = 64  # an inline completion's length, not a rewrite's
 
 
+def _split_ms(stats, per: str) -> dict[str, float]:
+    """Forward (device work and its sync) and host milliseconds per round or per token,
+    summed over requests; ``lookup`` is the part of host spent drafting and choosing k."""
+    n = sum((s.rounds if per == "round" else max(0, s.generated_tokens - 1)) for s in stats)
+    if n <= 0:
+        return {"forward": 0.0, "host": 0.0, "lookup": 0.0}
+    return {
+        "forward": round(sum(s.forward_s for s in stats) / n * 1e3, 4),
+        "host": round(sum(s.host_s for s in stats) / n * 1e3, 4),
+        "lookup": round(sum(s.lookup_s for s in stats) / n * 1e3, 4),
+    }
+
+
 def _prompts(engine, kind: str, paths) -> list[list[int]]:
     sets = traffic.copy_messages(paths) if kind == "copy" else traffic.edit_messages(paths)
     if engine.has_chat_template:
@@ -37,11 +50,13 @@ def _interleave(units, rounds: int):
 
     A unit is a callable ``unit(mode) -> [(prompt ids, GenerationResult), ...]`` (one
     request, or the turns of one conversation). Returns per-mode (tokens, decode seconds) per
-    round, the first round's replies per mode, and every speculative run's stats.
+    round, the first round's replies per mode, every speculative run's stats, the first-round
+    plain replies' prompts, and every plain run's stats.
     """
     per_round = {"plain": [], "spec": []}
     replies = {"plain": [], "spec": []}
     stats = []
+    plain_stats = []  # the plain runs' stats, for the per-round split of both modes
     prompts: list[list[int]] = []  # the prompt of each first-round plain reply (for the oracle)
     for r in range(rounds):
         order = ("plain", "spec") if r % 2 == 0 else ("spec", "plain")
@@ -57,9 +72,11 @@ def _interleave(units, rounds: int):
                             prompts.append(prompt)
                     if mode == "spec":
                         stats.append(res.stats)
+                    else:
+                        plain_stats.append(res.stats)
         for mode in order:
             per_round[mode].append(totals[mode])
-    return per_round, replies, stats, prompts
+    return per_round, replies, stats, prompts, plain_stats
 
 
 def _single_turn(engine, prompts, max_tokens: int, rounds: int):
@@ -128,20 +145,20 @@ def run(args) -> dict:
     engine.generate(engine.encode("def f(x):\n"), max_tokens=4, spec=False)  # warm-up / JIT
     extras = None
     if kind == "chat":
-        per_round, replies, stats, prompts = _chat(engine, min(args.max_tokens, 96), rounds)
+        per_round, replies, stats, prompts, plain_stats = _chat(engine, min(args.max_tokens, 96), rounds)
     elif kind == "followup":
         paths = traffic.source_paths(args.source)
         if not paths:
             raise SystemExit("no source files found for the benchmark")
         prefixes = [engine.tokenizer.encode(t, parse_special=False) for t in traffic.followup_prefixes(paths)]
-        (per_round, replies, stats, prompts), extras = _followup(
+        (per_round, replies, stats, prompts, plain_stats), extras = _followup(
             engine, prefixes, min(args.max_tokens, FOLLOWUP_TOKENS), rounds
         )
     else:
         paths = traffic.source_paths(args.source)
         if not paths:
             raise SystemExit("no source files found for the benchmark")
-        per_round, replies, stats, prompts = _single_turn(
+        per_round, replies, stats, prompts, plain_stats = _single_turn(
             engine, _prompts(engine, kind, paths), args.max_tokens, rounds
         )
     rate = {m: [n / s if s > 0 else 0.0 for n, s in per_round[m]] for m in per_round}
@@ -191,6 +208,12 @@ def run(args) -> dict:
             "host": round(statistics.median(s.host_s / s.rounds for s in stats if s.rounds) * 1e3, 3)
             if rounds_total else 0.0,
         },
+        # New keys (sums over every request of the run, both modes): the split per round
+        # and per generated token, and the share of speculative rounds that looked drafts up
+        # (the rest ran as plain steps: the controller's plain arm).
+        "round_split_ms": {"plain": _split_ms(plain_stats, "round"), "spec": _split_ms(stats, "round")},
+        "token_split_ms": {"plain": _split_ms(plain_stats, "token"), "spec": _split_ms(stats, "token")},
+        "lookup_share": round(sum(s.lookups for s in stats) / rounds_total, 4) if rounds_total else 0.0,
     }
     print_table(
         f"bench spec: {engine.model_name} on {engine.backend_variant}, {kind} traffic, {rounds} interleaved rounds",
@@ -204,7 +227,9 @@ def run(args) -> dict:
     sys.stderr.write(f"verify cost (k rows / 1 row at context {ctx}): {verify_cost}; "
                      f"limit with every draft accepted: {limit:.2f}x; oracle draft lengths on these "
                      f"replies: {oracle:.2f}x; per round: forward {result['round_ms']['forward']} ms, "
-                     f"host {result['round_ms']['host']} ms\n")
+                     f"host {result['round_ms']['host']} ms; per token (forward/host ms) plain "
+                     f"{result['token_split_ms']['plain']}, spec {result['token_split_ms']['spec']}; "
+                     f"rounds that looked drafts up: {result['lookup_share']}\n")
     if not identical:
         sys.stderr.write("WARNING: speculative replies differ from plain ones\n")
     return result

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from statistics import median
 
 from echoline.engine.drafting.ngram_index import Draft
+from echoline.engine.drafting.plain_arm import PlainArm, plain_arm_enabled
 
 # Match-length buckets (lower bounds) and the prior acceptance for each: a brand-new
 # source with a long match is worth trying; a 1-token match rarely is.
@@ -101,6 +102,10 @@ class VerifyCost:
     def time(self, rows: int, ctx: int) -> float:
         """Interpolated T(rows, ctx) in seconds (exact context), on the physical curve."""
         return _interp(self.rows, self._column(float(ctx)), rows)
+
+    def t1(self, ctx: int) -> float:
+        """T(1, ctx) from the per-32-positions cache: cheap enough to ask every round."""
+        return self._times_at(ctx)[0]
 
     def ratio(self, rows: int, ctx: int) -> float:
         """T(rows, ctx) / T(1, ctx): the cost of a verify round in plain-decode steps."""
@@ -338,7 +343,9 @@ class DraftController:
     ``min_gain``: k > 0 only when the expected speedup exceeds 1 + min_gain (estimates are
     noisy; a tie is not worth the risk). ``explore_budget``: fraction of plain-decode time
     that probes may waste when the model says no; a probe verifies the k the static prior
-    would pick, and is charged T(k+1)/T(1) - 1 plain steps of that budget.
+    would pick, and is charged T(k+1)/T(1) - 1 plain steps of that budget. ``arm``: the
+    plain arm (``plain_arm.PlainArm``), which skips the lookup itself while drafting does not
+    pay; None → one by default, none when ``ECHOLINE_PLAIN_ARM=0``.
     """
 
     def __init__(
@@ -348,8 +355,10 @@ class DraftController:
         acceptance: AcceptanceModel | None = None,
         min_gain: float = 0.02,
         explore_budget: float = 0.01,
+        arm: PlainArm | None = None,
     ) -> None:
         self.cost = cost
+        self.arm = arm if arm is not None else (PlainArm() if plain_arm_enabled() else None)
         self.max_draft = max_draft
         self.acceptance = acceptance or AcceptanceModel()
         self.min_gain = min_gain
