@@ -25,6 +25,7 @@ import cupy
 import gguf
 import numpy as np
 from echoline.engine.backends.base import Array, Backend
+from echoline.engine.backends.cuda_tuning import CudaTuning, install_tuned_attributes
 from echoline.engine.errors import EcholineError
 from echoline.engine.gguf_file import QuantTensor
 from echoline.kernels.cuda import FACTORED, TENSOR, load_module
@@ -155,6 +156,7 @@ class _AttnCall(NamedTuple):
     lpart: Any
 
 
+@install_tuned_attributes
 class CupyBackend(Backend):
     """GGUF-block matrix products and fused ops on one CUDA device."""
 
@@ -164,75 +166,14 @@ class CupyBackend(Backend):
     linear_cache_only = True
     #: Transformer.forward replays a graph for up to this many rows (decode and verify)
     graph_max_rows = 17
-    #: 4 columns per warp (multi-row products) once a launch has this many blocks per SM
-    wide_min_blocks_per_sm = 2
-    #: ... and at one or two rows once it has this many
-    wide_min_blocks_one_row = 8
-    #: fold the RMSNorm into products up to this many output columns; wider ones (the
-    #: output head) take a separate norm launch (a fixed choice per weight: batch-invariant)
-    norm_fuse_max_cols = 32768
-    #: rows at least this long are shared by a block's 4 warps (fixed split-K, summed in
-    #: warp order): a 1536 x 8960 down projection otherwise has one long chain per warp
-    ksplit_min_k = 4096
-    #: gated (gate|up) products always block-shared
-    ksplit_gated = False
-    #: Q4_K / Q6_K products sum codes * x per 8-weight chunk and apply the chunk's scale
-    #: (and min) once (kernels.cu mm_body F; round 5): a fixed policy, all row counts alike
-    factored_products = True
-    #: ... for weights of at most this many output columns (Qwen q|k|v, o, down): the head
-    #: (124 -> 139 us) and gate|up at 16 rows (87 -> 110 us) measured slower factored
-    factored_max_cols = 4096
-    #: a fused weight of two quant types (Qwen q|k Q4_K + v Q6_K) runs as one launch
-    fuse_segment_pairs = True
-    #: tensor-core products (kernels.cu mt_body, round 6): mma.sync with x rounded to f16
-    #: per (row, 64-unit) after a power-of-two scaling; the same kernels for every row
-    #: count, one row included, so decode and verify stay bit-identical. Per weight: all
-    #: its segments must be TENSOR types (else the CUDA-core kernels run it)
-    tensor_products = True
-    #: ... for weights with rows shorter than this (Qwen-1.5B's 8960-long down projection
-    #: measured 16.0 vs 12.1 us at one row on the tensor cores) ...
-    tensor_max_in = 4096
-    #: ... and at most this many output columns (Qwen's 151936-column head: 168 vs 124 us)
-    tensor_max_cols = 65536
-    #: 64-weight units a tensor-core product warp loads before its math (kernels.cu
-    #: MT_UNITS; 1 or 2): bytes in flight, never bits
-    tensor_units = 1
-    #: ... two 16-column tiles per warp once a launch has this many blocks per SM
-    tensor_wide_min_blocks = 4
-    #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
-    tensor_min_warps_per_sm = 8
-    #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
-    #: that keeps it within this many warps per SM (0: never). A row's value does not
-    #: depend on the block that computes it, so this is a speed choice per launch. Round 8:
-    #: SmolLM2's narrow launches gain (k=16 -9 %, k=17 -19 %), Qwen's wider ones lost 3 %
-    #: when split
-    tensor_row_split_warps_per_sm = 20
-    #: (row, head) items of one GQA group per attention block (its 8 warps loop over
-    #: them): a speed choice only, each item computes alike in any block (round 6 sweep)
-    attn_items = 8
-    #: keys per attention split: fixed for the backend's life (batch invariance)
-    attn_split = 32
-    #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's
-    #: (row, head) items are the M dimension of 3xTF32 mma tiles, so a row computes alike
-    #: in any tile (decode == verify, bit for bit) and 16-17 rows cost 19-25 % less than
-    #: on the CUDA-core kernel. Off by default: it is 1.7-2.7 us a layer slower at one row
-    #: (decode 4-9 % slower on synthetic shapes, 11-16 % on the real SmolLM2 file at
-    #: context 128), for 3-5 % more speculative tok/s on copy traffic. Its verify-only NaN
-    #: gap (0 * inf past a row's own position) is closed since session 6: a block that
-    #: stages a non-finite V masks V per row. docs/history/cuda-rounds.md, rounds 7-9. Splits of
-    #: 32 keys only.
-    tensor_attention = False
+    # Speed choices (tensor_products, attn_split, …): fields of ``self.tuning``
+    # (engine/backends/cuda_tuning.py), readable and writable here as attributes.
 
     def __init__(self) -> None:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
-        flag = os.environ.get("ECHOLINE_CUDA_TENSOR_ATTENTION")  # A/B on real models
-        if flag in ("0", "1"):
-            self.tensor_attention = flag == "1"
-        units = os.environ.get("ECHOLINE_CUDA_TENSOR_UNITS")  # A/B on real models
-        if units in ("1", "2"):
-            self.tensor_units = int(units)
+        self.tuning = CudaTuning.from_env()  # environment overrides: A/B on real models
         self._fn: dict[tuple[str, str | None, int], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])

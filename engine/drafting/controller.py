@@ -414,7 +414,7 @@ class DraftController:
             return 0
         ratios = self.cost.ratios(kmax + 1, context_len)
         if self.overhead_s > 0.0:
-            t1 = self.cost.time(1, context_len)
+            t1 = self.cost.t1(context_len)
             share = self.overhead_s / (t1 + self.overhead_s)
             ratios = [0.0] + [r * (1.0 - share) + share for r in ratios[1:]]
         probs = self.acceptance.position_probs(draft.source, draft.match_len, kmax)

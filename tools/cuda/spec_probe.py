@@ -12,6 +12,8 @@ this says whether the missing time is in the forwards or around them.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 from collections import defaultdict
@@ -27,6 +29,8 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="cProfile the second speculative pass; print this many functions by own time")
     args = ap.parse_args()
     eng = Engine.load(args.model, backend=args.backend)
     prompts = _prompts(eng, "copy", traffic.source_paths([]))
@@ -55,15 +59,21 @@ def main() -> None:
         eng.generate(p, max_tokens=args.max_tokens, spec=True)
         eng.generate(p, max_tokens=args.max_tokens, spec=False)
     t1_loop = None
-    for mode in ("plain", "spec", "plain", "spec"):
+    for pass_no, mode in enumerate(("plain", "spec", "plain", "spec")):
         log.clear()
         decode = tokens = rounds = 0
+        prof = cProfile.Profile() if args.profile and pass_no == 3 else None
         t0 = time.perf_counter()
+        if prof is not None:
+            prof.enable()
         for p in prompts:
             r = eng.generate(p, max_tokens=args.max_tokens, spec=mode == "spec")
             decode += r.stats.decode_s
             tokens += r.stats.generated_tokens - 1
             rounds += r.stats.rounds
+        if prof is not None:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
         wall = time.perf_counter() - t0
         fwd = sum(s for _, _, s in log)
         by = defaultdict(list)

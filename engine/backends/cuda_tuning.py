@@ -1,0 +1,119 @@
+"""The CUDA backend's speed choices, in one place (``CupyBackend.tuning``).
+
+Why a dataclass apart from the backend: every field is a speed choice made per weight shape
+or per launch, never one that lets a row's bits depend on how many rows share a pass, and
+each default was set by a measurement on the H200. Keeping them together, with the figure
+that set each one, makes an A/B run a matter of changing one field; keeping them out of
+``cupy_backend`` lets this file import (and be tested) without CuPy. The measurements behind
+the "round N" notes are in docs/history/cuda-rounds.md.
+
+``CupyBackend`` exposes each field as an attribute of the same name that reads and writes
+its ``tuning`` (``backend.tensor_products = False`` still works).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class CudaTuning:
+    """Launch-shape and kernel-family choices of the CUDA backend (defaults: H200-measured)."""
+
+    #: 4 columns per warp (multi-row CUDA-core products) once a launch has this many blocks per SM
+    wide_min_blocks_per_sm: int = 2
+    #: ... and at one or two rows once it has this many
+    wide_min_blocks_one_row: int = 8
+    #: fold the RMSNorm into products up to this many output columns; wider ones (the output
+    #: head) take a separate norm launch (a fixed choice per weight: batch-invariant)
+    norm_fuse_max_cols: int = 32768
+    #: rows at least this long are shared by a block's 4 warps (fixed split-K, summed in warp
+    #: order): a 1536 x 8960 down projection otherwise has one long chain per warp
+    ksplit_min_k: int = 4096
+    #: gated (gate|up) products always block-shared
+    ksplit_gated: bool = False
+    #: Q4_K / Q6_K CUDA-core products sum codes * x per 8-weight chunk and apply the chunk's
+    #: scale (and min) once (kernels.cu mm_body F; round 5): a fixed policy, all row counts alike
+    factored_products: bool = True
+    #: ... for weights of at most this many output columns (Qwen q|k|v, o, down): the head
+    #: (124 -> 139 us) and gate|up at 16 rows (87 -> 110 us) measured slower factored
+    factored_max_cols: int = 4096
+    #: a fused weight of two quant types (Qwen q|k Q4_K + v Q6_K) runs as one launch
+    fuse_segment_pairs: bool = True
+    #: tensor-core products (kernels.cu mt_body, round 6): mma.sync with x rounded to f16 per
+    #: (row, 64-unit) after a power-of-two scaling; the same kernels for every row count, one
+    #: row included, so decode and verify stay bit-identical. Per weight: all its segments
+    #: must be TENSOR types (else the CUDA-core kernels run it)
+    tensor_products: bool = True
+    #: ... for weights with rows shorter than this (Qwen-1.5B's 8960-long down projection
+    #: measured 16.0 vs 12.1 us at one row on the tensor cores) ...
+    tensor_max_in: int = 4096
+    #: ... and at most this many output columns (Qwen's 151936-column head: 168 vs 124 us)
+    tensor_max_cols: int = 65536
+    #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
+    #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
+    #: SmolLM2, x1.045 Qwen).
+    #: Env ``ECHOLINE_CUDA_TENSOR_UNITS`` (A/B on real models)
+    tensor_units: int = 1
+    #: ... two 16-column tiles per warp once a launch has this many blocks per SM
+    tensor_wide_min_blocks: int = 4
+    #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
+    tensor_min_warps_per_sm: int = 8
+    #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
+    #: that keeps it within this many warps per SM (0: never). A row's value does not depend
+    #: on the block that computes it, so this is a speed choice per launch. Round 8:
+    #: SmolLM2's narrow launches gain (k=16 -9 %, k=17 -19 %), Qwen's wider ones lost 3 % split
+    tensor_row_split_warps_per_sm: int = 20
+    #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
+    #: a speed choice only, each item computes alike in any block (round 6 sweep)
+    attn_items: int = 8
+    #: keys per attention split: fixed for the backend's life (batch invariance)
+    attn_split: int = 32
+    #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's (row,
+    #: head) items are the M dimension of 3xTF32 mma tiles, so a row computes alike in any
+    #: tile and 16-17 rows cost 19-25 % less than on the CUDA-core kernel. Off: it is 1.7-2.7
+    #: us a layer slower at one row (decode 11-16 % slower on the real SmolLM2 file at context
+    #: 128), for 3-5 % more speculative tok/s on copy traffic (rounds 7-9). Splits of 32 keys
+    #: only. Env ``ECHOLINE_CUDA_TENSOR_ATTENTION=0|1`` (A/B on real models)
+    tensor_attention: bool = False
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> CudaTuning:
+        """The defaults with the developer A/B overrides of the environment applied.
+
+        Only well-formed values count (``0|1`` and ``1|2``); anything else keeps the default,
+        so a stray value cannot pick an untested kernel."""
+        env = os.environ if environ is None else environ
+        tuning = cls()
+        flag = env.get("ECHOLINE_CUDA_TENSOR_ATTENTION")
+        if flag in ("0", "1"):
+            tuning.tensor_attention = flag == "1"
+        units = env.get("ECHOLINE_CUDA_TENSOR_UNITS")
+        if units in ("1", "2"):
+            tuning.tensor_units = int(units)
+        return tuning
+
+
+class TunedAttribute:
+    """A backend attribute that reads and writes the same-named field of ``obj.tuning``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, objtype: type | None = None) -> object:
+        if obj is None:
+            return getattr(CudaTuning, self.name)
+        return getattr(obj.tuning, self.name)
+
+    def __set__(self, obj: object, value: object) -> None:
+        setattr(obj.tuning, self.name, value)
+
+
+def install_tuned_attributes(cls: type) -> type:
+    """Class decorator: one ``TunedAttribute`` per ``CudaTuning`` field on ``cls``."""
+    for f in fields(CudaTuning):
+        attr = TunedAttribute()
+        attr.__set_name__(cls, f.name)
+        setattr(cls, f.name, attr)
+    return cls
