@@ -629,7 +629,7 @@ def test_graph_forwards_queued_without_reads_stay_ordered(models, rng):
 
 
 # ---- tensor-core products (round 6: CupyBackend.tensor_products, kernels.cu mt_body) ----
-TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K]
+TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ QUANT_TYPES = {
 FACTORED = frozenset({"q4_k", "q6_k"})
 
 #: types with tensor-core product kernels (quant.cuh tc_frag, kernels mt_<q>_n<NT>_m<MT>)
-TENSOR = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"})
+TENSOR = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 
 
 def kernel_source(qtype: str | None = None) -> str:

@@ -323,6 +323,7 @@ template <> struct TcTraits<QT_Q5_0> { static constexpr bool ok = true, split = 
 template <> struct TcTraits<QT_Q5_1> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
 template <> struct TcTraits<QT_Q8_0> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 128; };
 template <> struct TcTraits<QT_Q4_K> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
+template <> struct TcTraits<QT_Q5_K> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
 template <> struct TcTraits<QT_Q6_K> { static constexpr bool ok = true, split = true, has_min = false; static constexpr int off = 32; };
 
 template <int QT>
@@ -425,6 +426,33 @@ __device__ __forceinline__ void tc_unit<QT_Q4_K>(const u8* row, int u, int t, u3
     w[0][1] = v1 & 0x0F0F0F0Fu;
     w[1][0] = (v0 >> 4) & 0x0F0F0F0Fu;
     w[1][1] = (v1 >> 4) & 0x0F0F0F0Fu;
+    float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int sc, m;
+        scale_min_k4(2 * j + i, blk + 4, sc, m);
+        s0[i] = s1[i] = __fmul_rn(d, small_f((u32)sc));
+        mn[i] = -__fmul_rn(dmin, small_f((u32)m));
+    }
+}
+
+// Q5_K (176-byte blocks: d, dmin, 12 scale bytes, qh[32], qs[128]): Q4_K's nibbles and
+// scales, plus bit 2j + h of qh[l] as bit 4 of sub-block 2j + h's element l.
+template <>
+__device__ __forceinline__ void tc_unit<QT_Q5_K>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+    const u8* blk = row + (long long)(u >> 2) * 176;  // 16-aligned
+    int j = u & 3;  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles) of 32 bytes
+    u32 dd = *reinterpret_cast<const u32*>(blk);
+    const u8* qs = blk + 48 + 32 * j + 4 * t;
+    const u8* qh = blk + 16 + 4 * t;
+    u32 v0 = *reinterpret_cast<const u32*>(qs), v1 = *reinterpret_cast<const u32*>(qs + 16);
+    u32 h0 = *reinterpret_cast<const u32*>(qh) >> (2 * j);
+    u32 h1 = *reinterpret_cast<const u32*>(qh + 16) >> (2 * j);
+    w[0][0] = (v0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4);
+    w[0][1] = (v1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4);
+    w[1][0] = ((v0 >> 4) & 0x0F0F0F0Fu) | (((h0 >> 1) & 0x01010101u) << 4);
+    w[1][1] = ((v1 >> 4) & 0x0F0F0F0Fu) | (((h1 >> 1) & 0x01010101u) << 4);
     float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
