@@ -7,12 +7,20 @@ ones: a bad value produces a human-readable error (the server shows it with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+import os
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from echoline.engine.backends import BACKEND_NAMES as BACKENDS
 from echoline.engine.backends import CPU_ACTIVATIONS
 from echoline.engine.models_registry import DEFAULT_MODEL
+from echoline.engine.remote.kinds import KINDS as SERVER_KINDS
+
+ENGINES = ("local", "openai")
+#: Environment variables ``echoline serve --engine/--endpoint/--server-kind`` set: the
+#: defaults a client's settings then override (an editor that sends none keeps them).
+ENV_ENGINE, ENV_ENDPOINT, ENV_SERVER_KIND = "ECHOLINE_ENGINE", "ECHOLINE_ENDPOINT", "ECHOLINE_SERVER_KIND"
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,13 @@ class Settings:
     prefill_on_idle: bool = True
     prefill_idle_ms: int = 400
     reply_history: int = 4  # engine.api.REPLY_HISTORY: earlier replies kept as draft sources
+    # Where the forward passes run: "local" (in-process) or "openai" (an inference server at
+    # ``endpoint``, of kind ``server_kind``; ``model`` then names the GGUF whose tokenizer the
+    # server shares). The API key is never a setting: it is read from the variable ``api_key_env``.
+    engine: str = field(default_factory=lambda: os.environ.get(ENV_ENGINE) or "local")
+    endpoint: str | None = field(default_factory=lambda: os.environ.get(ENV_ENDPOINT) or None)
+    server_kind: str = field(default_factory=lambda: os.environ.get(ENV_SERVER_KIND) or "llama")
+    api_key_env: str = "ECHOLINE_API_KEY"
 
     @property
     def kv_budget_bytes(self) -> int | None:
@@ -41,9 +56,19 @@ class Settings:
     def max_index_bytes(self) -> int:
         return int(self.max_index_mb * 1024 * 1024)
 
-    def engine_key(self) -> tuple[str, str, str | None, int | None]:
-        """What requires a model reload when it changes."""
-        return (self.model, self.backend, self.cpu_activations, self.kv_budget_mb)
+    def engine_key(self) -> tuple[Any, ...]:
+        """What requires a model reload (or a reconnect) when it changes."""
+        local = (self.model, self.backend, self.cpu_activations, self.kv_budget_mb)
+        if self.engine == "local":
+            return ("local", *local)
+        return ("openai", self.model, self.endpoint, self.server_kind, self.api_key_env)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """What the loader needs beyond the local engine's arguments (sidecar/engine_choice.py)."""
+        if self.engine == "local":
+            return {}
+        return {"engine": self.engine, "endpoint": self.endpoint, "server_kind": self.server_kind,
+                "api_key_env": self.api_key_env}
 
 
 # LSP key -> (field name, validator). Validators return the converted value or raise ValueError.
@@ -68,6 +93,37 @@ def _cpu_activations(v: Any) -> str | None:
     v = _str(v)
     if v not in CPU_ACTIVATIONS:
         raise ValueError(f"must be one of {', '.join(CPU_ACTIVATIONS)} (or null)")
+    return v
+
+
+def _engine(v: Any) -> str:
+    v = _str(v)
+    if v not in ENGINES:
+        raise ValueError(f"must be one of {', '.join(ENGINES)}")
+    return v
+
+
+def _endpoint(v: Any) -> str | None:
+    if v is None:
+        return None
+    v = _str(v)
+    parts = urlsplit(v)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL (the server's base, e.g. http://gpu-box:8000)")
+    return v
+
+
+def _server_kind(v: Any) -> str:
+    v = _str(v)
+    if v not in SERVER_KINDS:
+        raise ValueError(f"must be one of {', '.join(SERVER_KINDS)}")
+    return v
+
+
+def _env_name(v: Any) -> str:
+    v = _str(v)
+    if not v.replace("_", "").isalnum() or v[0].isdigit():
+        raise ValueError("must name an environment variable (letters, digits, _), not hold the key")
     return v
 
 
@@ -117,6 +173,16 @@ KEYS: dict[str, tuple[str, Any]] = {
     "prefillOnIdle": ("prefill_on_idle", _bool),
     "prefillIdleMs": ("prefill_idle_ms", _int_range(0, 60_000)),
     "replyHistory": ("reply_history", _int_range(0, 64)),
+    "engine": ("engine", _engine),
+    "endpoint": ("endpoint", _endpoint),
+    "serverKind": ("server_kind", _server_kind),
+    "apiKeyEnv": ("api_key_env", _env_name),
+}
+#: Keys refused with a reason of their own: a secret does not belong in a settings file.
+REFUSED = {
+    "apiKey": "an API key is never read from settings (they end up in dotfile repositories); "
+              "put it in the environment variable named by apiKeyEnv (default ECHOLINE_API_KEY) "
+              "before the editor starts",
 }
 
 # Nested spellings accepted as well: {"index": {"maxFileBytes": ..}, "inlineCompletion": {"maxTokens": ..}}
@@ -161,6 +227,9 @@ def apply(current: Settings, raw: Any) -> tuple[Settings, list[str]]:
     errors: list[str] = []
     for key, value in _flatten(raw).items():
         spec = KEYS.get(key)
+        if key in REFUSED:
+            errors.append(f"echoline: setting {key} refused: {REFUSED[key]}")
+            continue
         if spec is None:
             errors.append(f"echoline: unknown setting {key!r} (ignored)")
             continue

@@ -366,3 +366,38 @@ def test_bad_prompts_and_settings_are_clear_errors(server, tokenizer, smollm2_pa
         connect(server, smollm2_path, "tgi")
     with pytest.raises(ValueError, match="server kind"):
         kinds.completion_body("tgi", [1], 1, kinds.RequestExtras("r"))
+
+
+# ---- settings and the engine choice --------------------------------------------------------
+
+
+def test_remote_settings_are_checked_and_a_key_in_settings_is_refused():
+    from echoline.sidecar import config as cfg
+
+    s, errors = cfg.apply(cfg.Settings(), {"engine": "openai", "endpoint": "http://gpu-box:8000/v1",
+                                           "serverKind": "vllm", "apiKeyEnv": "TEAM_KEY"})
+    assert errors == []
+    assert s.engine_kwargs() == {"engine": "openai", "endpoint": "http://gpu-box:8000/v1",
+                                 "server_kind": "vllm", "api_key_env": "TEAM_KEY"}
+    assert s.engine_key() != cfg.Settings().engine_key()
+    bad, errors = cfg.apply(s, {"engine": "cloud", "endpoint": "gpu-box:8000", "serverKind": "tgi",
+                                "apiKeyEnv": "sk-live-abc=", "apiKey": "sk-live-secret"})
+    assert bad == s  # every bad value kept the last good one
+    assert len(errors) == 5
+    assert not any("sk-live-secret" in e for e in errors)
+    assert any("apiKey refused" in e and "ECHOLINE_API_KEY" in e for e in errors)
+    assert cfg.Settings().engine_kwargs() == {}
+
+
+def test_engine_choice_errors(monkeypatch):
+    from echoline.engine.errors import EcholineError
+    from echoline.sidecar import config as cfg
+    from echoline.sidecar.engine_choice import load_engine
+
+    with pytest.raises(EcholineError, match="needs an endpoint"):
+        load_engine("smollm2", engine="openai")
+    with pytest.raises(EcholineError, match="cannot use the inference server"):
+        load_engine("smollm2", engine="openai", endpoint="http://127.0.0.1:9", backend="cpu")
+    monkeypatch.setenv(cfg.ENV_ENGINE, "openai")
+    monkeypatch.setenv(cfg.ENV_ENDPOINT, "http://127.0.0.1:9")
+    assert cfg.Settings().engine_kwargs()["endpoint"] == "http://127.0.0.1:9"  # `serve --endpoint`

@@ -55,6 +55,15 @@ class RemoteConfig:
     vocab_size: int
 
 
+@dataclass(frozen=True)
+class RemoteBackend:
+    """What the sidecar asks of ``engine.backend``. The server's batching is its own
+    business; ``batch_invariant`` only lets an idle prefill be sent whole."""
+
+    name: str = "remote"
+    batch_invariant: bool = True
+
+
 @dataclass
 class Reply:
     """One streamed completion as the server sent it (ids, the cache it reused)."""
@@ -99,6 +108,7 @@ class RemoteEngine:
         self._corpus_lock = threading.Lock()
         self._corpus_name: str | None = None
         self.reply_history = 0
+        self.backend = RemoteBackend()
         self.load_s = time.perf_counter() - t0
 
     # ---- construction ----------------------------------------------------------------------
@@ -144,6 +154,11 @@ class RemoteEngine:
     def backend_variant(self) -> str:
         return f"remote:{self.server_kind}"
 
+    def warm_up(self, progress: Callable[[str, int, int], None] | None = None) -> None:
+        """Nothing to warm: the server's kernels are its own, and the connect-time probe
+        already ran requests through it."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What the status command shows about the server."""
         return {"endpoint": self.client.endpoint.url, "serverKind": self.server_kind,
@@ -173,6 +188,11 @@ class RemoteEngine:
         with self._corpus_lock:
             self._sources[source_id] = text
             self._corpus_dirty = True
+
+    def set_source_ids(self, source_id: str, ids: Sequence[int]) -> None:
+        """SGLang takes documents as text: the ids go back to the text they came from."""
+        if self.server_kind == "sglang":
+            self.set_source(source_id, self.tokenizer.decode([int(t) for t in ids]))
 
     def remove_source(self, source_id: str) -> None:
         with self._corpus_lock:

@@ -20,6 +20,10 @@ export const SERVER_KEYS = [
   'prefillOnIdle',
   'prefillIdleMs',
   'replyHistory',
+  'engine',
+  'endpoint',
+  'serverKind',
+  'apiKeyEnv',
 ] as const;
 
 export type ServerKey = (typeof SERVER_KEYS)[number];
@@ -37,6 +41,10 @@ export interface ServerSettings {
   prefillOnIdle: boolean;
   prefillIdleMs: number;
   replyHistory: number;
+  engine: string; // 'local' or 'openai' (a shared inference server: docs/team.md)
+  endpoint: string | null;
+  serverKind: string;
+  apiKeyEnv: string; // the variable's name; the key never leaves the environment
 }
 
 /** The models `echoline models list` knows (used when that command cannot run). */
@@ -62,6 +70,10 @@ export function serverSettings(): ServerSettings {
     prefillOnIdle: cfg.get<boolean>('prefillOnIdle', true),
     prefillIdleMs: cfg.get<number>('prefillIdleMs', 400),
     replyHistory: cfg.get<number>('replyHistory', 4),
+    engine: cfg.get<string>('engine', 'local'),
+    endpoint: cfg.get<string | null>('endpoint', null),
+    serverKind: cfg.get<string>('serverKind', 'llama'),
+    apiKeyEnv: cfg.get<string>('apiKeyEnv', 'ECHOLINE_API_KEY'),
   };
 }
 

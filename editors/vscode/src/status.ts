@@ -8,6 +8,9 @@ export interface StatusParams {
   message?: string;
   tokS?: number;
   acceptance?: number;
+  /** engine `openai`: what the connect-time probe found (docs/team.md, "Exactness"). */
+  exactness?: 'verified' | 'best-effort' | string;
+  endpoint?: string;
 }
 
 export function fmtRate(tokS?: number): string | undefined {
@@ -54,6 +57,10 @@ export class StatusItem implements vscode.Disposable {
     const model = s.model ?? 'echoline';
     const icon = s.state === 'ready' ? '$(sparkle)' : s.state === 'error' ? '$(error)' : '$(sync~spin)';
     const parts = [`${icon} ${model}`];
+    if (s.exactness) {
+      // A shared inference server: whether its replies were seen to be exact.
+      parts.push(s.exactness === 'verified' ? '$(verified) remote' : '$(warning) remote best-effort');
+    }
     if (s.state === 'ready' && s.tokS) {
       // Figures of the last generation; none yet right after loading.
       parts.push(fmtRate(s.tokS) ?? '');
@@ -62,7 +69,9 @@ export class StatusItem implements vscode.Disposable {
         parts.push(acc);
       }
     } else if (s.state) {
-      parts.push(s.state);
+      // While loading, what the load is doing (downloading 12.0 / 469.0 MiB, compiling
+      // kernels (first run only), calibrating draft lengths): the server's message.
+      parts.push(s.state === 'loading' && s.message ? s.message : s.state);
     }
     if (!this.inline) {
       parts.push('$(circle-slash) inline off');
@@ -70,6 +79,7 @@ export class StatusItem implements vscode.Disposable {
     this.item.text = parts.join(' · ');
     this.item.tooltip =
       `echoline ${s.state ?? ''}${s.message ? `: ${s.message}` : ''}` +
+      (s.exactness ? `\nInference server ${s.endpoint ?? ''}: exactness ${s.exactness}.` : '') +
       `\nInline completions ${this.inline ? 'on' : 'off'}.` +
       '\nClick for the menu: inline completions on/off, model, log, restart.';
     this.item.backgroundColor =

@@ -21,6 +21,7 @@ local function on_status(_, params)
     message = params.message,
     tokS = params.tokS,
     acceptance = params.acceptance,
+    exactness = params.exactness, -- engine 'openai': what the connect-time probe found
   })
   if params.state == 'error' then
     vim.schedule(function()

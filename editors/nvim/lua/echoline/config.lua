@@ -30,6 +30,12 @@ M.defaults = {
   prefill_idle_ms = 400,
   -- Earlier replies the engine keeps as draft sources (0: none).
   reply_history = 4,
+  -- A shared inference server instead of the in-process model (docs/team.md). nil: the
+  -- server's ('local', or what `echoline serve --engine ... --endpoint ...` was given).
+  engine = nil, -- 'local' or 'openai'
+  endpoint = nil, -- engine 'openai': the server's URL, e.g. 'http://gpu-box:8000'
+  server_kind = nil, -- 'llama' (server default), 'vllm', 'sglang' or 'openai'
+  api_key_env = nil, -- the variable holding the API key (server default: ECHOLINE_API_KEY)
   -- Rewrite: preview as a diff and apply on accept; false applies directly.
   confirm = true,
   -- Inline completion (ghost text).
@@ -77,6 +83,10 @@ function M.server_settings(o)
     prefillIdleMs = o.prefill_idle_ms,
     replyHistory = o.reply_history,
     readyTimeoutS = o.ready_timeout_s,
+    engine = o.engine,
+    endpoint = o.endpoint,
+    serverKind = o.server_kind,
+    apiKeyEnv = o.api_key_env,
   }
 end
 

@@ -65,6 +65,9 @@ function M.check()
   health.info('inline suggestions: ' .. (ghost.enabled and 'on' or 'off (:EcholineToggle turns them on)'))
   local st = require('echoline.status').state
   health.info('state: ' .. tostring(st.state) .. (st.message and (' (' .. tostring(st.message) .. ')') or ''))
+  if st.exactness then
+    health.info('inference server: exactness ' .. tostring(st.exactness) .. ' (docs/team.md, "Exactness")')
+  end
 end
 
 -- The server's own set-up report (`echoline doctor --json`: libraries, the backend auto

@@ -68,10 +68,15 @@ function M.statusline()
   if s.model then
     parts[#parts + 1] = s.model
   end
+  if s.exactness then -- a shared inference server: 'verified' or 'best-effort' (docs/team.md)
+    parts[#parts + 1] = 'remote ' .. s.exactness
+  end
   if s.rewriting then
     parts[#parts + 1] = 'rewriting ' .. M.describe(s.rewriting)
   elseif s.state ~= 'ready' then
-    parts[#parts + 1] = s.state
+    -- While loading, what the load is doing (downloading, compiling kernels, calibrating).
+    parts[#parts + 1] = (s.state == 'loading' and type(s.message) == 'string' and s.message ~= '')
+        and s.message or s.state
   else
     local st = M.describe({ tokS = s.tokS, acceptance = s.acceptance })
     if st ~= '' then
