@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--tcp: allow a non-loopback address (reachable from other machines)")
     s.add_argument("--stdio", action="store_true",
                    help="talk LSP over stdin/stdout (the default; accepted for editors that pass it)")
+    from echoline.sidecar.rewrite_cli import add_remote_args
+
+    add_remote_args(s)  # the defaults of the engine/endpoint/serverKind settings
 
     r = sub.add_parser("rewrite", help="rewrite lines of a file without an editor (prints, never writes)")
     r.add_argument("rest", nargs=argparse.REMAINDER)
@@ -276,6 +279,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     if args.tcp and args.stdio:
         raise EcholineError("--tcp and --stdio exclude each other")
+    from echoline.sidecar import config as cfg
+
+    # Read by the server's Settings as defaults; an editor's own settings still override them.
+    engine = args.engine or ("openai" if args.endpoint else None)
+    for name, value in ((cfg.ENV_ENGINE, engine), (cfg.ENV_ENDPOINT, args.endpoint),
+                        (cfg.ENV_SERVER_KIND, args.server_kind)):
+        if value:
+            os.environ[name] = value
     if args.tcp:
         try:
             server.run_tcp(*args.tcp, allow_remote=args.allow_remote)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from echoline.engine.models_registry import DEFAULT_MODEL, MODELS
+from echoline.sidecar.engine_choice import load_engine
 from echoline.sidecar.rewrite import run_rewrite
 
 
@@ -47,7 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--no-spec", action="store_true", help="plain decoding (same output, slower)")
     p.add_argument("--json", action="store_true", help="print {text, diff, stats} as JSON")
+    add_remote_args(p)
     return p
+
+
+def add_remote_args(p: argparse.ArgumentParser) -> None:
+    """--engine/--endpoint/--server-kind: a shared inference server instead of the local model."""
+    from echoline.engine.remote.kinds import KINDS
+
+    p.add_argument("--engine", choices=("local", "openai"), default=None,
+                   help="where the model runs: local (default) or openai (an inference server at "
+                        "--endpoint; --model then names the GGUF whose tokenizer it shares)")
+    p.add_argument("--endpoint", default=None, metavar="URL",
+                   help="the inference server's URL, e.g. http://gpu-box:8000 (implies --engine openai); "
+                        "its API key is read from ECHOLINE_API_KEY")
+    p.add_argument("--server-kind", choices=KINDS, default=None,
+                   help="llama (llama-server, default), vllm, sglang or openai (any other)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,7 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from echoline.engine.errors import EcholineError
 
     try:
-        engine = Engine.load(args.model, backend=args.backend)
+        if args.endpoint or args.engine == "openai":  # a shared inference server (docs/team.md)
+            engine = load_engine(args.model, engine="openai", endpoint=args.endpoint,
+                                 server_kind=args.server_kind or "llama")
+        else:
+            engine = Engine.load(args.model, backend=args.backend)
         out = run_rewrite(
             engine, source, start, end, args.instruction, name=str(args.file),
             max_tokens=args.max_tokens, spec=not args.no_spec,

@@ -57,6 +57,7 @@ import cattrs.gen
 from cattrs.cols import homogenous_tuple_structure_factory
 from echoline.sidecar import config as cfg
 from echoline.sidecar import tcp_guard
+from echoline.sidecar.engine_choice import load_engine, remote_status
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
 from echoline.sidecar.inline import completion_end, inline_job
 from echoline.sidecar.lsp_utils import (
@@ -127,9 +128,8 @@ def invalid(message: str) -> JsonRpcException:
 
 
 def _default_loader(model: str, **kwargs: Any) -> Any:
-    from echoline.engine.api import Engine  # imported lazily: the server answers initialize at once
-
-    return Engine.load(model, **kwargs)
+    # The engines are imported lazily there: the server answers initialize at once.
+    return load_engine(model, **kwargs)
 
 
 # ---- framing ------------------------------------------------------------------------------
@@ -838,6 +838,7 @@ class EcholineServer(LanguageServer):
                 "message": message or (self.worker.error or ""),
                 "tokS": round(self.last_tok_s, 2),
                 "acceptance": round(self.last_acceptance, 4),
+                **remote_status(self.worker.engine, brief=True),
             },
         )
 
@@ -865,7 +866,7 @@ class EcholineServer(LanguageServer):
         self._loaded_key = s.engine_key()
         # Queue the load first: from here on, requests see "loading" and wait for it.
         job = self.worker.load(s.model, backend=s.backend, kv_budget_bytes=s.kv_budget_bytes,
-                               cpu_activations=s.cpu_activations, reply_history=s.reply_history)
+                               cpu_activations=s.cpu_activations, reply_history=s.reply_history, **s.engine_kwargs())
         token = await self.progress_begin("echoline", f"Loading model {s.model}")
         self.send_status(f"loading {s.model}")
         t0 = time.monotonic()
@@ -1335,6 +1336,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     if engine is not None:
         out["backend"] = getattr(engine, "backend_name", None)
         out["variant"] = getattr(engine, "backend_variant", out["backend"])
+    out.update(remote_status(engine))
     if ls.index is not None:
         out["index"] = ls.index.stats().as_dict()
         out["index"]["pendingSources"] = ls.worker.pending_sources()
