@@ -36,6 +36,17 @@ HISTORY_CONTEXT = 16  # prompt tokens kept in front of a remembered reply
 # default-length reply (maxTokens 256) fit without growing the cache.
 PREFILL_HEADROOM = 1024
 
+#: ``progress(phase, done, total)`` while a model is fetched, loaded and warmed up, so that
+#: a first run (a download, a kernel compile, a calibration: minutes in all) is never
+#: silent. ``total`` is 0 for a phase without a count; the download's are bytes.
+LoadProgress = Callable[[str, int, int], None]
+DOWNLOADING = "downloading"  # the registry's labels (models_registry.pull)
+VERIFYING = "verifying"
+LOADING = "loading weights"
+COMPILING = "compiling kernels (first run only)"
+WARMING = "warming up"
+CALIBRATING = "calibrating draft lengths"
+
 
 class Engine:
     """A model ready to generate, with sessions and a draft index.
@@ -82,10 +93,22 @@ class Engine:
     @property
     def controller(self) -> DraftController:
         """The draft controller, calibrated on first use (the cost curve is cached on disk)."""
+        return self._calibrated()
+
+    def _calibrated(self, on_measure: Callable[[], None] | None = None) -> DraftController:
         if self._controller is None:
-            cost = measure_verify_cost(self.model, self.model_path)
+            cost = measure_verify_cost(self.model, self.model_path, on_measure=on_measure)
             self._controller = DraftController(cost, max_draft=self.max_draft)
         return self._controller
+
+    def warm_up(self, progress: LoadProgress | None = None) -> None:
+        """Pay the one-off costs now rather than on the first request: the first forward
+        (compiling the kernels, or reading them from their cache) and the draft controller's
+        calibration (measured once per model and machine, then read from disk)."""
+        report = progress or (lambda phase, done, total: None)
+        report(WARMING if self.backend.kernels_cached() else COMPILING, 0, 0)
+        self.generate(self.encode("def f(x):\n"), max_tokens=2, spec=False)
+        self._calibrated(on_measure=lambda: report(CALIBRATING, 0, 0))
 
     # ---- construction ----------------------------------------------------------------------
     @classmethod
@@ -98,12 +121,17 @@ class Engine:
         prefill_chunk: int = 512,
         cpu_activations: str | None = None,
         reply_history: int = REPLY_HISTORY,
+        progress: LoadProgress | None = None,
     ) -> Engine:
         """Resolve a model name or path (pulling a known name if needed) and load it.
 
-        ``cpu_activations``: the cpu backend's f32 | q8 mode (None: the environment's)."""
+        ``cpu_activations``: the cpu backend's f32 | q8 mode (None: the environment's).
+        ``progress``: told the download's bytes and then each phase (``LoadProgress``)."""
+        path = resolve_model(model, progress=progress)
+        if progress is not None:
+            progress(LOADING, 0, 0)
         return cls(
-            resolve_model(model),
+            path,
             backend=backend,
             kv_budget_bytes=kv_budget_bytes,
             prefill_chunk=prefill_chunk,

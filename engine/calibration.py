@@ -191,11 +191,13 @@ def _write_table(path: Path, table: dict[int, dict[int, float]]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def measure_verify_cost(model: Transformer, model_path: Path | None = None, recheck: bool = True) -> VerifyCost:
+def measure_verify_cost(model: Transformer, model_path: Path | None = None, recheck: bool = True,
+                        on_measure: Callable[[], None] | None = None) -> VerifyCost:
     """Measure (or load from cache) T(rows) at two contexts; extrapolate the larger grid points.
 
     ``recheck``: verify a cached curve with a quick measurement (see
     ``cached_curve_is_pessimistic``) and measure afresh when it looks contended.
+    ``on_measure``: called when the curve is measured afresh (seconds), not when it is read.
     """
     path = _cache_file(model_path, model.backend.variant) if model_path is not None else None
     limit = model.config.context_length - max(CAL_ROWS) - 16
@@ -206,6 +208,8 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None, rech
             if cached_curve_is_pessimistic(model, table, min(contexts)):
                 table = None
         if table is None or sorted(table) != sorted(set(contexts)):
+            if on_measure is not None:
+                on_measure()
             # The fastest of the reps: noise only ever adds time.
             table = {c: _sane(row_times(model, c, CAL_ROWS, reps=5, stat=min)) for c in sorted(set(contexts))}
             if path is not None:

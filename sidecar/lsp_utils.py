@@ -24,9 +24,13 @@ Two kinds of conversion:
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.workspace import TextDocument
 
 UTF8 = "utf-8"
 UTF16 = "utf-16"
@@ -235,3 +239,68 @@ def apply_change(text: str, rng: Any, new_text: str, encoding: Any = UTF16) -> s
     if b < a:
         a, b = b, a
     return text[:a] + new_text + text[b:]
+
+
+# ---- request parameters and documents -----------------------------------------------------
+
+#: The LSP's uinteger: the largest line or character a position holds.
+UINTEGER_MAX = 2**31 - 1
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 300
+_SHORT.maxlevel = 3
+
+
+def short(value: Any) -> str:
+    """A client's value in an error message: bounded in length and depth (a huge string
+    or a deeply nested array is not echoed back whole)."""
+    return _SHORT.repr(value)
+
+
+def invalid(message: str) -> JsonRpcException:
+    """-32602 InvalidParams with ``message``: what the client sent wrong."""
+    return JsonRpcInvalidParams(message)
+
+
+def parse_position(raw: Any, what: str) -> types.Position:
+    """A position from a command's JSON argument (``what`` names it in errors: PositionError)."""
+    if not isinstance(raw, dict) or not all(
+        isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
+        for k in ("line", "character")
+    ):
+        raise PositionError(f"{what} must be {{line: int, character: int}}, got {short(raw)}")
+    line, character = raw["line"], raw["character"]
+    if line < 0 or character < 0:
+        raise PositionError(f"{what} {line}:{character} is negative")
+    if line > UINTEGER_MAX or character > UINTEGER_MAX:
+        raise PositionError(
+            f"{what} {line}:{character} is out of range: "
+            f"a line or character is at most {UINTEGER_MAX}"
+        )
+    return types.Position(line=line, character=character)
+
+
+def checked_offset(text: str, pos: types.Position, encoding: str, what: str) -> int:
+    """Offset (code points) of a client position in ``text``; InvalidParams (-32602) with
+    the reason when it names no place in the document (see ``check_position``)."""
+    try:
+        return check_position(text, pos, encoding, what)
+    except PositionError as exc:
+        raise invalid(str(exc)) from exc
+
+
+def find_document(workspace: Any, uri: str) -> TextDocument | None:
+    """An open document. pygls files documents under the percent-decoded URI, while
+    clients send it encoded ("my%20file.py"): look both up."""
+    docs = workspace.text_documents
+    return docs.get(unquote(uri)) or docs.get(uri)
+
+
+def get_doc(workspace: Any, uri: Any) -> TextDocument:
+    """The open document ``uri`` names; InvalidParams when there is none."""
+    if not isinstance(uri, str) or not uri:
+        raise invalid("'uri' must be a non-empty string")
+    doc = find_document(workspace, uri)
+    if doc is None:
+        raise invalid(f"unknown document {short(uri)}: open it first (textDocument/didOpen)")
+    return doc

@@ -84,13 +84,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from echoline.engine.api import Engine
     from echoline.engine.errors import EcholineError
+    from echoline.sidecar.cli import LoadFeedback
 
     try:
+        feedback = LoadFeedback()
         if args.endpoint or args.engine == "openai":  # a shared inference server (docs/team.md)
             engine = load_engine(args.model, engine="openai", endpoint=args.endpoint,
                                  server_kind=args.server_kind or "llama")
         else:
-            engine = Engine.load(args.model, backend=args.backend)
+            engine = Engine.load(args.model, backend=args.backend, progress=feedback)
+            engine.warm_up(feedback)  # says "compiling kernels (first run only)" when it does
         out = run_rewrite(
             engine, source, start, end, args.instruction, name=str(args.file),
             max_tokens=args.max_tokens, spec=not args.no_spec,

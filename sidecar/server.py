@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
-import itertools
+import contextvars
 import json
 import logging
 import os
 import re
-import reprlib
 import sys
 import threading
 import time
@@ -49,33 +48,38 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, get_origin
-from urllib.parse import unquote
 
 import attrs
 import cattrs
 import cattrs.gen
 from cattrs.cols import homogenous_tuple_structure_factory
 from echoline.sidecar import config as cfg
-from echoline.sidecar import tcp_guard
+from echoline.sidecar import rewrite_request, tcp_guard
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.engine_choice import load_engine, remote_status
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
 from echoline.sidecar.inline import completion_end, inline_job
 from echoline.sidecar.lsp_utils import (
     UTF16,
-    PositionError,
     apply_change,
-    check_position,
+    checked_offset,
+    find_document,
+    get_doc,
     line_start,
     normalize_encoding,
     rest_of_line,
 )
-from echoline.sidecar.rewrite import Progress, run_rewrite
+from echoline.sidecar.lsp_utils import invalid as invalid  # re-exported: error helpers
+from echoline.sidecar.lsp_utils import short as short
+from echoline.sidecar.progress import WorkDone, load_message
+from echoline.sidecar.rewrite import run_rewrite
+from echoline.sidecar.rewrite_request import RewriteArgs, RewriteProgress
 from echoline.sidecar.worker import EngineWorker, Job, JobCancelled
 from echoline.sidecar.workspace_index import WorkspaceIndex, normalize_uri
 from lsprotocol import types
 from lsprotocol.converters import get_converter
 from pygls import uris
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcMethodNotFound
+from pygls.exceptions import JsonRpcException, JsonRpcMethodNotFound
 from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import (
@@ -86,15 +90,13 @@ from pygls.protocol import (
     default_converter,
     lsp_method,
 )
-from pygls.workspace import TextDocument
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
-CMD_REWRITE = "echoline.rewrite"
+CMD_REWRITE = rewrite_request.COMMAND
 CMD_STATUS = "echoline.status"
 NOTIFY_STATUS = "echoline/status"
-NOTIFY_REWRITE_PROGRESS = "echoline/rewriteProgress"
 NOTIFY_PREFILL = "echoline/prefill"
 REQUEST_FAILED = -32803  # LSP RequestFailed
 JOB_TIMEOUT_S = 600.0  # far above any generation's max_tokens at CPU speed
@@ -105,8 +107,7 @@ INVALID_REQUEST = types.ErrorCodes.InvalidRequest.value  # -32600
 INVALID_PARAMS = types.ErrorCodes.InvalidParams.value  # -32602
 INTERNAL_ERROR = types.ErrorCodes.InternalError.value  # -32603
 SERVER_NOT_INITIALIZED = types.ErrorCodes.ServerNotInitialized.value  # -32002
-PROGRESS_INTERVAL_S = 0.1
-UINTEGER_MAX = 2**31 - 1  # the LSP's uinteger: the largest line or character a position holds
+PROGRESS_INTERVAL_S = 0.1  # the least time between two load-progress reports of one phase
 
 # The largest frame body the server reads. Far above any real message (a 10 MB file
 # opened with didOpen is ~10 MB of JSON), far below what would hurt the machine; a
@@ -117,14 +118,11 @@ MAX_HEADERS = 32  # header lines in one frame's header block
 READ_CHUNK_BYTES = 64 * 1024
 
 _converter = get_converter()
+rewrite_request.register(_converter)
 
 
 def request_failed(message: str) -> JsonRpcException:
     return JsonRpcException(message, code=REQUEST_FAILED)
-
-
-def invalid(message: str) -> JsonRpcException:
-    return JsonRpcInvalidParams(message)
 
 
 def _default_loader(model: str, **kwargs: Any) -> Any:
@@ -381,17 +379,6 @@ def describe_structure_error(exc: BaseException) -> str:
     return text[:500]
 
 
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 300
-_SHORT.maxlevel = 3
-
-
-def short(value: Any) -> str:
-    """A client's value in an error message: bounded in length and depth (a huge string
-    or a deeply nested array is not echoed back whole)."""
-    return _SHORT.repr(value)
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -433,6 +420,12 @@ def _valid_id(value: Any) -> bool:
 class EcholineProtocol(LanguageServerProtocol):
     """pygls' protocol with every request answered, LSP line ends in ``didChange``, and
     ``$/cancelRequest`` forwarded to the server so running jobs stop, not just queued ones."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before pygls' __init__, which reads every attribute (work_done_token included).
+        self._ctx_work_done_token: contextvars.ContextVar[types.ProgressToken | None] = (
+            contextvars.ContextVar("work_done_token", default=None))
+        super().__init__(*args, **kwargs)
 
     def _handle_cancel_notification(self, msg_id: Any) -> None:
         if not _valid_id(msg_id):  # lsprotocol lets any JSON value through as an id
@@ -481,6 +474,12 @@ class EcholineProtocol(LanguageServerProtocol):
         future = super().send_request(method, params, callback, msg_id)
         self._forget_when_done(msg_id, future, sent=True)
         return future
+
+    @property
+    def work_done_token(self) -> types.ProgressToken | None:
+        """The ``workDoneToken`` of the request being handled (a handler reads it before
+        its first await): progress for that request goes there, not on a new token."""
+        return contextvars.copy_context().get(self._ctx_work_done_token)
 
     def pending_futures(self) -> int:
         """Handlers running and requests to the client awaiting their answer."""
@@ -614,6 +613,9 @@ class EcholineProtocol(LanguageServerProtocol):
                 f"Invalid params for {method}: {describe_structure_error(exc)}",
             )
             return
+        # The token a client put in this request for its progress (None: none), read by
+        # handlers before their first await, as pygls' msg_id is.
+        self._ctx_work_done_token.set(getattr(getattr(message, "params", None), "work_done_token", None))
         try:
             self.handle_message(message)
         except Exception as exc:  # pygls answers handler errors itself; this is its own
@@ -694,8 +696,12 @@ class EcholineServer(LanguageServer):
         #: workspace/applyEdit (an editor that never answers must not hold the rewrite).
         self.job_timeout_s = JOB_TIMEOUT_S
         self.apply_edit_timeout_s = APPLY_EDIT_TIMEOUT_S
-        self._tokens = itertools.count(1)
         self._loaded_key: tuple | None = None
+        #: The load's latest phase ("downloading 12.0 / 469.0 MiB", "compiling kernels
+        #: (first run only)", ...), and the progress bars of requests waiting for it.
+        self.load_message = ""
+        self._load_percentage: int | None = None
+        self._load_watchers: set[WorkDone] = set()
         self.idle_prefill = IdlePrefill(
             self.worker, lambda: self.settings, self._doc_text,
             lambda info: self.protocol.notify(NOTIFY_PREFILL, info),
@@ -842,59 +848,87 @@ class EcholineServer(LanguageServer):
             },
         )
 
-    async def progress_begin(self, title: str, message: str = "", cancellable: bool = False) -> str | None:
-        if not self.supports_progress():
-            return None
-        token = f"echoline-{os.getpid()}-{next(self._tokens)}"
-        try:
-            await asyncio.wait_for(self.work_done_progress.create_async(token), 5)
-        except Exception:
-            return None
-        self.work_done_progress.begin(
-            token,
-            types.WorkDoneProgressBegin(title=title, message=message, cancellable=cancellable),
-        )
-        return token
-
-    def progress_end(self, token: str | None, message: str = "") -> None:
-        if token is not None:
-            self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
-
     # ---- model -------------------------------------------------------------------------
     async def load_model(self) -> None:
         s = self.settings
         self._loaded_key = s.engine_key()
+        self.load_message, self._load_percentage = f"loading {s.model}", None
         # Queue the load first: from here on, requests see "loading" and wait for it.
-        job = self.worker.load(s.model, backend=s.backend, kv_budget_bytes=s.kv_budget_bytes,
-                               cpu_activations=s.cpu_activations, reply_history=s.reply_history, **s.engine_kwargs())
-        token = await self.progress_begin("echoline", f"Loading model {s.model}")
-        self.send_status(f"loading {s.model}")
+        job = self.worker.load(s.model, progress=self._load_reporter(), backend=s.backend,
+                               kv_budget_bytes=s.kv_budget_bytes, cpu_activations=s.cpu_activations,
+                               reply_history=s.reply_history, **s.engine_kwargs())
+        bar = WorkDone(self, "echoline")
+        self._load_watchers.add(bar)
+        self.send_status(self.load_message)
+        await bar.begin(f"Loading model {s.model}")
         t0 = time.monotonic()
         try:
             engine = await asyncio.wrap_future(job.future)
         except Exception as exc:
             msg = self.worker.error or f"could not load model {s.model!r}: {exc}"
-            self.progress_end(token, "failed")
+            self._load_watchers.discard(bar)
+            bar.end("failed")
             self.show_error(f"echoline: {msg}")
             self.send_status(msg)
             return
-        backend = getattr(engine, "backend_variant", None) or getattr(engine, "backend_name", "?")
+        finally:
+            self.load_message = ""
+        self._load_watchers.discard(bar)
+        backend = engine.backend_variant if isinstance(engine, EngineLike) else "?"
         done = f"{self.worker.model_label} on {backend} in {time.monotonic() - t0:.1f}s"
-        self.progress_end(token, done)
+        bar.end(done)
         self.send_status(done)
 
-    async def engine_ready(self) -> None:
-        """Wait (bounded) for the model; a clear error when it is not there."""
+    def _load_reporter(self) -> Callable[[str, int, int], None]:
+        """The engine's ``LoadProgress`` for this load: on the worker thread, at most every
+        ``PROGRESS_INTERVAL_S`` within a phase (every new phase at once), handed to the loop."""
+        last = {"phase": "", "at": 0.0}
+
+        def progress(phase: str, done: int, total: int) -> None:  # worker thread
+            now = time.monotonic()
+            if phase == last["phase"] and now - last["at"] < PROGRESS_INTERVAL_S and done < total:
+                return
+            last.update(phase=phase, at=now)
+            self.from_thread(self._load_phase, *load_message(phase, done, total))
+
+        return progress
+
+    def _load_phase(self, message: str, percentage: int | None) -> None:  # event loop
+        if self.worker.state not in ("idle", "loading"):
+            return  # a late report of a load that is over
+        self.load_message, self._load_percentage = message, percentage
+        for bar in list(self._load_watchers):
+            bar.report(message, percentage)
+        self.send_status(message)
+
+    async def wait_for_model(self, bar: WorkDone | None = None) -> str:
+        """Wait, at most ``readyTimeoutS``, while the model loads; the worker's state after
+        (``ready``, ``error``, or ``loading`` on timeout). ``bar``: a begun progress of the
+        waiting request, which shows the load's phases meanwhile."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.ready_timeout_s
-        while self.worker.state in ("idle", "loading"):
-            if loop.time() > deadline:
-                raise request_failed(
-                    f"echoline: model {self.settings.model!r} is still loading after "
-                    f"{self.settings.ready_timeout_s:.0f}s; try again shortly"
-                )
-            await asyncio.sleep(0.05)
-        if self.worker.state == "error":
+        if bar is not None and self.worker.state in ("idle", "loading"):
+            self._load_watchers.add(bar)
+            if self.load_message:
+                bar.report(self.load_message, self._load_percentage)
+        try:
+            while self.worker.state in ("idle", "loading") and loop.time() <= deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            if bar is not None:
+                self._load_watchers.discard(bar)
+        return self.worker.state
+
+    async def engine_ready(self, bar: WorkDone | None = None) -> None:
+        """Wait (bounded) for the model; a clear error when it is not there."""
+        state = await self.wait_for_model(bar)
+        if state in ("idle", "loading"):
+            raise request_failed(
+                f"echoline: model {self.settings.model!r} is still loading after "
+                f"{self.settings.ready_timeout_s:.0f}s ({self.load_message or 'loading'}); "
+                "try again shortly"
+            )
+        if state == "error":
             raise request_failed(
                 f"echoline: no model available ({self.worker.error}). "
                 "Fix the 'model' setting (echoline.model) and the server reloads it."
@@ -974,84 +1008,6 @@ class EcholineServer(LanguageServer):
             self.index.open_buffer(uri, doc.source)
 
 
-# ---- helpers on documents -----------------------------------------------------------------
-
-
-def checked_offset(text: str, pos: types.Position, encoding: str, what: str) -> int:
-    """Offset (code points) of a client position in ``text``; InvalidParams (-32602) with
-    the reason when it names no place in the document (see lsp_utils.check_position)."""
-    try:
-        return check_position(text, pos, encoding, what)
-    except PositionError as exc:
-        raise invalid(str(exc)) from exc
-
-
-def find_document(workspace: Any, uri: str) -> TextDocument | None:
-    """An open document. pygls files documents under the percent-decoded URI, while
-    clients send it encoded ("my%20file.py"): look both up."""
-    docs = workspace.text_documents
-    return docs.get(unquote(uri)) or docs.get(uri)
-
-
-def get_doc(ls: EcholineServer, uri: Any) -> TextDocument:
-    if not isinstance(uri, str) or not uri:
-        raise invalid("'uri' must be a non-empty string")
-    doc = find_document(ls.workspace, uri)
-    if doc is None:
-        raise invalid(f"unknown document {short(uri)}: open it first (textDocument/didOpen)")
-    return doc
-
-
-def parse_position(raw: Any, what: str) -> types.Position:
-    if not isinstance(raw, dict) or not all(
-        isinstance(raw.get(k), int) and not isinstance(raw.get(k), bool)
-        for k in ("line", "character")
-    ):
-        raise invalid(f"{what} must be {{line: int, character: int}}, got {short(raw)}")
-    line, character = raw["line"], raw["character"]
-    if line < 0 or character < 0:
-        raise invalid(f"{what} {line}:{character} is negative")
-    if line > UINTEGER_MAX or character > UINTEGER_MAX:
-        raise invalid(
-            f"{what} {line}:{character} is out of range: "
-            f"a line or character is at most {UINTEGER_MAX}"
-        )
-    return types.Position(line=line, character=character)
-
-
-def parse_rewrite_args(args: tuple[Any, ...]) -> dict[str, Any]:
-    if len(args) != 1 or not isinstance(args[0], dict):
-        raise invalid(
-            f"{CMD_REWRITE} takes ONE argument {{uri, version, range, instruction, mode}}; got {len(args)} argument(s)"
-        )
-    a = args[0]
-    version = a.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise invalid(f"'version' must be an integer (the document version you read), got {short(version)}")
-    rng = a.get("range")
-    if not isinstance(rng, dict):
-        raise invalid(f"'range' must be {{start, end}}, got {short(rng)}")
-    start = parse_position(rng.get("start"), "range.start")
-    end = parse_position(rng.get("end"), "range.end")
-    if (end.line, end.character) < (start.line, start.character):
-        raise invalid("range.end is before range.start")
-    instruction = a.get("instruction", "")
-    if instruction is None:
-        instruction = ""
-    if not isinstance(instruction, str):
-        raise invalid(f"'instruction' must be a string, got {type(instruction).__name__}")
-    mode = a.get("mode", "apply") or "apply"
-    if mode not in ("apply", "preview"):
-        raise invalid(f"'mode' must be \"apply\" or \"preview\", got {short(mode)}")
-    return {
-        "uri": a.get("uri"),
-        "version": version,
-        "range": types.Range(start=start, end=end),
-        "instruction": instruction,
-        "mode": mode,
-    }
-
-
 # ---- handlers -----------------------------------------------------------------------------
 
 
@@ -1115,14 +1071,25 @@ async def on_inline_completion(
     ls: EcholineServer, params: types.InlineCompletionParams
 ) -> types.InlineCompletionList:
     uri = params.text_document.uri
-    doc = get_doc(ls, uri)
+    doc = get_doc(ls.workspace, uri)
     pos = params.position
     encoding = ls.position_encoding
     # The text the position was sent against: a didChange while the model loads must
     # not move the cursor's offset under it.
     text = doc.source
     offset = checked_offset(text, pos, encoding, "position")
-    await ls.engine_ready()
+    # While the model loads (or after it failed), an empty answer, never an error: an
+    # editor would show one per keystroke. The state is in echoline/status and, when the
+    # request carried a workDoneToken, in its progress bar.
+    bar = None
+    if ls.worker.state in ("idle", "loading") and params.work_done_token is not None:
+        bar = WorkDone(ls, "echoline")
+        await bar.begin(ls.load_message or "loading the model", params.work_done_token)
+    state = await ls.wait_for_model(bar)
+    if bar is not None:
+        bar.end("model ready" if state == "ready" else ls.load_message or state)
+    if state != "ready":
+        return types.InlineCompletionList(items=[])
     prefix, suffix = text[:offset], text[offset:]
     cursor_line = text[line_start(text, offset) : offset]
     rest = rest_of_line(text, offset)
@@ -1171,154 +1138,105 @@ def on_code_action(ls: EcholineServer, params: types.CodeActionParams) -> list[t
 
 
 async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
-    request_id = ls.protocol.msg_id  # read before the first await: it is this request's
-    req = parse_rewrite_args(args)
-    uri = req["uri"]
-    doc = get_doc(ls, uri)
-    if doc.version != req["version"]:
+    """Rewrite a range: check the request, run the job with progress, then answer, preview
+    or apply as ``rewrite_request.decide`` says."""
+    # Read before the first await: they are this request's.
+    request_id = ls.protocol.msg_id
+    client_token = ls.protocol.work_done_token
+    req: RewriteArgs = rewrite_request.rewrite_args(_converter, args)
+    doc = get_doc(ls.workspace, req.uri)
+    if doc.version != req.version:
         raise JsonRpcException(
-            f"stale version: the request is for version {req['version']} but {uri} is at "
+            f"stale version: the request is for version {req.version} but {req.uri} is at "
             f"version {doc.version}; nothing was changed",
             code=CONTENT_MODIFIED,
         )
-    rng: types.Range = req["range"]
     # The text of the version checked above, whatever arrives meanwhile: everything up
     # to the first await runs before the server reads the next frame (see ``serve``).
     text = doc.source
-    encoding = ls.position_encoding
-    start = checked_offset(text, rng.start, encoding, "range.start")
-    end = checked_offset(text, rng.end, encoding, "range.end")
-    await ls.engine_ready()
-    version = req["version"]
-    instruction = req["instruction"]
-    last = [0.0]
-    # The job is queued BEFORE the work-done progress is created: creating it is a
-    # round trip to the client, which must not delay the first token. Reports that
-    # come before the token exists wait in ``pending`` (the latest one wins).
-    prog: dict[str, Any] = {"token": None, "pending": None}
-
-    def report(p: Progress) -> None:  # worker thread
-        now = time.monotonic()
-        if now - last[0] < PROGRESS_INTERVAL_S:
-            return
-        last[0] = now
-        ls.from_thread(send_progress, p)
-
-    def send_report(token: str, p: Progress) -> None:
-        ls.work_done_progress.report(
-            token,
-            types.WorkDoneProgressReport(
-                message=f"{p.tokens} tokens, {p.tok_s:.1f} tok/s, acceptance {p.acceptance:.0%}\n{p.text}",
-            ),
-        )
-
-    def send_progress(p: Progress) -> None:  # event loop
-        payload = {
-            "uri": uri,
-            "text": p.text,
-            "tokens": p.tokens,
-            "tokS": round(p.tok_s, 2),
-            "acceptance": round(p.acceptance, 4),
-        }
-        ls.protocol.notify(NOTIFY_REWRITE_PROGRESS, payload)
-        if prog["token"] is not None:
-            send_report(prog["token"], p)
-        else:
-            prog["pending"] = p
-
+    start = checked_offset(text, req.range.start, ls.position_encoding, "range.start")
+    end = checked_offset(text, req.range.end, ls.position_encoding, "range.end")
+    bar = WorkDone(ls, "echoline rewrite", cancellable=True)
+    if client_token is not None:  # the client's bar: it shows the model load too
+        await bar.begin(req.instruction or "reproduce selection", client_token)
+    try:
+        await ls.engine_ready(bar if client_token is not None else None)
+    except JsonRpcException:
+        bar.end("failed")
+        raise
+    reporter = RewriteProgress(req.uri, bar, ls.protocol.notify, ls.from_thread)
     settings = ls.settings
 
-    def job(engine: Any, cancel: threading.Event) -> Any:
+    def job(engine: EngineLike, cancel: threading.Event) -> Any:
         return run_rewrite(
-            engine, text, start, end, instruction, name=uri,
+            engine, text, start, end, req.instruction, name=req.uri,
             max_tokens=settings.max_tokens, spec=settings.speculation,
-            session=rewrite_session(uri), on_progress=report, cancel=cancel,
+            session=rewrite_session(req.uri), on_progress=reporter.report, cancel=cancel,
         )
 
-    msg_id = ls.protocol.msg_id
     # This request prefills the document's prefix itself: no idle prefill for it after.
-    ls.idle_prefill.forget(uri)
+    ls.idle_prefill.forget(req.uri)
+    # The job is queued BEFORE a server-made progress is created: creating it is a round
+    # trip to the client, which must not delay the first token (reports wait meanwhile).
     running = asyncio.ensure_future(ls.run_job(job, kind="rewrite"))
     try:
-        token = await ls.progress_begin(
-            "echoline rewrite", instruction or "reproduce selection", cancellable=True
-        )
+        if client_token is None:
+            await bar.begin(req.instruction or "reproduce selection")
     except asyncio.CancelledError:
         running.cancel()
+        bar.end("cancelled")
         raise
-    if token is not None:
-        prog["token"] = token
-        if prog["pending"] is not None:
-            send_report(token, prog["pending"])
-        fut = ls.work_done_progress.tokens.get(token)
-        if fut is not None:  # the client's cancel button on the progress bar
-            fut.add_done_callback(lambda f: ls.cancel_request(msg_id) if f.cancelled() else None)
-
+    bar.on_cancel(lambda: ls.cancel_request(request_id))  # the bar's cancel button
     try:
         outcome = await running
     except JobCancelled:
-        ls.progress_end(token, "cancelled")
+        bar.end("cancelled")
         return {"applied": False, "reason": "cancelled", "text": "", "stats": {}}
     except asyncio.CancelledError:
         running.cancel()
-        ls.progress_end(token, "cancelled")
+        bar.end("cancelled")
         raise
     except Exception as exc:
-        ls.progress_end(token, "failed")
+        bar.end("failed")
         raise request_failed(f"echoline: rewrite failed: {exc}") from exc
     ls.note_stats(outcome.stats)
     ls.send_status()
-    if outcome.finish_reason == "cancelled":
-        ls.progress_end(token, "cancelled")
-        return {"applied": False, "reason": "cancelled", "text": outcome.text, "stats": outcome.stats}
-    edit = types.WorkspaceEdit(
-        document_changes=[
-            types.TextDocumentEdit(
-                text_document=types.OptionalVersionedTextDocumentIdentifier(uri=uri, version=version),
-                edits=[types.TextEdit(range=rng, new_text=outcome.text)],
-            )
-        ]
+    current = find_document(ls.workspace, req.uri)
+    verdict = rewrite_request.decide(
+        finish_reason=outcome.finish_reason, mode=req.mode, max_tokens=settings.max_tokens,
+        request_cancelled=request_id is not None and request_id in ls.cancelled_ids,
+        version=req.version, current_version=None if current is None else current.version,
     )
     base = {"text": outcome.text, "stats": outcome.stats, "finishReason": outcome.finish_reason}
-    if req["mode"] == "preview":
-        ls.progress_end(token, "preview ready")
-        return {"applied": False, "reason": "preview", "edit": _converter.unstructure(edit), **base}
-    if outcome.finish_reason == "length":
-        ls.progress_end(token, "reply truncated; not applied")
-        return {
-            "applied": False,
-            "reason": f"the reply reached maxTokens ({settings.max_tokens}) before its end; "
-            "edit not applied (raise echoline.maxTokens or select less)",
-            **base,
-        }
-    if request_id is not None and request_id in ls.cancelled_ids:
-        ls.progress_end(token, "cancelled")
-        return {"applied": False, "reason": "cancelled", **base}
-    current = find_document(ls.workspace, uri)
-    if current is None or current.version != version:
-        now = None if current is None else current.version
-        ls.progress_end(token, "document changed; not applied")
-        return {
-            "applied": False,
-            "reason": f"document changed while generating (version {version} -> {now}); edit not applied",
-            **base,
-        }
+    edit = types.WorkspaceEdit(document_changes=[types.TextDocumentEdit(
+        text_document=types.OptionalVersionedTextDocumentIdentifier(uri=req.uri, version=req.version),
+        edits=[types.TextEdit(range=req.range, new_text=outcome.text)],
+    )])
+    if not verdict.apply:
+        bar.end(verdict.progress)
+        extra = {"edit": _converter.unstructure(edit)} if verdict.edit_in_answer else {}
+        return {"applied": False, "reason": verdict.reason, **extra, **base}
+    applied, reason, shown = await apply_edit(ls, edit, req.version)
+    bar.end(shown)
+    return {"applied": applied, "reason": reason, **base}
+
+
+async def apply_edit(ls: EcholineServer, edit: types.WorkspaceEdit, version: int) -> tuple[bool, str, str]:
+    """Send ``edit`` with workspace/applyEdit: (applied, reason, progress end message)."""
     try:
         resp = await asyncio.wait_for(
             ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label="echoline rewrite")),
             ls.apply_edit_timeout_s,
         )
     except TimeoutError:
-        ls.progress_end(token, "no answer from the editor")
-        return {"applied": False, "reason": f"the editor did not answer workspace/applyEdit within "
-                f"{ls.apply_edit_timeout_s:g} s (the edit is tied to version {version}: the editor "
-                "refuses it if the text changed)", **base}
+        return False, (f"the editor did not answer workspace/applyEdit within {ls.apply_edit_timeout_s:g} s "
+                       f"(the edit is tied to version {version}: the editor refuses it if the text "
+                       "changed)"), "no answer from the editor"
     except Exception as exc:
-        ls.progress_end(token, "client refused the edit")
-        return {"applied": False, "reason": f"workspace/applyEdit failed: {exc}", **base}
-    ls.progress_end(token, "applied" if resp.applied else "not applied")
-    reason = "applied" if resp.applied else (resp.failure_reason or "the client did not apply the edit")
-    return {"applied": bool(resp.applied), "reason": reason, **base}
+        return False, f"workspace/applyEdit failed: {exc}", "client refused the edit"
+    if resp.applied:
+        return True, "applied", "applied"
+    return False, resp.failure_reason or "the client did not apply the edit", "not applied"
 
 
 async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
@@ -1333,9 +1251,9 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         "lastPrefill": ls.idle_prefill.last,
     }
     engine = ls.worker.engine
-    if engine is not None:
-        out["backend"] = getattr(engine, "backend_name", None)
-        out["variant"] = getattr(engine, "backend_variant", out["backend"])
+    if isinstance(engine, EngineLike):
+        out["backend"] = engine.backend_name
+        out["variant"] = engine.backend_variant
     out.update(remote_status(engine))
     if ls.index is not None:
         out["index"] = ls.index.stats().as_dict()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -134,3 +135,34 @@ def test_version_and_stdio_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert build_parser().parse_args(["serve", "--tcp", ":2087"]).tcp == ("127.0.0.1", 2087)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--tcp", "host:notaport"])
+
+
+def test_a_first_run_says_what_it_is_doing(tmp_path: Path) -> None:
+    """On a fresh cache, `echoline rewrite` says it calibrates (a one-off phase) on stderr
+    and prints its answer as ever."""
+    from tests.synth import write_fim_qwen2_model
+
+    model = write_fim_qwen2_model(tmp_path / "m.gguf", context=1024)
+    f = tmp_path / "m.py"
+    f.write_text(SRC)
+    env = {**os.environ, "ECHOLINE_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "echoline", "rewrite", str(f), "--range", "4:5", "--model",
+           str(model), "--backend", "numpy", "--max-tokens", "4", "--json"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "echoline: calibrating draft lengths…" in first.stderr.splitlines()
+    assert "compiling kernels" not in first.stderr  # numpy has nothing to compile
+    assert "text" in json.loads(first.stdout)
+
+
+def test_compiled_kernels_are_known_by_their_index_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What makes a load say "compiling kernels (first run only)": no numba index file in
+    this machine's kernel cache folder yet."""
+    from echoline.engine.backends.cpu_backend import CpuBackend
+    from echoline.kernels.cpu import _env
+
+    monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
+    assert not _env.has_compiled_kernels() and not CpuBackend.kernels_cached(CpuBackend.__new__(CpuBackend))
+    (_env.cache_root() / "__pycache__").mkdir()
+    (_env.cache_root() / "__pycache__" / "echoline_mm_x.kernel-1.py311.nbi").write_bytes(b"")
+    assert _env.has_compiled_kernels()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from echoline.sidecar import config as cfg
-from echoline.sidecar.__main__ import parse_hostport
+from echoline.sidecar.cli import parse_hostport
 from echoline.sidecar.inline import completion_end
 from echoline.sidecar.prompts import (
     REPRODUCE_INSTRUCTION,
@@ -330,27 +331,42 @@ def test_request_waits_for_a_loading_model_then_fails_clearly() -> None:
         ls.worker.stop()
 
 
-def test_load_warms_the_engine_up_before_ready() -> None:
-    """Calibration and the first forward happen during the load, not on the first request."""
-    calls: list[str] = []
+def test_load_warms_the_engine_up_before_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first forward and the calibration happen during the load, not on the first
+    request, and each phase is reported (on the worker thread) as it starts."""
+    from echoline.engine.api import Engine
 
-    class WarmEngine:
-        @property
-        def controller(self) -> object:
-            calls.append("controller")
-            return object()
+    from tests.synth import write_fim_qwen2_model
 
-        def encode(self, text: str) -> list[int]:
-            return [1, 2, 3]
-
-        def generate(self, ids: list[int], **kw: object) -> None:
-            calls.append(f"generate:{kw.get('max_tokens')}:{kw.get('spec')}")
-
-    w = EngineWorker(lambda model, **kw: WarmEngine())
+    monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path / "cache"))  # no calibration yet
+    path = write_fim_qwen2_model(tmp_path / "m.gguf", context=1024)
+    phases: list[tuple[str, str]] = []
+    w = EngineWorker(lambda model, **kw: Engine.load(model, backend="numpy", progress=kw["progress"]))
     try:
-        w.load("warm").future.result(5)
-        assert w.state == "ready"
-        assert calls == ["controller", "generate:2:False"]
+        def note(phase: str, done: int, total: int) -> None:
+            phases.append((phase, threading.current_thread().name))
+
+        engine = w.load(str(path), progress=note).future.result(60)
+        assert w.state == "ready" and engine._controller is not None  # calibrated
+        assert phases == [(p, "echoline-engine") for p in
+                          ("loading weights", "warming up", "calibrating draft lengths")]
+    finally:
+        w.stop()
+
+
+def test_a_stand_in_that_is_no_engine_is_not_warmed_up() -> None:
+    """Test stand-ins with a few methods load as they are (EngineLike decides)."""
+    from echoline.sidecar.engine_like import EngineLike
+
+    class Bare:
+        def generate(self, *a: object, **kw: object) -> None:
+            raise AssertionError("warm-up ran on a stand-in")
+
+    assert not isinstance(Bare(), EngineLike)
+    w = EngineWorker(lambda model, **kw: Bare())
+    try:
+        w.load("bare").future.result(5)
+        assert w.state == "ready" and w.model_label == "bare"
     finally:
         w.stop()
 

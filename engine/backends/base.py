@@ -59,6 +59,12 @@ class Backend(ABC):
         """
         return self.name
 
+    def kernels_cached(self) -> bool:
+        """Whether this backend's compiled kernels are already on disk, so the first forward
+        only loads them. A loader says "compiling kernels (first run only)" when not; a
+        backend with nothing to compile keeps this default."""
+        return True
+
     # ---- weights -------------------------------------------------------------------------
     @abstractmethod
     def prepare_matrix(self, tensors: list[QuantTensor]) -> Weight:

@@ -16,7 +16,7 @@ from echoline.engine.backends.base import Array, Backend
 from echoline.engine.backends.host_cache import HostCacheMixin
 from echoline.engine.errors import EcholineError
 from echoline.engine.gguf_file import QuantTensor
-from echoline.kernels.cpu import ops
+from echoline.kernels.cpu import _env, ops
 from echoline.kernels.cpu.embed import embed_rows
 from echoline.kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
 from echoline.kernels.cpu.relayout import KINDS
@@ -40,6 +40,10 @@ class CpuBackend(HostCacheMixin, Backend):
 
     name = "cpu"
     batch_invariant = True
+
+    def kernels_cached(self) -> bool:
+        """numba has compiled kernels in this machine's cache folder (``kernels/cpu/_env``)."""
+        return _env.has_compiled_kernels()
 
     def __init__(self, activations: str | None = None) -> None:
         """``activations``: one of ``engine.backends.CPU_ACTIVATIONS`` (what each does is

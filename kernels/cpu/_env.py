@@ -56,3 +56,9 @@ def cache_root() -> Path:
     path = paths.cache_dir("numba") / digest
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def has_compiled_kernels() -> bool:
+    """Whether numba has written compiled kernels (index files) into ``cache_root``: false
+    on a machine's first run, when the first forward compiles them (a minute or two)."""
+    return any((cache_root() / "__pycache__").glob("*.nbi"))
