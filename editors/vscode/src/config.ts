@@ -97,15 +97,23 @@ export function serverCommand(): { command: string; args: string[] } {
 }
 
 /**
- * The command that prints the known models as JSON (`echoline models list --json`),
- * derived from the server command by putting `models list --json` where `serve` was:
- * `<python> -m echoline serve` becomes `<python> -m echoline models list --json`.
+ * Another `echoline` subcommand, derived from the server command by putting `tail` where
+ * `serve` was: `<python> -m echoline serve` becomes `<python> -m echoline models list --json`.
  */
-export function modelsListCommand(): { command: string; args: string[] } {
+export function cliCommand(tail: string[]): { command: string; args: string[] } {
   const { command, args } = serverCommand();
-  const tail = ['models', 'list', '--json'];
   const serve = args.lastIndexOf('serve');
   return { command, args: [...(serve >= 0 ? args.slice(0, serve) : args), ...tail] };
+}
+
+/** The command that prints the known models as JSON (`echoline models list --json`). */
+export function modelsListCommand(): { command: string; args: string[] } {
+  return cliCommand(['models', 'list', '--json']);
+}
+
+/** The set-up report for the configured model, as JSON (`echoline doctor --json`). */
+export function doctorCommand(model: string): { command: string; args: string[] } {
+  return cliCommand(['doctor', '--json', '--model', model]);
 }
 
 export function confirmRewrites(): boolean {

@@ -14,6 +14,7 @@ import {
 import { changedServerKeys, inlineCompletionsEnabled, serverCommand, serverSettings } from './config';
 import { RewriteProgressParams, ServerEvents } from './events';
 import { pickModel, showMenu, toggleInline } from './menu';
+import { checkSetup } from './setup';
 import { PREVIEW_SCHEME, PreviewProvider } from './preview';
 import { Rewriter } from './rewrite';
 import { StatusItem, StatusParams } from './status';
@@ -102,15 +103,25 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   const preview = new PreviewProvider();
   const rewriter = new Rewriter(() => client, events, preview, status, log);
   context.subscriptions.push(log, events, status, preview);
+  let lastPhase = '';
   context.subscriptions.push(
     vscode.workspace.registerTextDocumentContentProvider(PREVIEW_SCHEME, preview),
-    events.status.event((p) => status.update(p)),
+    events.status.event((p) => {
+      status.update(p);
+      // The load's phases in the log (once each, not every byte count of a download).
+      const phase = p.state === 'loading' && p.message ? p.message.replace(/ [\d.,]+ \/ [\d.,]+ MiB$/, '') : '';
+      if (phase && phase !== lastPhase) {
+        log.info(`loading: ${phase}`);
+      }
+      lastPhase = phase;
+    }),
     vscode.commands.registerCommand('echoline.showLog', () => log.show(true)),
     vscode.commands.registerCommand('echoline.rewriteSelection', () => rewriter.run(vscode.window.activeTextEditor)),
     vscode.commands.registerCommand('echoline.acceptRewrite', () => rewriter.resolvePreview(true)),
     vscode.commands.registerCommand('echoline.rejectRewrite', () => rewriter.resolvePreview(false)),
     vscode.commands.registerCommand('echoline.toggleInlineCompletions', () => toggleInline()),
     vscode.commands.registerCommand('echoline.pickModel', () => pickModel(log)),
+    vscode.commands.registerCommand('echoline.checkSetup', () => checkSetup(log)),
     vscode.commands.registerCommand('echoline.menu', () => showMenu(serverSettings().model)),
     vscode.commands.registerCommand('echoline.restart', async () => {
       // Recreate the client so a changed command/pythonPath takes effect.

@@ -126,6 +126,7 @@ export function menuItems(inlineOn: boolean, model: string): MenuItem[] {
     { label: '$(symbol-misc) Pick Model…', description: model, command: 'echoline.pickModel' },
     { label: '$(edit) Rewrite Selection…', command: 'echoline.rewriteSelection' },
     { label: '', kind: vscode.QuickPickItemKind.Separator },
+    { label: '$(checklist) Check Setup', command: 'echoline.checkSetup' },
     { label: '$(output) Show Log', command: 'echoline.showLog' },
     { label: '$(debug-restart) Restart Server', command: 'echoline.restart' },
   ];

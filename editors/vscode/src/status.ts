@@ -71,7 +71,7 @@ export class StatusItem implements vscode.Disposable {
     } else if (s.state) {
       // While loading, what the load is doing (downloading 12.0 / 469.0 MiB, compiling
       // kernels (first run only), calibrating draft lengths): the server's message.
-      parts.push(s.state === 'loading' && s.message ? s.message : s.state);
+      parts.push(s.state === 'loading' && s.message ? `loading (${s.message})` : s.state);
     }
     if (!this.inline) {
       parts.push('$(circle-slash) inline off');

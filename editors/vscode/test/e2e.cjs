@@ -117,7 +117,11 @@ async function main() {
       const s = await statusText(page);
       return s && !/loading|error/.test(s) ? s : '';
     });
-    step('ready', { status: ready });
+    // The load was shown (its phases reached the status bar and the log) and raised no
+    // error notification while it ran.
+    out.loadLog = extensionLog().split('\n').filter((l) => /loading: /.test(l));
+    out.errorToastsAtReady = await page.locator('.notification-toast .codicon-error').count();
+    step('ready', { status: ready, load: out.loadLog.length });
 
     // --- inline suggestion: trigger, see the ghost text, commit ---------------
     if (env.E2E_GHOST_LINE) {
@@ -270,6 +274,15 @@ async function main() {
         out.toggle.push({ setting: inlineSetting(), status: await statusText(page) });
       }
       step('toggled', { toggle: out.toggle });
+      // --- Check Setup: the doctor's report opens as a Markdown document ----------
+      await palette(page, 'echoline: Check Setup');
+      const lines = page.locator('.monaco-editor .view-lines');
+      const report = async () => {
+        for (const t of await lines.allInnerTexts()) if (/echoline set-up/.test(t)) return t;
+        return '';
+      };
+      out.setupReport = (await waitFor('the set-up report', report, 120000)).replace(/\u00a0/g, ' ');
+      step('check setup');
     }
     out.ok = true;
   } catch (e) {

@@ -76,7 +76,7 @@ function M.statusline()
   elseif s.state ~= 'ready' then
     -- While loading, what the load is doing (downloading, compiling kernels, calibrating).
     parts[#parts + 1] = (s.state == 'loading' and type(s.message) == 'string' and s.message ~= '')
-        and s.message or s.state
+        and ('loading (' .. s.message .. ')') or s.state
   else
     local st = M.describe({ tokS = s.tokS, acceptance = s.acceptance })
     if st ~= '' then
