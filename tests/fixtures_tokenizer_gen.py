@@ -1,9 +1,9 @@
-"""Regenerate tests/fixtures_tokenizer.json with llama.cpp (dev-only, never imported by tests).
+"""Regenerate tests/data/llamacpp-tokenizer.json with llama.cpp (dev-only, never imported by tests).
 
 Step 1 (project venv): ``python tests/fixtures_tokenizer_gen.py texts OUT_DIR`` writes the texts
 and a vocab-only GGUF (SmolLM2's vocabulary, ``pre`` = qwen2).
 Step 2 (a venv with llama-cpp-python): ``python tests/fixtures_tokenizer_gen.py ids OUT_DIR``
-tokenizes every text with llama.cpp (``special`` on and off) into tests/fixtures_tokenizer.json.
+tokenizes every text with llama.cpp (``special`` on and off) into tests/data/llamacpp-tokenizer.json.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-MODELS = Path.home() / ".cache" / "echoline" / "models"
+MODELS = Path.home() / ".cache" / "echoline" / "models"  # step 2 runs without echoline installed
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 QWEN2_VOCAB = "smollm-vocab-pre-qwen2.gguf"
@@ -58,7 +58,7 @@ def write_ids(out: Path) -> None:
                 ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)
                 cases.append({"text": text, "parse_special": special, "ids": list(ids)})
         result[key] = cases
-    target = Path(__file__).with_name("fixtures_tokenizer.json")
+    target = Path(__file__).with_name("data") / "llamacpp-tokenizer.json"
     generator = f"llama.cpp via llama-cpp-python {llama_cpp.__version__}, vocab_only"
     target.write_text(json.dumps({"generator": generator, "models": result}, ensure_ascii=False))
 

@@ -27,7 +27,8 @@ from tests.conftest import qwen_reference, reference_data
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = "gemma-3-270m-q4_k_m.gguf"
 QWEN = "qwen2.5-coder-0.5b-instruct.gguf"
-FIXTURES = Path(__file__).with_name("fixtures_tokenizer.json")
+# llama.cpp's ids for extra texts, in tests/data beside the greedy references (conftest.py)
+FIXTURES = Path(__file__).with_name("data") / "llamacpp-tokenizer.json"
 
 TRICKY = [
     "",
@@ -103,7 +104,7 @@ def test_reference_prompt_ids(model_tok: tuple[str, Tokenizer]) -> None:
 
 
 def test_llamacpp_fixture_ids(model_tok: tuple[str, Tokenizer]) -> None:
-    """Extra texts tokenized by llama.cpp (parse_special on and off), see fixtures_tokenizer.json."""
+    """Extra texts tokenized by llama.cpp (parse_special on and off), see tests/data/llamacpp-tokenizer.json."""
     name, tok = model_tok
     if not FIXTURES.is_file():
         pytest.skip("no llama.cpp fixture file")
