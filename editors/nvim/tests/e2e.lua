@@ -15,20 +15,8 @@ vim.cmd('runtime plugin/echoline.lua')
 
 local env = vim.env
 local timeout = tonumber(env.ECHOLINE_TEST_TIMEOUT_MS or '180000')
-local record = { scenario = scenario }
-
-local function save()
-  local f = assert(io.open(out, 'w'))
-  f:write(vim.json.encode(record))
-  f:close()
-end
-
-local function fail(msg)
-  record.error = msg
-  save()
-  io.stderr:write('FAIL: ' .. msg .. '\n')
-  os.exit(1)
-end
+local t = dofile(here .. '/harness.lua').new(out, scenario)
+local record, save, fail = t.record, t.save, t.fail
 
 local function wait(what, cond, ms)
   if not vim.wait(ms or timeout, cond, 20) then

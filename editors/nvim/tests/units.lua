@@ -5,32 +5,8 @@
 local scenario, out, extra = arg[1], arg[2], arg[3]
 local here = vim.fs.dirname(vim.fs.normalize(debug.getinfo(1, 'S').source:sub(2)))
 local plugin_root = vim.fs.dirname(here)
-local record = { scenario = scenario }
-
-local function save()
-  local f = assert(io.open(out, 'w'))
-  f:write(vim.json.encode(record))
-  f:close()
-end
-
-local function fail(msg)
-  record.error = msg
-  save()
-  io.stderr:write('FAIL: ' .. msg .. '\n')
-  os.exit(1)
-end
-
-local function check(cond, msg)
-  if not cond then
-    fail(msg)
-  end
-end
-
-local function eq(got, want, what)
-  if not vim.deep_equal(got, want) then
-    fail(string.format('%s: got %s, want %s', what, vim.inspect(got), vim.inspect(want)))
-  end
-end
+local t = dofile(here .. '/harness.lua').new(out, scenario)
+local record, save, fail, check, eq = t.record, t.save, t.fail, t.check, t.eq
 
 if scenario ~= 'lazy_spec' then
   vim.opt.rtp:prepend(plugin_root)
