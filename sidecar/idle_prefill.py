@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from echoline.sidecar.config import Settings
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.prompts import rewrite_prefix_ids
 from echoline.sidecar.worker import EngineWorker, Job
 
@@ -110,14 +111,14 @@ class IdlePrefill:
 
 
 def run_prefill(
-    engine: Any,
+    engine: EngineLike | None,
     uri: str,
     text: str,
     cancel: threading.Event,
     started: Callable[[int], None] | None = None,
 ) -> dict[str, Any] | None:
     """On the engine thread: prefill ``text``'s rewrite prefix into its rewrite session."""
-    if engine is None or not callable(getattr(engine, "prefill", None)):
+    if not isinstance(engine, EngineLike):  # not loaded, or a test's stand-in
         return None
     ids = rewrite_prefix_ids(engine, text, name=uri)
     if not ids:
@@ -127,7 +128,7 @@ def run_prefill(
     if started is not None:
         started(len(ids))
     # A backend whose results depend on the rows per forward gets the engine's own chunk.
-    chunk = CHUNK if getattr(getattr(engine, "backend", None), "batch_invariant", True) else None
+    chunk = CHUNK if engine.backend.batch_invariant else None
     cached = engine.prefill(ids, session=rewrite_session(uri), cancel=cancel, chunk=chunk)
     return {"state": "done", "cancelled": cancel.is_set() and cached < len(ids) - 1,
             "tokens": len(ids), "cached": cached}
