@@ -55,8 +55,8 @@ import cattrs.gen
 from cattrs.cols import homogenous_tuple_structure_factory
 from echoline.sidecar import config as cfg
 from echoline.sidecar import rewrite_request, tcp_guard
-from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.engine_choice import load_engine, remote_status
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
 from echoline.sidecar.inline import completion_end, inline_job
 from echoline.sidecar.lsp_utils import (
@@ -1085,9 +1085,12 @@ async def on_inline_completion(
     if ls.worker.state in ("idle", "loading") and params.work_done_token is not None:
         bar = WorkDone(ls, "echoline")
         await bar.begin(ls.load_message or "loading the model", params.work_done_token)
-    state = await ls.wait_for_model(bar)
-    if bar is not None:
-        bar.end("model ready" if state == "ready" else ls.load_message or state)
+    state = "cancelled"
+    try:
+        state = await ls.wait_for_model(bar)
+    finally:
+        if bar is not None:
+            bar.end("model ready" if state == "ready" else ls.load_message or state)
     if state != "ready":
         return types.InlineCompletionList(items=[])
     prefix, suffix = text[:offset], text[offset:]
@@ -1161,8 +1164,8 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         await bar.begin(req.instruction or "reproduce selection", client_token)
     try:
         await ls.engine_ready(bar if client_token is not None else None)
-    except JsonRpcException:
-        bar.end("failed")
+    except (JsonRpcException, asyncio.CancelledError) as exc:
+        bar.end("failed" if isinstance(exc, JsonRpcException) else "cancelled")
         raise
     reporter = RewriteProgress(req.uri, bar, ls.protocol.notify, ls.from_thread)
     settings = ls.settings
