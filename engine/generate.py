@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from echoline.engine.drafting.ngram_index import Draft
 from echoline.engine.kvcache import KVCache
 from echoline.engine.models.base import Transformer
 from echoline.engine.types import GenerationResult, GenerationStats, TokenEvent
@@ -188,7 +187,7 @@ def generate_tokens(
     stats.prefilled_tokens = len(prompt_ids) - reused
     reply = _Reply(decode=decode, rules=rules, stream=stream() if stream is not None else None)
     # Reply tokens not yet in the index: it is read only at a lookup, so rounds that skip the
-    # lookup (the plain arm, carried drafts) skip this work too; a lookup adds them first.
+    # lookup (the plain arm) skip this work too; a lookup adds them first.
     unindexed: list[int] = []
 
     def index_reply() -> None:
@@ -238,31 +237,29 @@ def generate_tokens(
     if arm is not None:
         arm.start()
     observe_overhead = getattr(controller, "observe_overhead", None)
-    carry = speculate and os.environ.get("ECHOLINE_DRAFT_CARRY", "1") != "0"  # 0: for A/B runs
-    fetch = (2 if carry else 1) * controller.max_draft if speculate else 0  # the rest is carried
-    carried: Draft | None = None  # the unverified rest of a draft the model is following
+    # On a backend that replays a captured graph per (row count, cache), every new width on a
+    # new cache pays a capture (several ms): verify only 2, 4, 8 or 16 rows there.
+    # ECHOLINE_DRAFT_WIDTHS=all / pow2 forces either way (A/B runs).
+    widths = os.environ.get("ECHOLINE_DRAFT_WIDTHS", "")
+    pow2 = speculate and (widths == "pow2" or (widths != "all" and getattr(backend, "graph_max_rows", 0) > 0))
     t_round = time.perf_counter()
     while True:
         if cancel is not None and cancel.is_set():
             run_rows(model, cache, [pending])  # the reply so far is complete in the cache
             return finish("cancelled")
         drafts: list[int] = []
-        draft = None
         look = speculate and (arm is None or arm.look())
         if look:
             t_look = time.perf_counter()
-            if carried is not None:
-                draft, carried = carried, None
-            else:
-                index_reply()
-                draft = index.draft(context[-DRAFT_CONTEXT:], fetch)
+            index_reply()
+            draft = index.draft(context[-DRAFT_CONTEXT:], controller.max_draft)
             remaining = rules.max_tokens - len(reply.ids)
             k = controller.choose(draft, cache.length, remaining) if draft.tokens else 0
+            if pow2 and k:
+                k = (1 << (k + 1).bit_length() - 1) - 1  # rows 2, 4, 8 or 16: 4 graphs per cache
             drafts = list(draft.tokens[:k])
             stats.lookups += 1
             stats.lookup_s += time.perf_counter() - t_look
-        else:
-            carried = None
         base = cache.length
         rows = [pending] + drafts
         t0 = time.perf_counter()
@@ -283,8 +280,6 @@ def generate_tokens(
                 controller.cost.observe(len(rows), base, dt)
             if drafts:
                 controller.observe(draft.source, draft.match_len, len(drafts), accepted)
-            if draft is not None and carry:
-                carried = _carry(draft, len(drafts), accepted, new_ids[-1], controller.max_draft)
         if drafts:
             stats.drafted += len(drafts)
             stats.accepted += accepted
@@ -317,17 +312,3 @@ def generate_tokens(
             arm.observe_plain(host)
         t_round = now
 
-
-def _carry(draft, k: int, accepted: int, bonus: int, max_draft: int) -> Draft | None:
-    """The rest of ``draft`` once this round confirmed all of its first k + 1 tokens.
-
-    Why: when the model accepted every draft and its own next token is the draft's next one,
-    the next lookup would find this same match, one round longer; taking the rest saves the
-    lookup (and the index update before it) on the rounds where copying goes well. A rest
-    shorter than half a full draft is left to a fresh lookup, which may find a longer one.
-    """
-    if accepted < k or len(draft.tokens) <= k + max(1, max_draft // 2) or draft.tokens[k] != bonus:
-        return None
-    position = getattr(draft, "position", -1)
-    return Draft(list(draft.tokens[k + 1 :]), draft.source, draft.match_len + k + 1,
-                 position + k + 1 if position >= 0 else -1)

@@ -75,13 +75,14 @@ def simulate(c: DraftController, accept: float, tokens: int, seed: int, lookup_s
 
 
 @pytest.mark.parametrize("extra", [0.02, 0.15, 1.0])
-def test_non_copying_traffic_runs_plain(extra: float) -> None:
-    """Drafts never accepted and a lookup costing 10% of a step: within 1% of plain decoding,
-    where looking up every round (the arm off) loses the whole lookup cost."""
-    with_arm = DraftController(linear_cost(extra), arm=PlainArm())
+@pytest.mark.parametrize("max_skip", [4, 64])
+def test_non_copying_traffic_runs_plain(extra: float, max_skip: int) -> None:
+    """Drafts never accepted and a lookup costing 10% of a step: the arm pays one lookup per
+    max_skip + 1 rounds, where looking up every round (the arm off) pays the whole cost."""
+    with_arm = DraftController(linear_cost(extra), arm=PlainArm(max_skip=max_skip))
     rel = simulate(with_arm, accept=0.0, tokens=4000, seed=1, lookup_s=100e-6)
-    assert rel <= 1.01, rel
-    assert with_arm.arm.lookups < 0.05 * with_arm.arm.plain_rounds
+    assert rel <= 1.0 + 0.1 / (max_skip + 1) + 0.005, rel
+    assert with_arm.arm.lookups < 1.2 * with_arm.arm.plain_rounds / max_skip
     assert not with_arm.arm.drafting
     without = DraftController(linear_cost(extra))
     without.arm = None
@@ -92,7 +93,7 @@ def test_short_non_copying_requests_stay_close_to_plain() -> None:
     """Chat-like: 96-token replies, each request probing from its first round again."""
     c = DraftController(linear_cost(0.15), arm=PlainArm())
     rel = simulate(c, accept=0.0, tokens=96 * 40, seed=4, lookup_s=100e-6, requests=40)
-    assert rel <= 1.02, rel
+    assert rel <= 1.035, rel
 
 
 def test_copying_traffic_keeps_drafting_and_gains() -> None:
@@ -104,7 +105,7 @@ def test_copying_traffic_keeps_drafting_and_gains() -> None:
 
 def test_drafting_resumes_once_drafts_pay_again() -> None:
     c = DraftController(linear_cost(0.05), arm=PlainArm())
-    assert simulate(c, accept=0.0, tokens=2000, seed=5, lookup_s=100e-6) <= 1.01
+    assert simulate(c, accept=0.0, tokens=2000, seed=5, lookup_s=100e-6) <= 1.03
     assert not c.arm.drafting and c.arm.skip == c.arm.max_skip
     rel = simulate(c, accept=0.97, tokens=3000, seed=6, lookup_s=100e-6, match_lens=(8, 33))
     assert c.arm.drafting
@@ -249,3 +250,30 @@ def test_real_arm_goes_plain_where_verify_costs_more(tiny) -> None:
         total_lookups += spec.stats.lookups
     assert not ctl.arm.drafting
     assert total_lookups < 0.3 * total_rounds, (total_lookups, total_rounds)
+
+
+def test_graph_backends_verify_power_of_two_rows(tiny, monkeypatch) -> None:
+    """Where each row count on each cache is a graph capture, a round verifies 2, 4, 8 or 16
+    rows (forced here with ECHOLINE_DRAFT_WIDTHS=pow2); the replies stay identical."""
+    import echoline.engine.generate as gen
+
+    widths: list[int] = []
+    real = gen.run_rows
+
+    def spy(model, cache, rows, all_logits=True):
+        if all_logits:
+            widths.append(len(rows))
+        return real(model, cache, rows, all_logits=all_logits)
+
+    monkeypatch.setattr(gen, "run_rows", spy)
+    monkeypatch.setenv("ECHOLINE_DRAFT_WIDTHS", "pow2")
+    drafted = 0
+    for prompt in prompts(8, seed=11):
+        plain, _ = run(tiny, prompt, StopRules(max_tokens=30))
+        widths.clear()
+        ctl = DraftController(linear_cost(0.0), max_draft=16, arm=ScriptedArm([True]))
+        spec, _ = run(tiny, prompt, StopRules(max_tokens=30), ctl)
+        assert spec.token_ids == plain.token_ids
+        assert set(widths) <= {1, 2, 4, 8, 16}, widths
+        drafted += spec.stats.drafted
+    assert drafted > 0

@@ -37,7 +37,7 @@ class PlainArm:
     the plain rounds between probes, doubled after each probe that did not pay.
     """
 
-    def __init__(self, weight: float = 0.1, min_skip: int = 2, max_skip: int = 64) -> None:
+    def __init__(self, weight: float = 0.1, min_skip: int = 2, max_skip: int = 4) -> None:
         if not 0.0 < weight <= 1.0:
             raise ValueError("weight must be in (0, 1]")
         if not 1 <= min_skip <= max_skip:
