@@ -72,19 +72,58 @@ def source_dir() -> Path:
     return src
 
 
+def build_flags() -> list[str]:
+    """The CMake switches: this CPU's ISA, and nothing but what ``llama-server`` needs."""
+    return ["-DGGML_NATIVE=OFF", *isa_flags(), "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_NUMBER=1", f"-DLLAMA_BUILD_COMMIT={COMMIT}",
+            "-DCMAKE_BUILD_TYPE=Release"]
+
+
+def _stamp(flags: list[str]) -> dict:
+    return {"sdist": SDIST, "flags": flags}
+
+
+def _configured_with(build_dir: Path, flags: list[str]) -> bool:
+    """Whether CMakeCache.txt holds every ``-DKEY=VALUE`` (a build made before stamps)."""
+    try:
+        cache = (build_dir / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return False
+    have = {}
+    for line in cache.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and ":" in key and not line.startswith(("#", "//")):
+            have[key.split(":", 1)[0]] = value
+    for flag in flags:
+        key, _, value = flag[2:].partition("=")
+        if have.get(key) != value:
+            return False
+    return True
+
+
 def build(jobs: int | None = None) -> Path:
-    """``llama-server`` built for this CPU (cached under ``ROOT``)."""
-    exe = ROOT / "llama.cpp" / "build" / "bin" / "llama-server"
-    if exe.is_file():
-        return exe
+    """``llama-server`` built for this CPU, cached under ``ROOT`` and keyed by the sdist
+    version and the CMake flags (``build/echoline-build.json``): a cached binary built
+    otherwise is rebuilt (incrementally, in place). A failed step raises."""
     src = source_dir()
-    flags = ["-DGGML_NATIVE=OFF", *isa_flags(), "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-             "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_BUILD_NUMBER=1", f"-DLLAMA_BUILD_COMMIT={COMMIT}",
-             "-DCMAKE_BUILD_TYPE=Release"]
-    subprocess.run(["cmake", "-S", str(src), "-B", str(src / "build"), *flags], check=True)
-    subprocess.run(["cmake", "--build", str(src / "build"), "-j", str(jobs or os.cpu_count() or 2),
+    build_dir = src / "build"
+    exe = build_dir / "bin" / "llama-server"
+    flags = build_flags()
+    stamp = build_dir / "echoline-build.json"
+    if exe.is_file():
+        try:
+            if json.loads(stamp.read_text()) == _stamp(flags):
+                return exe
+        except (OSError, ValueError):
+            if _configured_with(build_dir, flags):
+                stamp.write_text(json.dumps(_stamp(flags)))
+                return exe
+    stamp.unlink(missing_ok=True)
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), *flags], check=True)
+    subprocess.run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2),
                     "--target", "llama-server"], check=True)
+    stamp.write_text(json.dumps(_stamp(flags)))
     return exe
 
 
@@ -98,12 +137,12 @@ class LlamaServer:
     """A running ``llama-server`` on one model (a context manager)."""
 
     def __init__(self, model: Path, *, exe: Path | None = None, threads: int | None = None,
-                 ctx: int = 4096, extra: list[str] | None = None) -> None:
+                 ctx: int = 4096, parallel: int = 1, extra: list[str] | None = None) -> None:
         self.exe = exe or build()
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [str(self.exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                    "-t", str(threads or os.cpu_count() or 2), "-c", str(ctx), "-np", "1",
+                    "-t", str(threads or os.cpu_count() or 2), "-c", str(ctx), "-np", str(parallel),
                     "--no-webui", *(extra or [])]
         self.proc: subprocess.Popen | None = None
 
