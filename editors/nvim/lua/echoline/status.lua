@@ -71,12 +71,15 @@ function M.statusline()
   if s.exactness then -- a shared inference server: 'verified' or 'best-effort' (docs/team.md)
     parts[#parts + 1] = 'remote ' .. s.exactness
   end
-  if s.rewriting then
+  local loading = s.state == 'loading' and type(s.message) == 'string' and s.message ~= ''
+  if loading then
+    -- What the load is doing (downloading, compiling kernels, calibrating), even while a
+    -- rewrite waits for it.
+    parts[#parts + 1] = 'loading (' .. s.message .. ')'
+  elseif s.rewriting then
     parts[#parts + 1] = 'rewriting ' .. M.describe(s.rewriting)
   elseif s.state ~= 'ready' then
-    -- While loading, what the load is doing (downloading, compiling kernels, calibrating).
-    parts[#parts + 1] = (s.state == 'loading' and type(s.message) == 'string' and s.message ~= '')
-        and ('loading (' .. s.message .. ')') or s.state
+    parts[#parts + 1] = s.state
   else
     local st = M.describe({ tokS = s.tokS, acceptance = s.acceptance })
     if st ~= '' then
