@@ -27,23 +27,12 @@ import termios
 import time
 from pathlib import Path
 
+from tests import editor_env
+
 REPO = Path(__file__).resolve().parents[1]
 COLS, ROWS = 100, 28
 CELL_W, CELL_H = 8.4, 17.0
-SAMPLE = '''def add(a, b):
-    return a + b
-
-
-def fibonacci(n):
-    if n < 2:
-        return n
-    return fibonacci(n - 1) + fibonacci(n - 2)
-
-
-def greet(name):
-    message = "Hello, " + name
-    print(message)
-'''
+SAMPLE = editor_env.SAMPLE  # the file the editor tests edit
 
 # The scenario, inside Neovim: wait for the model, ask for a completion at the end of a
 # cut line, mark "ghost" once it shows; then ask for a rewrite with a preview, mark "preview".
