@@ -6,8 +6,10 @@ activation, a rewrite from the command palette (apply mode), an inline suggestio
 shown and committed, then a rewrite in preview mode started with its keybinding
 (ctrl+alt+r; diff editor, no modal, accepted with ctrl+alt+enter), the live
 settings sync, the status bar menu with the model list from the server's CLI, and
-the inline completions toggle. The assertions read the saved file from disk. Screenshots are kept in docs/images/
-(vscode-rewrite.png: the preview; vscode-rewrite-applied.png: after apply mode).
+the inline completions toggle, then Check Setup (the doctor's report as Markdown); the
+model load's phases must reach the extension with no error popup. The assertions read the
+saved file from disk. Screenshots are kept in docs/images/ (vscode-rewrite.png: the
+preview; vscode-rewrite-applied.png: after apply mode; vscode-check-setup.png).
 """
 
 from __future__ import annotations
@@ -205,6 +207,7 @@ def test_vscode_rewrite_and_inline_suggestion(
             E2E_MENU="1",
             E2E_OUT=str(out),
             E2E_SCREENSHOT=str(shot),
+            E2E_SETUP_SCREENSHOT=str(tmp_path / "setup.png"),
         )
         proc = subprocess.run(
             [tools["NODE"], str(DRIVER)], env=drive_env, capture_output=True, text=True, timeout=900
@@ -272,3 +275,4 @@ def test_vscode_rewrite_and_inline_suggestion(
     if preview_shot.exists():
         shutil.copyfile(preview_shot, SCREENSHOT)
     shutil.copyfile(shot, SCREENSHOT.with_name("vscode-rewrite-applied.png"))
+    shutil.copyfile(tmp_path / "setup.png", SCREENSHOT.with_name("vscode-check-setup.png"))

@@ -278,10 +278,14 @@ async function main() {
       await palette(page, 'echoline: Check Setup');
       const lines = page.locator('.monaco-editor .view-lines');
       const report = async () => {
-        for (const t of await lines.allInnerTexts()) if (/echoline set-up/.test(t)) return t;
+        for (const t of await lines.allInnerTexts()) {
+          const text = t.replace(/\u00a0/g, ' ');
+          if (/echoline set-up/.test(text)) return text;
+        }
         return '';
       };
-      out.setupReport = (await waitFor('the set-up report', report, 120000)).replace(/\u00a0/g, ' ');
+      out.setupReport = await waitFor('the set-up report', report, 120000);
+      if (env.E2E_SETUP_SCREENSHOT) await page.screenshot({ path: env.E2E_SETUP_SCREENSHOT });
       step('check setup');
     }
     out.ok = true;
