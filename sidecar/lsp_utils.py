@@ -9,7 +9,9 @@ And a position's ``character`` counts code units of the *negotiated* position
 encoding (UTF-16 unless client and server agreed on UTF-8 or UTF-32), not code points.
 
 Every conversion between an LSP ``Position`` and an offset into the document text
-(Python ``str`` indices, i.e. code points) goes through here.
+(Python ``str`` indices, i.e. code points) goes through here, and so do the helpers that
+read a request's positions and documents (``parse_position``, ``checked_offset``,
+``find_document``, ``get_doc``: InvalidParams with the reason when they name nothing).
 
 Two kinds of conversion:
 
