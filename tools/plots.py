@@ -57,11 +57,16 @@ def plot_versus(runs: list[dict], out: Path) -> Path | None:
     for i, (key, label) in enumerate(ARMS):
         xs = [g + (i - (len(ARMS) - 1) / 2) * width for g in range(len(groups))]
         ax.bar(xs, [r["traffic"][t][key] for r, t in groups], width, label=label)
-    ax.set_xticks(range(len(groups)), [f"{r['model']}\n{t}" for r, t in groups])
+    cpus = {r.get("cpu", "?") for r in runs}
+    short = {"Intel(R) Xeon(R) Processor": "Intel Xeon"}  # the name /proc/cpuinfo gives, shortened
+    ax.set_xticks(range(len(groups)), [
+        f"{r['model']}\n{t}" + (f"\n{short.get(r.get('cpu', '?'), r.get('cpu', '?'))}" if len(cpus) > 1 else "")
+        for r, t in groups
+    ])  # fmt: skip
     ax.set_ylabel("decode tok/s")
     first = runs[0]
-    ax.set_title(f"echoline vs llama-server, {first.get('cpu', '?')} ({first.get('cores', '?')} cores), "
-                 f"{first.get('date', '')}")  # fmt: skip
+    where = ", ".join(sorted(short.get(c, c) for c in cpus))
+    ax.set_title(f"echoline vs llama-server, {where} ({first.get('cores', '?')} cores)")
     return _save(fig, ax, out / "versus-llamacpp.png")
 
 
@@ -115,7 +120,7 @@ def main() -> int:
     matplotlib.use("Agg")
     args.out.mkdir(parents=True, exist_ok=True)
     spec = _load(list(args.data.glob("spec-*.json")))
-    made = [plot_versus(_load(list(args.data.glob("versus-llamacpp-*.json"))), args.out),
+    made = [plot_versus(_load(sorted(args.data.glob("versus-llamacpp-*.json"))), args.out),
             plot_verify_cost(spec, args.out), plot_acceptance(spec, args.out)]  # fmt: skip
     for p in made:
         if p is not None:
