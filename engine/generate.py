@@ -259,7 +259,8 @@ def generate_tokens(
                 k = (1 << (k + 1).bit_length() - 1) - 1  # rows 2, 4, 8 or 16: 4 graphs per cache
             drafts = list(draft.tokens[:k])
             stats.lookups += 1
-            stats.lookup_s += time.perf_counter() - t_look
+            lookup_s = time.perf_counter() - t_look
+            stats.lookup_s += lookup_s
         base = cache.length
         rows = [pending] + drafts
         t0 = time.perf_counter()
@@ -307,7 +308,7 @@ def generate_tokens(
                 observe_overhead(host)
             if arm is not None:
                 t1 = controller.cost.t1(base)
-                arm.observe_lookup(accepted, dt - t1 if drafts else 0.0, host, t1)
+                arm.observe_lookup(accepted, dt - t1 if drafts else 0.0, host, t1, lookup_s)
         elif arm is not None:
             arm.observe_plain(host)
         t_round = now

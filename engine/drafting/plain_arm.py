@@ -17,6 +17,12 @@ plain rounds: a probe that gets drafts accepted and pays switches drafting back 
 does not doubles ``skip`` (up to ``max_skip``). Each request starts with a probe and the
 shortest skip, since its prompt may be a fresh copy source.
 
+The arm only turns plain where a lookup is a visible share of a step: the decayed average
+of the lookup's own seconds must exceed ``min_share`` of T(1). On a GPU a lookup is 5-7 % of
+a ~1 ms step; on a CPU it is well under 2 % of a 10-80 ms step, where skipping it saves
+nothing and a skipped round can only miss drafts (the controller's k = 0 already declines
+drafts that do not pay).
+
 Exactness does not depend on any of this: a round without a lookup is a plain step.
 """
 
@@ -37,7 +43,8 @@ class PlainArm:
     the plain rounds between probes, doubled after each probe that did not pay.
     """
 
-    def __init__(self, weight: float = 0.1, min_skip: int = 2, max_skip: int = 4) -> None:
+    def __init__(self, weight: float = 0.1, min_skip: int = 2, max_skip: int = 4,
+                 min_share: float = 0.03) -> None:
         if not 0.0 < weight <= 1.0:
             raise ValueError("weight must be in (0, 1]")
         if not 1 <= min_skip <= max_skip:
@@ -45,6 +52,8 @@ class PlainArm:
         self.weight = weight
         self.min_skip = min_skip
         self.max_skip = max_skip
+        self.min_share = min_share
+        self.lookup_s: float | None = None  # seconds of a lookup and choice (EMA)
         self.drafting = True  # False: the plain arm (rounds skip the lookup)
         self.value_s = 0.0  # decayed average value of a lookup round, seconds
         self.h_plain_s: float | None = None  # host seconds of a plain round (EMA)
@@ -79,14 +88,19 @@ class PlainArm:
         h = self.h_plain_s or 0.0
         return accepted * (t1_s + h) - max(0.0, extra_forward_s) - (host_s - h)
 
-    def observe_lookup(self, accepted: int, extra_forward_s: float, host_s: float, t1_s: float) -> None:
+    def observe_lookup(self, accepted: int, extra_forward_s: float, host_s: float, t1_s: float,
+                       lookup_s: float | None = None) -> None:
         """A round that looked up: ``accepted`` drafts, the forward's time over one row's
-        (0 when nothing was verified), the round's host seconds, and one row's forward time."""
+        (0 when nothing was verified), the round's host seconds, one row's forward time, and
+        the lookup's own seconds (None: count the whole host time)."""
         self.lookups += 1
+        seen = host_s if lookup_s is None else lookup_s
+        lk = self.lookup_s
+        self.lookup_s = seen if lk is None else lk + self.weight * (seen - lk)
         v = self.round_value(accepted, extra_forward_s, host_s, t1_s)
         if self.drafting:
             self.value_s += self.weight * (v - self.value_s)
-            if self.value_s <= 0.0:
+            if self.value_s <= 0.0 and self.lookup_s > self.min_share * t1_s:
                 self.drafting = False
                 self.switches += 1
                 self._countdown = self.skip
