@@ -401,3 +401,58 @@ def test_engine_choice_errors(monkeypatch):
     monkeypatch.setenv(cfg.ENV_ENGINE, "openai")
     monkeypatch.setenv(cfg.ENV_ENDPOINT, "http://127.0.0.1:9")
     assert cfg.Settings().engine_kwargs()["endpoint"] == "http://127.0.0.1:9"  # `serve --endpoint`
+
+
+def _gappy_llama(server, tokenizer, reply):
+    """A llama-server stream of ``reply`` that, like the real one, sends no chunk for a token
+    ending inside a UTF-8 character; the next chunk has both tokens' text, its own id and the
+    running count (``tokens_predicted``)."""
+    fake_server(server, tokenizer, "llama", "x")
+
+    def complete(h, r):
+        start_sse(h)
+        pending = b""
+        for i, t in enumerate(reply):
+            pending += tokenizer.token_bytes(t)
+            try:
+                text = pending.decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # what llama-server does: nothing sent for this token
+            pending = b""
+            doc = {"choices": [{"text": text, "finish_reason": None}],
+                   "__verbose": {"tokens": [t], "tokens_predicted": i + 1}}
+            write(h, event(doc))
+        write(h, event({"choices": [{"text": "", "finish_reason": "stop"}], "__verbose": {"tokens": []}}))
+        write(h, event("[DONE]"))
+
+    server.script.routes["/v1/completions"] = complete
+
+
+def test_an_id_llama_server_leaves_out_of_its_stream_is_recovered(server, tokenizer, smollm2_path):
+    enc = lambda s: tokenizer.encode(s, add_bos=False, parse_special=False)  # noqa: E731
+    reply = enc("x =") + [4636, 10644] + enc(" 1")  # " \xe2" then "\x88\x92": " −" (U+2212)
+    assert tokenizer.token_bytes(4636) == b" \xe2" and tokenizer.token_bytes(10644) == b"\x88\x92"
+    _gappy_llama(server, tokenizer, reply)
+    engine = connect(server, smollm2_path, "llama", probe=False)
+    res = engine.generate(engine.encode("Say it:"), max_tokens=64)
+    assert res.token_ids == reply and res.text == "x = \u2212 1"
+    assert not engine.text_only
+
+
+def test_ambiguous_left_out_ids_keep_the_text_and_mark_the_engine(server, tokenizer, smollm2_path):
+    reply = tokenizer.encode("naïve 日本語 🙂 done", add_bos=False, parse_special=False)
+    _gappy_llama(server, tokenizer, reply)
+    engine = connect(server, smollm2_path, "llama", probe=False)
+    res = engine.generate(engine.encode("Say it:"), max_tokens=64)
+    assert res.text == "naïve 日本語 🙂 done"
+    assert engine.text_only  # " \xe6"+"\x97" or " "+"\xe6\x97": the bytes cannot tell
+
+
+def test_gap_recovery_refuses_ambiguous_bytes(tokenizer):
+    from echoline.engine.remote.gaps import recover
+
+    assert recover(tokenizer, b" \xe2", 1) == ([4636], True)
+    a, b = (tokenizer.encode(c, add_bos=False, parse_special=False) for c in "ab")
+    assert recover(tokenizer, b"ab", 2) == (a + b, True)  # one split into two entries
+    assert recover(tokenizer, b"the", 2)[1] is False  # "t"+"he" and "th"+"e": ambiguous
+    assert recover(tokenizer, b"\xff\xfe\xfd" * 3, 1) is None  # no single token has those bytes

@@ -369,6 +369,7 @@ class RemoteEngine:
                     cached = n
                 server_finish = kinds.chunk_finish(chunk) or server_finish
                 ids = kinds.chunk_token_ids(chunk)
+                ids = self._fill_gap(chunk, ids, len(out.ids))
                 if ids is None:
                     text = kinds.chunk_text(chunk)
                     if not text:
@@ -416,6 +417,30 @@ class RemoteEngine:
             stats.reused_tokens = min(cached, len(prompt))
         stats.prefilled_tokens = len(prompt) - stats.reused_tokens
         return Reply(ids=list(out.ids), text=out.text, finish=finish, cached=cached, stats=stats)
+
+    def _fill_gap(self, chunk: dict[str, Any], ids: list[int] | None, received: int) -> list[int] | None:
+        """Put back the ids llama-server left out of its stream (``gaps.py``), where the
+        chunk says how many tokens exist so far; ids it cannot pin down (several splits of
+        the bytes, or none) keep the text right and mark the replies not exact (``text_only``)."""
+        verbose = chunk.get("__verbose")
+        total = verbose.get("tokens_predicted") if isinstance(verbose, dict) else None
+        if ids is None or not isinstance(total, int):
+            return ids
+        missing = total - received - len(ids)
+        if missing <= 0:
+            return ids
+        from echoline.engine.remote.gaps import recover
+
+        text = kinds.chunk_text(chunk).encode("utf-8")
+        known = b"".join(self.tokenizer.token_bytes(t) for t in ids)
+        if text.endswith(known):
+            found = recover(self.tokenizer, text[: len(text) - len(known)], missing)
+            if found is not None:
+                if not found[1]:
+                    self.text_only = True
+                return found[0] + ids
+        self.text_only = True
+        return self.tokenizer.encode(text.decode("utf-8", errors="replace"), add_bos=False, parse_special=False)
 
     def _abort(self, extras: kinds.RequestExtras) -> None:
         """Tell the server, where it has an abort call; closing the stream already did for the rest."""
