@@ -131,7 +131,7 @@ def test_arm_state_machine() -> None:
     arm.observe_lookup(0, 0.0, host_s=50e-6, t1_s=1e-3)  # the probe found nothing either
     assert arm.skip == 4
     assert [arm.look() for _ in range(5)] == [False] * 4 + [True]
-    arm.observe_lookup(0, 0.0, host_s=-1.0, t1_s=1e-3)  # "positive" noise without drafts
+    arm.observe_lookup(0, 0.0, host_s=-1.0, t1_s=1e-3, lookup_s=50e-6)  # "positive" noise, no drafts
     assert not arm.drafting and arm.skip == 8
     for _ in range(8):
         assert not arm.look()
@@ -140,6 +140,16 @@ def test_arm_state_machine() -> None:
     assert arm.drafting and arm.skip == 2 and arm.value_s > 0
     arm.start()
     assert arm.look()
+    # Back to plain, then the step grows 100-fold (a lookup is now 0.05 % of it): a probe
+    # ends the plain arm even without drafts, and no k = 0 round starts it again.
+    for _ in range(20):
+        arm.observe_lookup(0, 0.0, host_s=50e-6, t1_s=1e-3)
+    assert not arm.drafting
+    while not arm.look():
+        pass
+    for _ in range(30):
+        arm.observe_lookup(0, 0.0, host_s=50e-6, t1_s=0.1)
+    assert arm.drafting
     with pytest.raises(ValueError):
         PlainArm(weight=0.0)
     with pytest.raises(ValueError):
@@ -252,6 +262,9 @@ def test_real_arm_goes_plain_where_verify_costs_more(tiny) -> None:
     # share the tiny model's lookups are depends on the machine (the gate: simulated above).
     cost = HeldCost(list(range(1, 18)), [0], [[1e-3 * r] for r in range(1, 18)])
     ctl = DraftController(cost, max_draft=6, arm=PlainArm(min_share=0.0))
+    # The host-time dilution of the ratio stays out too: on a busy machine one slow round can
+    # make a draft look affordable, and this test is about a verify that never is.
+    ctl.observe_overhead = lambda seconds, weight=0.05: None
     for prompt in prompts(6, seed=3):
         plain, _ = run(tiny, prompt, StopRules(max_tokens=40))
         spec, _ = run(tiny, prompt, StopRules(max_tokens=40), ctl)

@@ -98,18 +98,21 @@ class PlainArm:
         lk = self.lookup_s
         self.lookup_s = seen if lk is None else lk + self.weight * (seen - lk)
         v = self.round_value(accepted, extra_forward_s, host_s, t1_s)
+        # Both the average and this lookup: a first lookup (cold caches) is often slow.
+        visible = min(self.lookup_s, seen) > self.min_share * t1_s
         if self.drafting:
             self.value_s += self.weight * (v - self.value_s)
-            if self.value_s <= 0.0 and self.lookup_s > self.min_share * t1_s:
+            if self.value_s <= 0.0 and visible:
                 self.drafting = False
                 self.switches += 1
                 self._countdown = self.skip
             return
         # A probe. Only accepted drafts can prove drafting pays: a round with none is worth
-        # −(its lookup) plus timing noise, and noise must not switch drafting back on.
-        if accepted > 0 and v > 0.0:
+        # −(its lookup) plus timing noise, and noise must not switch drafting back on. A
+        # lookup that has become a small share of a step (the step grew) ends the plain arm.
+        if (accepted > 0 and v > 0.0) or not visible:
             self.drafting = True
-            self.value_s = v
+            self.value_s = max(v, 0.0) if accepted > 0 else 0.0
             self.skip = self.min_skip
         else:
             self.skip = min(self.skip * 2, self.max_skip)
