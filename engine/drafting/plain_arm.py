@@ -98,11 +98,12 @@ class PlainArm:
         lk = self.lookup_s
         self.lookup_s = seen if lk is None else lk + self.weight * (seen - lk)
         v = self.round_value(accepted, extra_forward_s, host_s, t1_s)
-        # Both the average and this lookup: a first lookup (cold caches) is often slow.
-        visible = min(self.lookup_s, seen) > self.min_share * t1_s
+        # Entering the plain arm needs both the average and this lookup over the share (a
+        # first lookup, cold caches, is often slow); leaving it, the average under it.
+        visible = self.lookup_s > self.min_share * t1_s
         if self.drafting:
             self.value_s += self.weight * (v - self.value_s)
-            if self.value_s <= 0.0 and visible:
+            if self.value_s <= 0.0 and visible and seen > self.min_share * t1_s:
                 self.drafting = False
                 self.switches += 1
                 self._countdown = self.skip
