@@ -446,6 +446,7 @@ def test_ambiguous_left_out_ids_keep_the_text_and_mark_the_engine(server, tokeni
     res = engine.generate(engine.encode("Say it:"), max_tokens=64)
     assert res.text == "naïve 日本語 🙂 done"
     assert engine.text_only  # " \xe6"+"\x97" or " "+"\xe6\x97": the bytes cannot tell
+    assert engine.describe()["exactness"] == "best-effort"
 
 
 def test_gap_recovery_refuses_ambiguous_bytes(tokenizer):

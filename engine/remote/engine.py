@@ -161,9 +161,11 @@ class RemoteEngine:
 
     def describe(self) -> dict[str, Any]:
         """What the status command shows about the server."""
+        # Ids rebuilt from text since the probe (a text-only chunk, an ambiguous gap) void its verdict.
+        exactness = "best-effort" if self.text_only else self.exactness
         return {"endpoint": self.client.endpoint.url, "serverKind": self.server_kind,
                 "servedModel": self.served_model, "tokenizer": self.tokenizer_check,
-                "exactness": self.exactness, "probe": self.probe, "textOnly": self.text_only}
+                "exactness": exactness, "probe": self.probe, "textOnly": self.text_only}
 
     # ---- prompts ---------------------------------------------------------------------------
     @property
