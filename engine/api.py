@@ -15,6 +15,7 @@ from pathlib import Path
 from echoline.engine.backends import get_backend
 from echoline.engine.backends.base import Backend
 from echoline.engine.calibration import measure_verify_cost
+from echoline.engine.chat_template import PromptEncoding
 from echoline.engine.drafting.controller import DraftController
 from echoline.engine.drafting.ngram_index import NgramIndex
 from echoline.engine.errors import EcholineError
@@ -48,7 +49,7 @@ WARMING = "warming up"
 CALIBRATING = "calibrating draft lengths"
 
 
-class Engine:
+class Engine(PromptEncoding):
     """A model ready to generate, with sessions and a draft index.
 
     Not thread-safe: the sidecar drives it from one worker thread.
@@ -153,19 +154,7 @@ class Engine:
         return self.backend.variant
 
     # ---- prompts ---------------------------------------------------------------------------
-    @property
-    def has_chat_template(self) -> bool:
-        return self.tokenizer.chat_template is not None
-
-    def encode(self, text: str) -> list[int]:
-        """A raw prompt: special-token text parsed, BOS as the model's metadata says."""
-        return self.tokenizer.encode(text, parse_special=True)
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """Messages through the chat template; user content is never parsed as special tokens."""
-        from echoline.engine.chat_template import encode_chat
-
-        return encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+    # has_chat_template, encode, encode_chat: PromptEncoding (engine/chat_template.py)
 
     # ---- draft sources ---------------------------------------------------------------------
     def set_source(self, source_id: str, text: str) -> None:

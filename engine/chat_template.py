@@ -217,3 +217,24 @@ def encode_chat(
     ):
         ids.insert(0, tokenizer.bos_id)
     return ids
+
+
+class PromptEncoding:
+    """``encode``/``encode_chat`` over ``self.tokenizer``: one definition for every engine
+    (the in-process ``Engine`` and ``RemoteEngine`` render prompts identically, which is
+    what keeps a remote server's prefix cache byte-stable)."""
+
+    tokenizer: Tokenizer
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer.chat_template is not None
+
+    def encode(self, text: str) -> list[int]:
+        """A raw prompt: special-token text parsed, BOS as the model's metadata says."""
+        return self.tokenizer.encode(text, parse_special=True)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Messages through the chat template; user content is never parsed as special tokens."""
+        return encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+

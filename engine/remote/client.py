@@ -13,6 +13,7 @@ generation when the client goes away).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -138,10 +139,7 @@ class HttpClient:
 
         A set ``cancel`` closes the connection (``StreamCancelled``): an idle prefill of a
         long prompt must give way to the user's request at once."""
-        conn = self._connect()
-        done = threading.Event()
-        watcher = _watch(conn, cancel, done)
-        try:
+        with self._watched(cancel) as conn:
             resp = self._send(conn, method, path, body, self._headers(headers, "application/json"))
             try:
                 raw = resp.read()
@@ -155,6 +153,19 @@ class HttpClient:
                 return json.loads(raw) if raw.strip() else None
             except ValueError:
                 raise RemoteError(f"{self.endpoint.url}{path}: reply is not JSON: {_quote(raw)}") from None
+
+    @contextlib.contextmanager
+    def _watched(self, cancel: threading.Event | None) -> Iterator[http.client.HTTPConnection]:
+        """A connection that a set ``cancel`` shuts down from a watcher thread (a blocked read
+        then returns at once); a ``RemoteError`` raised after cancel becomes ``StreamCancelled``,
+        and the connection is closed however the block ends."""
+        conn = self._connect()
+        done = threading.Event()
+        watcher = _watch(conn, cancel, done)
+        try:
+            yield conn
+        except StreamCancelled:
+            raise
         except RemoteError:
             if cancel is not None and cancel.is_set():
                 raise StreamCancelled("cancelled") from None
@@ -184,11 +195,8 @@ class HttpClient:
         mid-reply). A set ``cancel`` closes the connection and raises ``StreamCancelled``;
         so does closing the generator early (the caller's own stop rules).
         """
-        conn = self._connect()
-        done = threading.Event()
-        watcher = _watch(conn, cancel, done)
         finished = False
-        try:
+        with self._watched(cancel) as conn:
             resp = self._send(conn, "POST", path, body, self._headers(headers, "text/event-stream"))
             if resp.status >= 400:
                 raise RemoteError(f"{self.endpoint.url}{path}: HTTP {resp.status}: {_quote(_read_all(resp))}")
@@ -207,17 +215,6 @@ class HttpClient:
             if not finished:
                 raise RemoteError(f"{self.endpoint.url}{path}: the stream ended before the reply did "
                                   "(server closed the connection)")
-        except StreamCancelled:
-            raise
-        except RemoteError:
-            if cancel is not None and cancel.is_set():
-                raise StreamCancelled("cancelled") from None
-            raise
-        finally:
-            done.set()
-            _shutdown(conn)
-            if watcher is not None:
-                watcher.join()
 
 
 def _finished(doc: Any) -> bool:

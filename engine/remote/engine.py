@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from echoline.engine.chat_template import PromptEncoding
 from echoline.engine.errors import EcholineError
 from echoline.engine.generate import StopRules, _Reply
 from echoline.engine.gguf_file import GGUFFile
@@ -75,7 +76,7 @@ class Reply:
     stats: GenerationStats
 
 
-class RemoteEngine:
+class RemoteEngine(PromptEncoding):
     """An ``Engine`` look-alike whose forward passes run on an OpenAI-style server."""
 
     def __init__(self, model_path: Path, client: HttpClient, *, server_kind: str = "llama",
@@ -168,18 +169,7 @@ class RemoteEngine:
                 "exactness": exactness, "probe": self.probe, "textOnly": self.text_only}
 
     # ---- prompts ---------------------------------------------------------------------------
-    @property
-    def has_chat_template(self) -> bool:
-        return self.tokenizer.chat_template is not None
-
-    def encode(self, text: str) -> list[int]:
-        """A raw prompt: special-token text parsed, BOS as the model's metadata says."""
-        return self.tokenizer.encode(text, parse_special=True)
-
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        from echoline.engine.chat_template import encode_chat
-
-        return encode_chat(self.tokenizer, messages, add_generation_prompt=True)
+    # has_chat_template, encode, encode_chat: PromptEncoding (engine/chat_template.py)
 
     # ---- draft sources ---------------------------------------------------------------------
     # The server drafts (or not) by itself. SGLang's n-gram drafter takes the workspace's
