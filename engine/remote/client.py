@@ -233,13 +233,18 @@ def _read_all(resp: http.client.HTTPResponse) -> bytes:
         return b""
 
 
-def _shutdown(conn: http.client.HTTPConnection) -> None:
+def _shut_socket(conn: http.client.HTTPConnection) -> None:
+    """Shut the connection's socket both ways (a read blocked on it returns at once)."""
     sock = conn.sock
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _shutdown(conn: http.client.HTTPConnection) -> None:
+    _shut_socket(conn)
     conn.close()
 
 
@@ -258,12 +263,7 @@ def _close_on_cancel(conn: http.client.HTTPConnection, cancel: threading.Event, 
     while not done.is_set():
         if cancel.wait(CANCEL_POLL_S):
             if not done.is_set():
-                sock = conn.sock
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                _shut_socket(conn)
             return
 
 
