@@ -111,10 +111,17 @@ def test_a_cached_curve_slower_everywhere_is_measured_again(tmp_path, monkeypatc
 
     model, path, cache_file, table = _measured(tmp_path, monkeypatch)
     lo = min(table)
+    wide = max(calibration.CAL_ROWS)
+    # The quick check's own timing is pinned to the cached one: a real re-measurement
+    # would make this test hang on whatever else the machine runs at that moment.
+    now = {1: table[lo][1], wide: table[lo][wide]}
+    monkeypatch.setattr(calibration, "row_times", lambda *a, **k: dict(now))
     honest = table
     assert not calibration.cached_curve_is_pessimistic(model, honest, lo)
     loaded = {c: {r: t * 3.0 for r, t in v.items()} for c, v in table.items()}  # same ratios, 3x slower
     assert calibration.cached_curve_is_pessimistic(model, loaded, lo)
+    now[wide] = table[lo][wide] * 0.5  # the wide verify now clearly cheaper than cached
+    assert calibration.cached_curve_is_pessimistic(model, honest, lo)
 
 
 def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_path, monkeypatch):
