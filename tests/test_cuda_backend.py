@@ -876,13 +876,17 @@ def test_tensor_products_propagate_nan(tensor_on, rng):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_tensor_model_decode_equals_verify(models, arch, rng):
+@pytest.mark.parametrize("wide", [False, True], ids=["mt", "wide"])
+def test_tensor_model_decode_equals_verify(models, arch, wide, rng):
     """Whole forwards with tensor-core products: one row at a time == k at a time == odd
-    chunks (graph and eager paths), and close to the numpy model."""
+    chunks (graph and eager paths), and close to the numpy model. ``wide``: every plain
+    product (the head included) on the staged wide-weight kernel."""
     gpu, cpu = models[arch]
     b = gpu.backend
-    keep = b.tensor_products
+    keep = b.tensor_products, b.tensor_wide_min_cols
     b.tensor_products = True
+    if wide:
+        b.tensor_wide_min_cols = 1
     b.drop_graphs()
     try:
         ids = rng.integers(0, 300, size=40)
@@ -895,5 +899,139 @@ def test_tensor_model_decode_equals_verify(models, arch, rng):
         ]
         assert np.array_equal(np.concatenate(parts), whole)
     finally:
-        b.tensor_products = keep
+        b.tensor_products, b.tensor_wide_min_cols = keep
         b.drop_graphs()
+
+
+# ---- tensor-core products of very wide weights (issue 21: kernels.cu mtw_body, the heads) ----
+#: name -> (tensor_wide_stages, tensor_wide_persistent): speed choices that change no bits
+WIDE_VARIANTS = {
+    "s2-persistent": (2, True),
+    "s1-persistent": (1, True),
+    "s2-per-tile": (2, False),
+    "s1-per-tile": (1, False),
+}
+
+
+@pytest.fixture
+def wide_on(tensor_on):
+    """Every single-type, non-gated tensor-core product on the staged wide kernel."""
+    cb = tensor_on
+    names = ("tensor_wide", "tensor_wide_min_cols", "tensor_wide_stages", "tensor_wide_persistent")
+    keep = {a: getattr(cb, a) for a in names}
+    cb.tensor_wide, cb.tensor_wide_min_cols = True, 1
+    yield cb
+    for a, v in keep.items():
+        setattr(cb, a, v)
+    cb.drop_graphs()
+
+
+def set_wide(cb, variant: str) -> None:
+    cb.tensor_wide_stages, cb.tensor_wide_persistent = WIDE_VARIANTS[variant]
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+def test_tensor_wide_products_match_reference(wide_on, ref, rng, qtype):
+    """mtw_body within the f16 bounds, plain, with the fused norm and a bias, and with a
+    residual; every stage count and grid gives the same bits."""
+    cb = wide_on
+    d = 512
+    t = make_tensor(rng, 200, d, qtype)  # 12 whole 16-column tiles and a partial one
+    w, w_ref = cb.prepare_matrix([t]), ref.prepare_matrix([t])
+    assert cb._tensor_wide(w)
+    g = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    bias = rng.standard_normal(200).astype(np.float32)
+    gd, bd = cb.prepare_vector(g), cb.prepare_vector(bias)
+    for n in (1, 3, 16, 40):
+        x = wide_range_x(rng, n, d)
+        xd = cupy.asarray(x)
+        res = rng.standard_normal((n, 200)).astype(np.float32)
+        resd = cupy.asarray(res)
+        inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1) + 1e-6)
+        got = {}
+        for variant in WIDE_VARIANTS:
+            set_wide(cb, variant)
+            assert cb._tensor_wide(w)
+            outs = []
+            for op in (
+                lambda xd=xd: cb.matmul(xd, w),
+                lambda xd=xd: cb.norm_matmul(xd, gd, 1e-6, w, bd),
+                lambda xd=xd, resd=resd: cb.matmul_add(xd, w, resd),
+            ):
+                poison()
+                outs.append(cb.to_host(op()))
+            got[variant] = outs
+        plain, normed, added = got["s2-persistent"]
+        tc_check(w_ref, x, plain)
+        tc_check(w_ref, (x * g).astype(np.float32), normed - bias, scale=inv)
+        assert np.array_equal(added, (res + plain).astype(np.float32))
+        for variant, outs in got.items():
+            for a, b_ in zip(outs, got["s2-persistent"], strict=True):
+                assert np.array_equal(a, b_), f"{variant}: bits differ at {n} rows"
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("variant", ["s2-persistent", "s1-per-tile"])
+def test_tensor_wide_batch_invariant(wide_on, rng, qtype, variant):
+    """The wide kernel for every row count: rows 1, 2, 8, 16, 64 (and odd counts, offsets,
+    chunkings) bit-identical, plain, with norm + bias and with a residual."""
+    cb = wide_on
+    set_wide(cb, variant)
+    d, cols = 256, 72  # four whole tiles and half of one
+    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
+    assert cb._tensor_wide(w)
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    bd = cb.prepare_vector(rng.standard_normal(cols).astype(np.float32))
+    x = cupy.asarray(wide_range_x(rng, 64, d))
+    res = cupy.asarray(rng.standard_normal((64, cols)).astype(np.float32))
+    ops = {  # rows [s, e) of x (and of the residual)
+        "plain": lambda s, e: cb.matmul(x[s:e], w),
+        "norm": lambda s, e: cb.norm_matmul(x[s:e], gd, 1e-5, w, bd),
+        "add": lambda s, e: cb.matmul_add(x[s:e], w, res[s:e]),
+    }
+    for name, op in ops.items():
+        poison()
+        full = cb.to_host(op(0, 64))
+        assert np.isfinite(full).all()
+        for m in (1, 2, 3, 8, 9, 16, 17, 33):
+            poison()
+            assert np.array_equal(cb.to_host(op(0, m)), full[:m]), f"{name}: {m} rows differ"
+        for i in (5, 63):
+            assert np.array_equal(cb.to_host(op(i, i + 1))[0], full[i]), f"{name}: row {i} alone"
+        pieces = [cb.to_host(op(s, s + 7)) for s in range(0, 64, 7)]
+        assert np.array_equal(np.concatenate(pieces), full), f"{name}: chunks of 7"
+
+
+def test_tensor_wide_default_takes_the_heads(tensor_on, ref, rng):
+    """By default only weights wider than ``tensor_max_cols`` (the output heads) take the
+    wide kernel; gated products never do; a head's rows equal its one-row calls and stay
+    within the f16 bound; a NaN in x reaches its row only."""
+    cb = tensor_on
+    t = make_tensor(rng, 65600, 64, Q.Q8_0)
+    head = cb.prepare_matrix([t])
+    assert cb._tensor_wide(head) and not cb._tensor(head)
+    narrow = cb.prepare_matrix([make_tensor(rng, 65536, 64, Q.Q8_0)])
+    assert not cb._tensor_wide(narrow) and cb._tensor(narrow)
+    x = wide_range_x(rng, 17, 64)
+    xd = cupy.asarray(x)
+    poison()
+    full = cb.to_host(cb.matmul(xd, head))
+    tc_check(ref.prepare_matrix([t]), x, full)
+    for m in (1, 8, 16):
+        assert np.array_equal(cb.to_host(cb.matmul(xd[:m], head)), full[:m]), f"{m} rows"
+    x[1, 7] = np.nan
+    got = cb.to_host(cb.matmul(cupy.asarray(x[:3]), head))
+    assert np.isnan(got[1]).all() and np.array_equal(got[[0, 2]], full[[0, 2]])
+    # a gated product of a weight that would qualify keeps mt_body (gate, up in one tile)
+    gu = cb.prepare_matrix(
+        [make_tensor(rng, 48, 64, Q.Q8_0, "g"), make_tensor(rng, 48, 64, Q.Q8_0, "u")]
+    )
+    gd = cb.prepare_vector(np.ones(64, dtype=np.float32))
+    glu = cb.to_host(cb.norm_matmul_glu(xd[:2], gd, 1e-6, gu, 48, False))
+    keep = cb.tensor_wide_min_cols
+    try:
+        cb.tensor_wide_min_cols = 1
+        assert cb._tensor_wide(gu)
+        assert np.array_equal(cb.to_host(cb.norm_matmul_glu(xd[:2], gd, 1e-6, gu, 48, False)), glu)
+    finally:
+        cb.tensor_wide_min_cols = keep

@@ -14,6 +14,21 @@ def test_environment_overrides_take_only_well_formed_values() -> None:
     assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_ATTENTION": "0"}).tensor_attention is False
     odd = CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_ATTENTION": "yes", "ECHOLINE_CUDA_TENSOR_UNITS": "3"})
     assert odd == CudaTuning()
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_WIDE": "0"}).tensor_wide is False
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_WIDE": "1"}) == CudaTuning()
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_WIDE": "off"}) == CudaTuning()
+
+
+def test_wide_kernel_defaults_take_only_the_heads() -> None:
+    """The staged wide kernel starts past the tensor-core column limit (the output heads,
+    e.g. Qwen2.5's 151936 columns), and its default tiles fit without a shared-memory opt-in."""
+    t = CudaTuning()
+    assert t.tensor_wide and t.tensor_wide_min_cols == t.tensor_max_cols + 1
+    assert t.tensor_wide_min_cols <= 151936
+    assert t.tensor_wide_stages in (1, 2) and t.tensor_wide_max_smem <= 48 * 1024
+    # Qwen2.5-0.5B's Q8_0 head (896 inputs: 952-byte rows) and 1.5B's Q6_K head (1260)
+    for row_bytes in (952, 1260):
+        assert t.tensor_wide_stages * 16 * row_bytes <= t.tensor_wide_max_smem
 
 
 def test_backend_attributes_read_and_write_the_tuning() -> None:

@@ -65,6 +65,25 @@ class CudaTuning:
     #: on the block that computes it, so this is a speed choice per launch. Round 8:
     #: SmolLM2's narrow launches gain (k=16 -9 %, k=17 -19 %), Qwen's wider ones lost 3 % split
     tensor_row_split_warps_per_sm: int = 20
+    #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
+    #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body,
+    #: issue 21): one warp per block stages whole 16-column tiles (16 consecutive rows of
+    #: blocks) into shared memory with 16-byte cp.async copies and runs mt_body on them
+    #: (MT 1, KW 1). mt_body straight from global memory was slower than the CUDA cores at
+    #: one row on Qwen's 151936-column Q8_0 head (76.7 vs 59.8 us).
+    #: Env ``ECHOLINE_CUDA_TENSOR_WIDE=0|1`` (A/B on real models)
+    tensor_wide: bool = True
+    #: ... from this many output columns (above ``tensor_max_cols``: the heads of Qwen2.5)
+    tensor_wide_min_cols: int = 65537
+    #: ... tiles staged per warp: 2 = the next tile's copy in flight while one computes
+    #: (a speed choice: the same bits)
+    tensor_wide_stages: int = 2
+    #: ... a grid of as many one-warp blocks as are resident at once, each striding over
+    #: the tiles (True), or one block per tile (a speed choice: the same bits)
+    tensor_wide_persistent: bool = True
+    #: ... shared memory one block may stage (stages x 16 rows of blocks); wider rows keep
+    #: the other kernels (48 KiB needs no opt-in)
+    tensor_wide_max_smem: int = 48 * 1024
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
     #: a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items: int = 8
@@ -89,6 +108,9 @@ class CudaTuning:
         flag = env.get("ECHOLINE_CUDA_TENSOR_ATTENTION")
         if flag in ("0", "1"):
             tuning.tensor_attention = flag == "1"
+        wide = env.get("ECHOLINE_CUDA_TENSOR_WIDE")
+        if wide in ("0", "1"):
+            tuning.tensor_wide = wide == "1"
         units = env.get("ECHOLINE_CUDA_TENSOR_UNITS")
         if units in ("1", "2"):
             tuning.tensor_units = int(units)

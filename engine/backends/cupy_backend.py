@@ -177,6 +177,10 @@ class CupyBackend(Backend):
         self._fn: dict[tuple[str, str | None, int], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
+        # resident blocks of the wide-weight kernels: shared memory per SM and per block
+        self._smem_per_sm = int(props.get("sharedMemPerMultiprocessor", 233472))
+        self._smem_reserved = int(props.get("reservedSharedMemPerBlock", 1024))
+        self._wide_fit: dict[tuple[int, int], int] = {}
         # last host positions uploaded: a forward hands one array to every layer
         self._pos_host: np.ndarray | None = None
         self._pos_dev: Any = None
@@ -354,6 +358,9 @@ class CupyBackend(Backend):
                 res = residual if residual.dtype == cupy.float32 else residual.astype(cupy.float32)
             else:
                 res, ldr = self._rows(residual, w.out_features)
+        if not act and self._tensor_wide(w):
+            self._wide_product(w, x2, ldx, n, out, width, norm, eps, res, ldr)
+            return out
         if self._tensor(w):
             self._tensor_product(w, x2, ldx, n, out, width, norm, eps, res, ldr, act)
             return out
@@ -408,6 +415,60 @@ class CupyBackend(Backend):
             and w.out_features <= self.tensor_max_cols
             and all(seg.kernel in TENSOR for seg in w.segments)
         )
+
+    def _tensor_wide(self, w: CudaWeight) -> bool:
+        """Whether ``w`` runs on the staged wide-weight kernels (kernels.cu mtw_body): by flag,
+        quant type and shape only (the output heads), so every row count of one weight runs
+        the same kernel (batch-invariant). Gated products never come here."""
+        if not (self.tensor_products and self.tensor_wide and len(w.segments) == 1):
+            return False
+        seg = w.segments[0]
+        return (
+            seg.kernel in TENSOR
+            and w.in_features % 64 == 0
+            and w.out_features >= self.tensor_wide_min_cols
+            and self.tensor_wide_stages * 16 * seg.row_bytes <= self.tensor_wide_max_smem
+            and seg.data.data.ptr % 16 == 0  # 16-byte copies (every upload is aligned)
+        )
+
+    def _wide_product(
+        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
+        norm: Any, eps: float, res: Any, ldr: int,
+    ) -> None:  # fmt: skip
+        """One mtw_body launch: one-warp blocks over 16-column tiles staged in shared memory.
+        NT (8-row tiles per pass) follows the row count, the grid the chip: neither changes
+        a value (each tile is mt_body with MT 1, KW 1)."""
+        seg = w.segments[0]
+        nt = 1 if n <= 8 else 2 if n <= 16 else 4
+        stages = self.tensor_wide_stages
+        smem = stages * 16 * seg.row_bytes
+        fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}", seg.kernel)
+        tiles = (seg.rows + 15) // 16
+        grid = min(tiles, self._wide_resident(fn, smem)) if self.tensor_wide_persistent else tiles
+        fn(
+            (grid,),
+            (32,),
+            (
+                seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
+                x2, _i32(ldx), _i32(n), out, _i32(width), norm, np.float32(eps), res, _i32(ldr),
+            ),  # fmt: skip
+            shared_mem=smem,
+        )
+
+    def _wide_resident(self, fn: Any, smem: int) -> int:
+        """One-warp blocks of ``fn`` with ``smem`` bytes of tiles resident at once on the chip
+        (registers: 4 partitions of 16K in 256-register steps per warp; shared memory; at
+        most 32 blocks per SM)."""
+        key = (id(fn), smem)
+        fit = self._wide_fit.get(key)
+        if fit is None:
+            regs = int(getattr(fn, "num_regs", 128)) or 128
+            per_warp = -(-regs * 32 // 256) * 256
+            static = int(getattr(fn, "shared_size_bytes", 0))
+            by_smem = self._smem_per_sm // (smem + static + self._smem_reserved)
+            fit = max(1, min(32, 4 * (16384 // per_warp), by_smem)) * self._sm_count
+            self._wide_fit[key] = fit
+        return fit
 
     def _tensor_shape(self, w: CudaWeight, act: int) -> tuple[int, int]:
         """(MT, KW) for ``w``: 16-column tiles per warp and warps splitting K per block.

@@ -271,17 +271,20 @@ def ab_tensor(
     b, model, cache, context: int, prompt, reps: int, ks: list[int], rounds: int = 3
 ) -> list[str]:
     """Engine path at each k for the product policies (CUDA cores, tensor cores for every
-    supported weight, the backend's default shape limits), then the attention-items A/B."""
-    keys = ("tensor_products", "tensor_max_in", "tensor_max_cols")
+    supported weight, the round-8 default (wide heads on the CUDA cores), the backend's
+    default), then (without --quick) the attention-items A/B."""
+    keys = ("tensor_products", "tensor_max_in", "tensor_max_cols", "tensor_wide")
+    limits = (b.tensor_max_in, b.tensor_max_cols)
     configs = {
         name: dict(zip(keys, policy, strict=True))
         for name, policy in (
-            ("cuda-core", (False, 0, 0)),
-            ("tensor", (True, 10**9, 10**9)),  # every supported weight
-            ("default", (True, b.tensor_max_in, b.tensor_max_cols)),  # the shape limits
+            ("cuda-core", (False, 0, 0, False)),
+            ("tensor", (True, 10**9, 10**9, b.tensor_wide)),  # every supported weight
+            ("cc-head", (True, *limits, False)),  # round 8: the head on the CUDA cores
+            ("default", (True, *limits, b.tensor_wide)),  # the shape limits, wide heads
         )
     }
-    lines = attn_items_ab(b, model, cache, context, prompt, reps, rounds)
+    lines = [] if QUICK else attn_items_ab(b, model, cache, context, prompt, reps, rounds)
     return lines + ab_policies(b, model, cache, context, prompt, reps, ks, configs, "tc", rounds)
 
 
