@@ -67,20 +67,25 @@ class CudaTuning:
     tensor_row_split_warps_per_sm: int = 20
     #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
     #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body,
-    #: issue 21): one warp per block stages whole 16-column tiles (16 consecutive rows of
-    #: blocks) into shared memory with 16-byte cp.async copies and runs mt_body on them
-    #: (MT 1, KW 1). mt_body straight from global memory was slower than the CUDA cores at
-    #: one row on Qwen's 151936-column Q8_0 head (76.7 vs 59.8 us).
+    #: issue 21): a block stages whole 16-column tiles (16 consecutive rows of blocks) into
+    #: shared memory with 16-byte cp.async copies and runs mt_body on them (MT 1). mt_body
+    #: straight from global memory was slower than the CUDA cores at one row on Qwen's
+    #: 151936-column Q8_0 head (76.7 vs 59.8 us).
     #: Env ``ECHOLINE_CUDA_TENSOR_WIDE=0|1`` (A/B on real models)
     tensor_wide: bool = True
     #: ... from this many output columns (above ``tensor_max_cols``: the heads of Qwen2.5)
     tensor_wide_min_cols: int = 65537
-    #: ... tiles staged per warp: 2 = the next tile's copy in flight while one computes
-    #: (a speed choice: the same bits)
-    tensor_wide_stages: int = 2
-    #: ... a grid of as many one-warp blocks as are resident at once, each striding over
-    #: the tiles (True), or one block per tile (a speed choice: the same bits)
-    tensor_wide_persistent: bool = True
+    #: ... warps per block splitting a tile's units (mt_body's KW: it sets the order of a
+    #: row's partial sums, so it is fixed here, never per launch; 1, 2 or 4).
+    #: Env ``ECHOLINE_CUDA_TENSOR_WIDE_WARPS``
+    tensor_wide_warps: int = 2
+    #: ... tiles staged per block: 2 = the next tile's copy in flight while one computes
+    #: (a speed choice: the same bits). Env ``ECHOLINE_CUDA_TENSOR_WIDE_STAGES=1|2``
+    tensor_wide_stages: int = 1
+    #: ... a grid of as many blocks as are resident at once, each striding over the tiles
+    #: (True), or one block per tile (a speed choice: the same bits).
+    #: Env ``ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT=0|1``
+    tensor_wide_persistent: bool = False
     #: ... shared memory one block may stage (stages x 16 rows of blocks); wider rows keep
     #: the other kernels (48 KiB needs no opt-in)
     tensor_wide_max_smem: int = 48 * 1024
@@ -108,9 +113,16 @@ class CudaTuning:
         flag = env.get("ECHOLINE_CUDA_TENSOR_ATTENTION")
         if flag in ("0", "1"):
             tuning.tensor_attention = flag == "1"
-        wide = env.get("ECHOLINE_CUDA_TENSOR_WIDE")
-        if wide in ("0", "1"):
-            tuning.tensor_wide = wide == "1"
+        for name, field, ok in (
+            ("ECHOLINE_CUDA_TENSOR_WIDE", "tensor_wide", ("0", "1")),
+            ("ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT", "tensor_wide_persistent", ("0", "1")),
+            ("ECHOLINE_CUDA_TENSOR_WIDE_WARPS", "tensor_wide_warps", ("1", "2", "4")),
+            ("ECHOLINE_CUDA_TENSOR_WIDE_STAGES", "tensor_wide_stages", ("1", "2")),
+        ):
+            value = env.get(name)
+            if value in ok:
+                kind = type(getattr(tuning, field))
+                setattr(tuning, field, value == "1" if kind is bool else int(value))
         units = env.get("ECHOLINE_CUDA_TENSOR_UNITS")
         if units in ("1", "2"):
             tuning.tensor_units = int(units)
