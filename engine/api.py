@@ -161,6 +161,11 @@ class Engine(PromptEncoding):
         """Register or replace an extra draft source (a workspace file), tokenized here."""
         self.index.set_source(source_id, self.tokenizer.encode(text, add_bos=False, parse_special=False))
 
+    @property
+    def takes_source_ids(self) -> bool:
+        """The n-gram index drafts from token ids: a sidecar tokenizes sources incrementally."""
+        return True
+
     def set_source_ids(self, source_id: str, ids: Sequence[int]) -> None:
         """Register or replace a draft source already tokenized by the caller (no BOS)."""
         self.index.set_source(source_id, [int(t) for t in ids])

@@ -188,10 +188,12 @@ class EngineWorker:
         """Hand the engine the source's ids, re-tokenizing only the chunks an edit touched.
 
         Same ids as ``engine.set_source(sid, text)`` (no BOS, special-token text left
-        plain); engines without a tokenizer and an index get the text as before.
+        plain); engines that do not draft from ids (``takes_source_ids``: a remote
+        server) get the text, untokenized.
         """
         tok = getattr(engine, "tokenizer", None)
-        if tok is None or not hasattr(engine, "set_source_ids") or not hasattr(tok, "encode_batch"):
+        if (tok is None or not getattr(engine, "takes_source_ids", False)
+                or not hasattr(tok, "encode_batch")):
             engine.set_source(sid, text)
             return
         ids = self._tokens.ids(sid, text, lambda texts: tok.encode_batch(texts, parse_special=False))

@@ -92,6 +92,8 @@ def test_chunked_ids_equal_whole_text_ids_on_the_real_tokenizer(smollm2_path: Pa
 class IndexEngine:
     """An engine with a tokenizer and an n-gram index, as the worker sees it."""
 
+    takes_source_ids = True
+
     def __init__(self) -> None:
         self.enc = CharEncoder()
         self.tokenizer = SimpleNamespace(encode_batch=lambda texts, parse_special: self.enc(texts))
@@ -124,5 +126,33 @@ def test_worker_hands_the_index_incremental_ids() -> None:
         w.remove_source("file:a")
         w.sync_sources().future.result(5)
         assert eng.removed == ["file:a"] and "file:a" not in eng.sources
+    finally:
+        w.stop()
+
+
+class TextEngine(IndexEngine):
+    """An engine that drafts elsewhere (a remote server): it takes the text."""
+
+    takes_source_ids = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: dict[str, str] = {}
+
+    def set_source(self, sid: str, text: str) -> None:
+        self.texts[sid] = text
+
+
+def test_worker_does_not_tokenize_for_an_engine_that_takes_text() -> None:
+    w = EngineWorker(lambda model, **kw: TextEngine())
+    try:
+        w.load("fake").future.result(5)
+        text = module_text()
+        w.set_source("file:a", text)
+        w.sync_sources().future.result(5)
+        eng: TextEngine = w.engine
+        assert eng.texts == {"file:a": text} and eng.sources == {}
+        assert eng.enc.chars == 0  # not one character tokenized
+        assert w.token_cache_bytes() == 0
     finally:
         w.stop()

@@ -435,20 +435,19 @@ class CupyBackend(Backend):
         self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
         norm: Any, eps: float, res: Any, ldr: int,
     ) -> None:  # fmt: skip
-        """One mtw_body launch: blocks of KW warps over 16-column tiles staged in shared
-        memory. NT (8-row tiles per pass) follows the row count, the grid the chip or the
-        tiles: neither changes a value (each tile is mt_body with MT 1 and the weight's KW)."""
+        """One mtw_body launch: one-warp blocks over 16-column tiles staged in shared memory.
+        NT (8-row tiles per pass) follows the row count, the grid the chip: neither changes
+        a value (each tile is mt_body with MT 1, KW 1)."""
         seg = w.segments[0]
         nt = 1 if n <= 8 else 2 if n <= 16 else 4
-        stages, kw = self.tensor_wide_stages, self.tensor_wide_warps
+        stages = self.tensor_wide_stages
         smem = stages * 16 * seg.row_bytes
-        fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}_w{kw}", seg.kernel)
+        fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}", seg.kernel)
         tiles = (seg.rows + 15) // 16
-        persistent = self.tensor_wide_persistent
-        grid = min(tiles, self._wide_resident(fn, smem, kw)) if persistent else tiles
+        grid = min(tiles, self._wide_resident(fn, smem)) if self.tensor_wide_persistent else tiles
         fn(
             (grid,),
-            (32 * kw,),
+            (32,),
             (
                 seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
                 x2, _i32(ldx), _i32(n), out, _i32(width), norm, np.float32(eps), res, _i32(ldr),
@@ -456,10 +455,10 @@ class CupyBackend(Backend):
             shared_mem=smem,
         )
 
-    def _wide_resident(self, fn: Any, smem: int, kw: int) -> int:
-        """Blocks of ``kw`` warps of ``fn`` with ``smem`` bytes of tiles resident at once on
-        the chip (registers: 4 partitions of 16K in 256-register steps per warp; shared
-        memory; at most 32 blocks and 64 warps per SM)."""
+    def _wide_resident(self, fn: Any, smem: int) -> int:
+        """One-warp blocks of ``fn`` with ``smem`` bytes of tiles resident at once on the chip
+        (registers: 4 partitions of 16K in 256-register steps per warp; shared memory; at
+        most 32 blocks per SM)."""
         key = (id(fn), smem)
         fit = self._wide_fit.get(key)
         if fit is None:
@@ -467,8 +466,7 @@ class CupyBackend(Backend):
             per_warp = -(-regs * 32 // 256) * 256
             static = int(getattr(fn, "shared_size_bytes", 0))
             by_smem = self._smem_per_sm // (smem + static + self._smem_reserved)
-            by_regs = 4 * (16384 // per_warp) // kw
-            fit = max(1, min(32, 64 // kw, by_regs, by_smem)) * self._sm_count
+            fit = max(1, min(32, 4 * (16384 // per_warp), by_smem)) * self._sm_count
             self._wide_fit[key] = fit
         return fit
 

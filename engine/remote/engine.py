@@ -181,6 +181,12 @@ class RemoteEngine(PromptEncoding):
             self._sources[source_id] = text
             self._corpus_dirty = True
 
+    @property
+    def takes_source_ids(self) -> bool:
+        """No: SGLang's corpus takes text and other servers take nothing, so ids handed
+        over would only be decoded back (or dropped) after a wasted tokenization."""
+        return False
+
     def set_source_ids(self, source_id: str, ids: Sequence[int]) -> None:
         """SGLang takes documents as text: the ids go back to the text they came from."""
         if self.server_kind == "sglang":
