@@ -67,23 +67,24 @@ class CudaTuning:
     tensor_row_split_warps_per_sm: int = 20
     #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
     #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body,
-    #: issue 21): a block stages whole 16-column tiles (16 consecutive rows of blocks) into
-    #: shared memory with 16-byte cp.async copies and runs mt_body on them (MT 1). mt_body
-    #: straight from global memory was slower than the CUDA cores at one row on Qwen's
-    #: 151936-column Q8_0 head (76.7 vs 59.8 us).
+    #: issue 21): one-warp blocks stage whole 16-column tiles (16 consecutive rows of blocks)
+    #: into shared memory with 16-byte cp.async copies and run mt_body on them (MT 1, KW 1).
+    #: Qwen2.5-0.5B's 151936 x 896 Q8_0 head, 1 / 8 / 16 rows: 60.2 / 80.7 / 119.7 us, against
+    #: 55.5 / 170.8 / 347.2 on the CUDA cores and 72.2 / 79.4 / 100.0 with mt_body.
     #: Env ``ECHOLINE_CUDA_TENSOR_WIDE=0|1`` (A/B on real models)
     tensor_wide: bool = True
-    #: ... from this many output columns (above ``tensor_max_cols``: the heads of Qwen2.5)
+    #: ... from this many output columns (above ``tensor_max_cols``: the heads of Qwen2.5;
+    #: SmolLM2's 49152-column head stays on mt_body: 15.4 / 28.2 us wide vs 18.4 / 25.5 at
+    #: 1 / 16 rows, a wash)
     tensor_wide_min_cols: int = 65537
-    #: ... warps per block splitting a tile's units (mt_body's KW: it sets the order of a
-    #: row's partial sums, so it is fixed here, never per launch; 1, 2 or 4).
-    #: Env ``ECHOLINE_CUDA_TENSOR_WIDE_WARPS``
-    tensor_wide_warps: int = 2
-    #: ... tiles staged per block: 2 = the next tile's copy in flight while one computes
-    #: (a speed choice: the same bits). Env ``ECHOLINE_CUDA_TENSOR_WIDE_STAGES=1|2``
+    #: ... tiles staged per warp: 2 = the next tile's copy in flight while one computes (a
+    #: speed choice: the same bits). 2 measured slower (76.6 / 159.3 us at 1 / 16 rows on the
+    #: Qwen head, persistent grid): the kernel is bound by its per-tile math, and 2 stages
+    #: halve the warps that fit per SM. Env ``ECHOLINE_CUDA_TENSOR_WIDE_STAGES=1|2``
     tensor_wide_stages: int = 1
     #: ... a grid of as many blocks as are resident at once, each striding over the tiles
-    #: (True), or one block per tile (a speed choice: the same bits).
+    #: (True), or one block per tile (False; a speed choice: the same bits). One per tile:
+    #: 60.2 vs 69.1 us at one row on the Qwen head.
     #: Env ``ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT=0|1``
     tensor_wide_persistent: bool = False
     #: ... shared memory one block may stage (stages x 16 rows of blocks); wider rows keep
@@ -116,7 +117,6 @@ class CudaTuning:
         for name, field, ok in (
             ("ECHOLINE_CUDA_TENSOR_WIDE", "tensor_wide", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT", "tensor_wide_persistent", ("0", "1")),
-            ("ECHOLINE_CUDA_TENSOR_WIDE_WARPS", "tensor_wide_warps", ("1", "2", "4")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_STAGES", "tensor_wide_stages", ("1", "2")),
         ):
             value = env.get(name)

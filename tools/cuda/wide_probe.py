@@ -111,7 +111,7 @@ def main() -> int:
             line = (
                 f"{name:14s} {pol:20s} wide={int(wide)} "
                 + " ".join(f"n={n}:{u:7.1f}us" for n, u in zip(ns, us, strict=True))
-                + f"  {mb / us[0] * 1e-3:5.2f} TB/s@1  row0==1row {same_row}  err/bound {err:.3f}"
+                + f"  {mb / us[0]:5.2f} TB/s@1  row0==1row {same_row}  err/bound {err:.2e}"
             )
             print(line, flush=True)
             table.append(line)
