@@ -2,11 +2,10 @@
 # Device-side driver (issue 21, the staged wide-weight tensor kernel, mtw_body): one call,
 # steps in order of importance, each under its own timeout; full logs under $OUT.
 #   1. NVRTC builds of every module the steps use, in parallel (CuPy caches them on disk)
-#   2. python3 -m tools.cuda.wide_probe: the heads alone on every kernel family; it writes
-#      the best wide variant on Qwen's head as env overrides, which the benches then use
+#   2. python3 -m tools.cuda.wide_probe: the heads alone on every kernel family
 #   3. python3 -m tools.cuda.bench_device --reps 30 --quick --tc --models qwen2.5-0.5b ...
 #   4. the wide-kernel tests (tests/test_cuda_backend.py -k wide, tests/test_cuda_tuning.py)
-#   5. the same bench for the Qwen2.5-1.5B shape (q4_k_m)
+#   5. the same bench for SmolLM2-135M
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -18,15 +17,14 @@ for q in "" q8_0 q6_k q5_0 q4_1 q4_k q5_0+q8_0 q4_k+q6_k q4_0 q5_1 q5_k; do
 done
 wait
 stamp compiled
-BENCH="python3 -m tools.cuda.bench_device --reps 30 --quick --tc --context 1024"
-timeout ${PROBE_S:-60} python3 -m tools.cuda.wide_probe --heads qwen0.5b-head,qwen1.5b-head --ns 1,16 --env "$OUT/wide.env" > "$OUT/probe.log" 2>&1
+BENCH="python3 -m tools.cuda.bench_device --reps 30 --quick --tc --ks 1,8,16 --context 1024"
+timeout ${PROBE_S:-90} python3 -m tools.cuda.wide_probe > "$OUT/probe.log" 2>&1
 rc=$?; stamp "probe rc=$rc"
 sed -n '/== wide probe ==/,$p' "$OUT/probe.log"; [ $rc = 0 ] || tail -25 "$OUT/probe.log"
-[ -f "$OUT/wide.env" ] && cat "$OUT/wide.env" && source "$OUT/wide.env"
-timeout ${QWEN_S:-60} $BENCH --ks 1,8,16 --models qwen2.5-0.5b > "$OUT/bench_qwen.log" 2>&1
-stamp "bench qwen rc=$?"; sed -n '/== summary ==/,$p' "$OUT/bench_qwen.log" | grep -v "ops n=[248] \|attention n="
-timeout ${TEST_S:-60} python3 -m pytest -q -p no:cacheprovider --durations=3 tests/test_cuda_backend.py tests/test_cuda_tuning.py \
+timeout ${QWEN_S:-110} $BENCH --models qwen2.5-0.5b > "$OUT/bench_qwen.log" 2>&1
+stamp "bench qwen rc=$?"; sed -n '/== summary ==/,$p' "$OUT/bench_qwen.log" | grep -v "ops n=[248] "
+timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_cuda_backend.py tests/test_cuda_tuning.py \
   -k "wide or environment or attributes" > "$OUT/tests.log" 2>&1
 stamp "tests rc=$?"; grep -E "passed|failed|^E |Error|s call" "$OUT/tests.log" | head -30
-timeout ${BIG_S:-60} $BENCH --ks 1,16 --models qwen2.5-1.5b > "$OUT/bench_15b.log" 2>&1
-stamp "bench 1.5b rc=$?"; sed -n '/== summary ==/,$p' "$OUT/bench_15b.log" | grep -v "ops n=[248] \|attention n="
+timeout ${SMOL_S:-70} $BENCH --models smollm2-135m > "$OUT/bench_smol.log" 2>&1
+stamp "bench smol rc=$?"; sed -n '/== summary ==/,$p' "$OUT/bench_smol.log" | grep -v "ops n=[248] "
