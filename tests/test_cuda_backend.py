@@ -24,6 +24,7 @@ import gguf  # noqa: E402
 from echoline.engine.backends.cupy_backend import CupyBackend  # noqa: E402
 from echoline.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from echoline.engine.gguf_file import QuantTensor  # noqa: E402
+from echoline.kernels.cuda.reference import tc_round  # noqa: E402
 
 from tests.synth import encode_matrix  # noqa: E402
 
@@ -34,6 +35,21 @@ REL_TOL = 2e-6
 
 
 @pytest.fixture(scope="module")
+
+def assert_rows_invariant(cb, ops) -> None:
+    """Each op over 64 rows, then over prefixes, single rows and chunks of 7: same bits."""
+    for name, op in ops.items():
+        poison()
+        full = cb.to_host(op(0, 64))
+        assert np.isfinite(full).all()
+        for m in (1, 2, 3, 8, 9, 16, 17, 33):
+            poison()
+            assert np.array_equal(cb.to_host(op(0, m)), full[:m]), f"{name}: {m} rows differ"
+        for i in (5, 63):
+            assert np.array_equal(cb.to_host(op(i, i + 1))[0], full[i]), f"{name}: row {i} alone"
+        pieces = [cb.to_host(op(s, s + 7)) for s in range(0, 64, 7)]
+        assert np.array_equal(np.concatenate(pieces), full), f"{name}: chunks of 7"
+
 def cb() -> CupyBackend:
     """The CUDA-core (fp32) kernels: the tensor-core products (f16 inputs, own bounds) are
     tested by the tests that use ``tensor_on`` below."""
@@ -642,19 +658,6 @@ def tensor_on(cb):
     cb.drop_graphs()
 
 
-def tc_round(x: np.ndarray) -> np.ndarray:
-    """x as the tensor-core kernels round it (float64): each (row, 64-unit) scaled by the
-    power of two that puts its largest |x| in [2^14, 2^15), rounded to f16, scaled back."""
-    xs = np.asarray(x, dtype=np.float32)
-    grp = xs.reshape(xs.shape[0], -1, 64)
-    mx = np.abs(grp).max(axis=2, keepdims=True)
-    e = np.maximum((mx.view(np.int32) >> 23) & 0xFF, 15).astype(np.int64)
-    p = np.ldexp(1.0, 141 - e)
-    return ((grp * p).astype(np.float32).astype(np.float16).astype(np.float64) / p).reshape(
-        xs.shape
-    )
-
-
 def tc_check(
     w: np.ndarray, x: np.ndarray, got: np.ndarray, scale: np.ndarray | None = None
 ) -> None:
@@ -746,17 +749,7 @@ def test_tensor_products_batch_invariant(tensor_on, tc_policy, rng, qtype, polic
         "glu": lambda s, e: cb.norm_matmul_glu(x[s:e], gd, 1e-5, gate_up, n_ff, True),
         "add": lambda s, e: cb.matmul_add(x[s:e], gate_up, res[s:e]),
     }
-    for name, op in ops.items():
-        poison()
-        full = cb.to_host(op(0, 64))
-        assert np.isfinite(full).all()
-        for m in (1, 2, 3, 8, 9, 16, 17, 33):
-            poison()
-            assert np.array_equal(cb.to_host(op(0, m)), full[:m]), f"{name}: {m} rows differ"
-        for i in (5, 63):
-            assert np.array_equal(cb.to_host(op(i, i + 1))[0], full[i]), f"{name}: row {i} alone"
-        pieces = [cb.to_host(op(s, s + 7)) for s in range(0, 64, 7)]
-        assert np.array_equal(np.concatenate(pieces), full), f"{name}: chunks of 7"
+    assert_rows_invariant(cb, ops)
     # gated epilogue == product then activation (same act_glu), bit for bit
     gate, up = cb.split(cb.norm_matmul(x, gd, 1e-5, gate_up), [n_ff, n_ff])
     assert np.array_equal(cb.to_host(cb.gelu_tanh_mul(gate, up)), cb.to_host(ops["glu"](0, 64)))
@@ -989,17 +982,7 @@ def test_tensor_wide_batch_invariant(wide_on, rng, qtype, variant):
         "norm": lambda s, e: cb.norm_matmul(x[s:e], gd, 1e-5, w, bd),
         "add": lambda s, e: cb.matmul_add(x[s:e], w, res[s:e]),
     }
-    for name, op in ops.items():
-        poison()
-        full = cb.to_host(op(0, 64))
-        assert np.isfinite(full).all()
-        for m in (1, 2, 3, 8, 9, 16, 17, 33):
-            poison()
-            assert np.array_equal(cb.to_host(op(0, m)), full[:m]), f"{name}: {m} rows differ"
-        for i in (5, 63):
-            assert np.array_equal(cb.to_host(op(i, i + 1))[0], full[i]), f"{name}: row {i} alone"
-        pieces = [cb.to_host(op(s, s + 7)) for s in range(0, 64, 7)]
-        assert np.array_equal(np.concatenate(pieces), full), f"{name}: chunks of 7"
+    assert_rows_invariant(cb, ops)
 
 
 def test_tensor_wide_default_takes_the_heads(tensor_on, ref, rng):

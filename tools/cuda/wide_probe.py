@@ -18,6 +18,7 @@ import argparse
 
 import gguf
 import numpy as np
+from echoline.kernels.cuda.reference import tc_round
 
 from tools.cuda.bench_device import graph_op_time, random_blocks
 
@@ -44,18 +45,6 @@ POLICIES = {
     "wide s2 per-tile": {**WIDE, "tensor_wide_stages": 2, "tensor_wide_persistent": False},
     "wide s1 per-tile": {**WIDE, "tensor_wide_stages": 1, "tensor_wide_persistent": False},
 }
-
-
-def tc_round(x: np.ndarray) -> np.ndarray:
-    """x as the tensor-core kernels round it (tests/test_cuda_backend.py tc_round)."""
-    xs = np.asarray(x, dtype=np.float32)
-    grp = xs.reshape(xs.shape[0], -1, 64)
-    mx = np.abs(grp).max(axis=2, keepdims=True)
-    e = np.maximum((mx.view(np.int32) >> 23) & 0xFF, 15).astype(np.int64)
-    p = np.ldexp(1.0, 141 - e)
-    return ((grp * p).astype(np.float32).astype(np.float16).astype(np.float64) / p).reshape(
-        xs.shape
-    )
 
 
 def worst_over_bound(w: np.ndarray, x: np.ndarray, got: np.ndarray) -> float:
