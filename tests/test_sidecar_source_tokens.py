@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -108,26 +110,37 @@ class IndexEngine:
         self.sources.pop(sid, None)
 
 
-def test_worker_hands_the_index_incremental_ids() -> None:
-    w = EngineWorker(lambda model, **kw: IndexEngine())
+@contextlib.contextmanager
+def worker_with(engine_cls: type) -> Iterator[EngineWorker]:
+    """A worker with a stand-in engine loaded, stopped afterwards."""
+    w = EngineWorker(lambda model, **kw: engine_cls())
     try:
         w.load("fake").future.result(5)
+        yield w
+    finally:
+        w.stop()
+
+
+def put(w: EngineWorker, text: str) -> None:
+    """Hand the worker file:a's text and wait until the engine has it."""
+    w.set_source("file:a", text)
+    w.sync_sources().future.result(5)
+
+
+def test_worker_hands_the_index_incremental_ids() -> None:
+    with worker_with(IndexEngine) as w:
         text = module_text()
-        w.set_source("file:a", text)
-        w.sync_sources().future.result(5)
+        put(w, text)
         eng: IndexEngine = w.engine
         assert eng.sources["file:a"] == [ord(c) for c in text]
         first = eng.enc.chars
         edited = text.replace("value_300 =", "value_300: int =")
-        w.set_source("file:a", edited)
-        w.sync_sources().future.result(5)
+        put(w, edited)
         assert eng.sources["file:a"] == [ord(c) for c in edited]
         assert eng.enc.chars - first < len(text) // 5
         w.remove_source("file:a")
         w.sync_sources().future.result(5)
         assert eng.removed == ["file:a"] and "file:a" not in eng.sources
-    finally:
-        w.stop()
 
 
 class TextEngine(IndexEngine):
@@ -144,15 +157,10 @@ class TextEngine(IndexEngine):
 
 
 def test_worker_does_not_tokenize_for_an_engine_that_takes_text() -> None:
-    w = EngineWorker(lambda model, **kw: TextEngine())
-    try:
-        w.load("fake").future.result(5)
+    with worker_with(TextEngine) as w:
         text = module_text()
-        w.set_source("file:a", text)
-        w.sync_sources().future.result(5)
+        put(w, text)
         eng: TextEngine = w.engine
         assert eng.texts == {"file:a": text} and eng.sources == {}
         assert eng.enc.chars == 0  # not one character tokenized
         assert w.token_cache_bytes() == 0
-    finally:
-        w.stop()
