@@ -148,23 +148,19 @@ def _exclusive(path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks; calibrations may overlap there
-        yield
-        return
+    from filelock import FileLock
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path.with_suffix(".lock"), "a")  # closed by the with below
+        lock = FileLock(str(path.with_suffix(".lock")))
+        lock.acquire()
     except OSError:  # a read-only or full cache: measure without the lock
         yield
         return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _read_table(path: Path | None) -> dict[int, dict[int, float]] | None:
