@@ -546,3 +546,23 @@ def test_input_layout_changes_no_bit(qtype, monkeypatch) -> None:
         monkeypatch.setattr(mm, "TRANSPOSE_ROWS", rows)
         got[name] = [matmul(x[:n], w).tobytes() for n in (1, 2, 8, 19)]
     assert got["transposed"] == got["rows"]
+
+
+def test_gated_activations_on_views_and_tails() -> None:
+    """The activations read rows as the backend hands them over (gate|up split views, a
+    strided last axis copied first) and every width, whole 16-lane vectors or not: the
+    same bits as contiguous copies, and each element the scalar formula's value."""
+    rng = np.random.default_rng(11)
+    for cols in (1, 15, 16, 17, 33, 40):
+        g = (rng.standard_normal((5, 2 * cols)) * 12).astype(np.float32)
+        g[0, 0] = -200.0  # exp underflows: silu gives the exact -0
+        gate, up = g[:, :cols], g[:, cols:]
+        for fn in (ops.silu_mul, ops.gelu_tanh_mul):
+            want = fn(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+            assert np.array_equal(fn(gate, up).view(np.int32), want.view(np.int32))
+            strided = fn(g[:, : 2 * cols : 2], g[:, 1 : 2 * cols : 2])
+            copied = fn(np.ascontiguousarray(g[:, : 2 * cols : 2]), np.ascontiguousarray(g[:, 1 : 2 * cols : 2]))
+            assert np.array_equal(strided.view(np.int32), copied.view(np.int32))
+        x = gate.astype(np.float64)
+        silu = x / (1.0 + np.exp(-x)) * up
+        np.testing.assert_allclose(ops.silu_mul(gate, up), silu, rtol=2e-6, atol=1e-30)

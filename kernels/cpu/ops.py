@@ -19,6 +19,8 @@ from echoline.kernels.cpu.attention_tiled import (
     values_one,
     values_tile,
 )
+from numba import types
+from numba.core.extending import intrinsic
 
 _F = np.float32
 
@@ -837,19 +839,61 @@ _SQRT_2_OVER_PI = np.float32(0.7978845608028654)
 _GELU_CUBIC = np.float32(0.044715)
 
 
+#: Lanes of ``_sigmoid_times``: one AVX-512 register of float32.
+SIGMOID_LANES = 16
+
+
+@intrinsic
+def _sigmoid_times(typingctx, x, z, u, e, out, i):
+    """out[i:i+16] = x · (num / (1 + e)) · u with num = 1 where z ≥ 0, else e: one vector.
+
+    Why an intrinsic: LLVM kept this loop scalar (one ``vdivss`` an element: numba cannot
+    say that ``out`` aliases none of the inputs, and the cost model then declines), so the
+    tail of SiLU cost more than its exp. The same IEEE operations in the same order as
+    the scalar loop of ``_times_sigmoid_row`` (no fast-math): every lane's bits equal it.
+    16 rows of Qwen 1.5B's 8960-wide activation, one thread: 189 → 81 µs; whole 16-row
+    forwards, old and new alternating in one process (AMD EPYC Zen 5 VM, 2026-12-02):
+    0.98× the time on Qwen 1.5B, 0.985× on Qwen 0.5B (one row: within the noise).
+    """
+    sig = types.void(x, z, u, e, out, i)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        ptrs = [context.make_array(signature.args[k])(context, builder, args[k]).data for k in range(5)]
+        at = args[5]
+        vf = ir.VectorType(ir.FloatType(), SIGMOID_LANES)
+
+        def load(p):
+            return builder.load(builder.bitcast(builder.gep(p, [at]), vf.as_pointer()), align=4)
+
+        xv, zv, uv, ev = (load(p) for p in ptrs[:4])
+        one = ir.Constant(vf, [1.0] * SIGMOID_LANES)
+        num = builder.select(builder.fcmp_ordered(">=", zv, ir.Constant(vf, [0.0] * SIGMOID_LANES)), one, ev)
+        r = builder.fmul(builder.fmul(xv, builder.fdiv(num, builder.fadd(one, ev))), uv)
+        builder.store(r, builder.bitcast(builder.gep(ptrs[4], [at]), vf.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True, boundscheck=False)
 def _times_sigmoid_row(x, z, u, out, t, bits):
     """out = x * sigmoid(z) * u over one row; ``z`` is overwritten (scratch ``t``, ``bits``).
 
     sigmoid(z) = 1 / (1 + e) for z >= 0 and e / (1 + e) below, with e = exp(-|z|) <= 1:
-    no overflow either side, and a very negative z gives the exact -0 (e == 0).
+    no overflow either side, and a very negative z gives the exact -0 (e == 0). Whole
+    vectors of 16 go through ``_sigmoid_times``, the rest through the same scalar steps.
     """
     one = np.float32(1.0)
     n = x.shape[0]
     for i in range(_U(0), _U(n)):
         t[i] = -abs(z[i])
     exp_nonpositive(t, bits, 0, n)
-    for i in range(_U(0), _U(n)):
+    full = n // SIGMOID_LANES * SIGMOID_LANES
+    for i in range(_U(0), _U(full), _U(SIGMOID_LANES)):
+        _sigmoid_times(x, z, u, t, out, i)
+    for i in range(_U(full), _U(n)):
         e = t[i]
         num = one if z[i] >= np.float32(0.0) else e
         out[i] = x[i] * (num / (one + e)) * u[i]
@@ -886,6 +930,11 @@ def _gated_parallel(gelu, gate, up, out):
 
 
 def _gated(gelu: bool, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    # The vector steps read each row as consecutive floats: a strided last axis is copied.
+    if gate.strides[-1] != 4:
+        gate = np.ascontiguousarray(gate)
+    if up.strides[-1] != 4:
+        up = np.ascontiguousarray(up)
     out = np.empty(gate.shape, dtype=np.float32)
     (_gated_parallel if gate.shape[0] >= PARALLEL_ACTIVATION_ROWS else _gated_serial)(gelu, gate, up, out)
     return out
