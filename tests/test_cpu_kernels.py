@@ -565,4 +565,8 @@ def test_gated_activations_on_views_and_tails() -> None:
             assert np.array_equal(strided.view(np.int32), copied.view(np.int32))
         x = gate.astype(np.float64)
         silu = x / (1.0 + np.exp(-x)) * up
-        np.testing.assert_allclose(ops.silu_mul(gate, up), silu, rtol=2e-6, atol=1e-30)
+        got = ops.silu_mul(gate, up)
+        np.testing.assert_allclose(got, silu, rtol=2e-6, atol=1e-30)
+        assert got[0, 0] == 0 and np.signbit(got[0, 0]) != np.signbit(up[0, 0])  # -0 · up: the sign kept
+        # other dtypes are converted, not read as float32 bits
+        np.testing.assert_allclose(ops.silu_mul(gate.astype(np.float64), up.astype(np.float64)), got)

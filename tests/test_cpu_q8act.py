@@ -170,6 +170,28 @@ def test_quantize_rows_matches_numpy() -> None:
     assert d.dtype == np.float32 and np.array_equal(d, d_ref)
     assert np.array_equal(xq.reshape(5, 3, 32), q_ref.astype(np.int8))
     assert np.abs(xq).max() == 127 and (xq[1, 32:64] == 0).all()
+    # magnitudes over ±30 decades, subnormals and exact halves: still rint(x / d) exactly
+    wide = (rng.standard_normal((4, 256)) * 10.0 ** rng.uniform(-30, 30, (4, 1))).astype(np.float32)
+    wide[0, :32] = np.float32(2.0**-149) * np.arange(-16, 16)
+    wide[3, :32] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.5)
+    wide[3, 31] = 127.0  # d = 1: every other value a half, rounded to even
+    xq, d = quantize_rows(wide)
+    wb = wide.reshape(4, 8, 32)
+    d_ref = np.abs(wb).max(axis=2) / np.float32(127)
+    q_ref = np.where(d_ref[..., None] == 0, 0, np.rint(wb / np.where(d_ref == 0, 1, d_ref)[..., None]))
+    assert np.array_equal(d.view(np.int32), d_ref.view(np.int32))
+    assert np.array_equal(xq.reshape(4, 8, 32), q_ref.astype(np.int8))
+
+
+def test_quantize_rows_refuses_what_it_cannot_read_as_vectors() -> None:
+    """A block is read as 32 consecutive float32: a strided or float64 x is a typing error
+    (matmul_q8 always hands over a contiguous float32 copy), never a wrong result."""
+    from numba.core.errors import TypingError
+
+    x = np.ones((2, 128), dtype=np.float32)
+    for bad in (x[:, ::2], x.astype(np.float64)):
+        with pytest.raises(TypingError):
+            quantize_rows(bad)
 
 
 def test_fused_mixed_types_equal_separate() -> None:
@@ -189,7 +211,8 @@ def test_rejects_float_weights() -> None:
 def test_kernels_use_vpdpbusd() -> None:
     """The integer dot products are VNNI instructions (what this module exists to measure)."""
     t = make_tensor(Q.Q4_1, 64, 64, 0)
-    matmul_q8(np.ones((3, 64), np.float32), prepare_q8(prepare([t])))
+    # one byte per weight: the (32, True) kernel of 8 bits that kernel_asm shows below
+    matmul_q8(np.ones((3, 64), np.float32), prepare_q8(prepare([t]), packed=False))
     asm = kernel_asm(32, True)
     # each tile: 8 steps (32-input block / 4) × rows × vectors, straight-line in its block loop
     expected = sum(8 * rows * vecs for rows, vecs in ROW_TILES)

@@ -34,8 +34,6 @@ QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, 
 REL_TOL = 2e-6
 
 
-@pytest.fixture(scope="module")
-
 def assert_rows_invariant(cb, ops) -> None:
     """Each op over 64 rows, then over prefixes, single rows and chunks of 7: same bits."""
     for name, op in ops.items():
@@ -50,6 +48,8 @@ def assert_rows_invariant(cb, ops) -> None:
         pieces = [cb.to_host(op(s, s + 7)) for s in range(0, 64, 7)]
         assert np.array_equal(np.concatenate(pieces), full), f"{name}: chunks of 7"
 
+
+@pytest.fixture(scope="module")
 def cb() -> CupyBackend:
     """The CUDA-core (fp32) kernels: the tensor-core products (f16 inputs, own bounds) are
     tested by the tests that use ``tensor_on`` below."""

@@ -339,6 +339,7 @@ def test_llama_slots_are_pinned_least_recently_used(server, tokenizer, smollm2_p
 def test_sglang_workspace_corpus(server, tokenizer, smollm2_path):
     fake_server(server, tokenizer, "sglang", "x")
     engine = connect(server, smollm2_path, "sglang", probe=False)
+    assert engine.takes_source_ids is False  # the sidecar hands it text, untokenized
     engine.set_source("file:///w/proj/a.py", "def a(): pass\n")
     engine.set_source("file:///w/proj/pkg/b.py", "def b(): pass\n")
     assert engine.source_memory_bytes() == 28

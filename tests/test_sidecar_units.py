@@ -348,6 +348,7 @@ def test_load_warms_the_engine_up_before_ready(tmp_path: Path, monkeypatch: pyte
 
         engine = w.load(str(path), progress=note).future.result(60)
         assert w.state == "ready" and engine._controller is not None  # calibrated
+        assert engine.takes_source_ids is True  # the worker tokenizes its sources for the index
         assert phases == [(p, "echoline-engine") for p in
                           ("loading weights", "warming up", "calibrating draft lengths")]
     finally:

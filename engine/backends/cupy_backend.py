@@ -45,6 +45,8 @@ _KERNEL_NAMES: dict[Q, str] = {
     Q.Q6_K: "q6_k",
 }
 _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
+#: Static shared memory of a wide-weight block at the most 8-row tiles per pass (NT = 4).
+_WIDE_STATIC_SMEM = 4 * 8 * 4
 _ROW_TILES = (1, 2, 4, 8, 16)  # rows per pass the matmul kernels are built for
 _COLS_PER_WARP = 4  # output columns per warp for wide launches (kernels.cu MM_KERNEL)
 _ACT = {"silu": 1, "gelu": 2}  # kernels.cu act_glu
@@ -427,7 +429,10 @@ class CupyBackend(Backend):
             seg.kernel in TENSOR
             and w.in_features % 64 == 0
             and w.out_features >= self.tensor_wide_min_cols
-            and self.tensor_wide_stages * 16 * seg.row_bytes <= self.tensor_wide_max_smem
+            # the staged tiles plus the kernel's static reduction array (kernels.cu
+            # MT_SMEM(NT, 1, 1) floats, at most NT = 4: 128 bytes) share the 48 KiB a block
+            # gets without opting in; the largest NT is counted so the choice stays shape-only
+            and self.tensor_wide_stages * 16 * seg.row_bytes + _WIDE_STATIC_SMEM <= self.tensor_wide_max_smem
             and seg.data.data.ptr % 16 == 0  # 16-byte copies (every upload is aligned)
         )
 

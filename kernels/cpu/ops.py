@@ -855,6 +855,10 @@ def _sigmoid_times(typingctx, x, z, u, e, out, i):
     forwards, old and new alternating in one process (AMD EPYC Zen 5 VM, 2026-12-02):
     0.98× the time on Qwen 1.5B, 0.985× on Qwen 0.5B (one row: within the noise).
     """
+    # 16 consecutive float32 read from each row: ``_gated`` hands over float32 rows of
+    # unit stride (layout 'A' included); any other type is a typing error.
+    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 for a in (x, z, u, e, out)):
+        return None
     sig = types.void(x, z, u, e, out, i)
 
     def codegen(context, builder, signature, args):
@@ -930,11 +934,11 @@ def _gated_parallel(gelu, gate, up, out):
 
 
 def _gated(gelu: bool, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    # The vector steps read each row as consecutive floats: a strided last axis is copied.
-    if gate.strides[-1] != 4:
-        gate = np.ascontiguousarray(gate)
-    if up.strides[-1] != 4:
-        up = np.ascontiguousarray(up)
+    # The vector steps read each row as consecutive float32: anything else is copied so.
+    if gate.dtype != np.float32 or gate.strides[-1] != 4:
+        gate = np.ascontiguousarray(gate, dtype=np.float32)
+    if up.dtype != np.float32 or up.strides[-1] != 4:
+        up = np.ascontiguousarray(up, dtype=np.float32)
     out = np.empty(gate.shape, dtype=np.float32)
     (_gated_parallel if gate.shape[0] >= PARALLEL_ACTIVATION_ROWS else _gated_serial)(gelu, gate, up, out)
     return out
