@@ -799,9 +799,16 @@ def attention(
         # heads x 6) 2.2-2.6 ms against 3.7-4.0 split per head, Qwen 0.5B (2 x 7) 1.2
         # against 1.5, Gemma 3 (1 x 4) 3.5-4.6 against 5.5; SmolLM2 (3 x 3) stays split
         # (2.4 against 2.6-2.9). Which task computes a head never changes its bits.
+        # Up to ROW_TILE rows, the same holds when the KV heads spread evenly over the threads
+        # (one task per KV head and row tile, all its query heads): 28 layers' worth, AMD Zen
+        # 5 VM, 2026-12-02, µs a layer at 1,024 keys, hsplit 1 against the split: Qwen 1.5B
+        # 155 / 156 / 172 against 203 / 186 / 193 at 2 / 3 / 4 rows; Qwen 0.5B 46 / 60 / 69
+        # against 45 / 73 / 75; SmolLM2 (3 KV heads on 2 threads) keeps the split. Whole
+        # forwards, old and new alternating in one process: Qwen 1.5B 0.965–0.978× the time
+        # at 2–4 rows; Qwen 0.5B 0.98–0.99× (and 0.99–1.04× in a noisier run).
         group = nh // k.shape[1]
         hsplit = 1 if n > ROW_TILE else (group + 1) // 2 if n == 2 else group
-        if n == 1 and (k.shape[1] == 1 or k.shape[1] % _threads() == 0):
+        if k.shape[1] % _threads() == 0 or (n == 1 and k.shape[1] == 1):
             hsplit = 1
         targs = (q, kt, gb, v, positions, window, sc, ROW_TILE, hsplit, out)
         if n * nh * min(nkeys, window if window > 0 else nkeys) >= PARALLEL_ATTENTION_WORK:
