@@ -800,12 +800,11 @@ def attention(
         # against 1.5, Gemma 3 (1 x 4) 3.5-4.6 against 5.5; SmolLM2 (3 x 3) stays split
         # (2.4 against 2.6-2.9). Which task computes a head never changes its bits.
         # Up to ROW_TILE rows, the same holds when the KV heads spread evenly over the threads
-        # (one task per KV head and row tile, all its query heads): 28 layers' worth, AMD Zen
-        # 5 VM, 2026-12-02, µs a layer at 1,024 keys, hsplit 1 against the split: Qwen 1.5B
-        # 155 / 156 / 172 against 203 / 186 / 193 at 2 / 3 / 4 rows; Qwen 0.5B 46 / 60 / 69
-        # against 45 / 73 / 75; SmolLM2 (3 KV heads on 2 threads) keeps the split. Whole
-        # forwards, old and new alternating in one process: Qwen 1.5B 0.965–0.978× the time
-        # at 2–4 rows; Qwen 0.5B 0.98–0.99× (and 0.99–1.04× in a noisier run).
+        # (one task per KV head and row tile, all its query heads): AMD Zen 5 VM, 2026-12-02,
+        # µs a layer at 1,024 keys, split 1 against the per-head split at 2 / 3 / 4 rows:
+        # Qwen 1.5B 103 / 147 / 151 against 211 / 204 / 205; Qwen 0.5B 43 / 60 / 73 against
+        # 74 / 71 / 73; SmolLM2 (3 KV heads on 2 threads) keeps the split (`python -m
+        # tools.cpu.bench_rowops`; whole forwards: docs/history/cpu-kernels.md).
         group = nh // k.shape[1]
         hsplit = 1 if n > ROW_TILE else (group + 1) // 2 if n == 2 else group
         if k.shape[1] % _threads() == 0 or (n == 1 and k.shape[1] == 1):
@@ -858,9 +857,8 @@ def _sigmoid_times(typingctx, x, z, u, e, out, i):
     say that ``out`` aliases none of the inputs, and the cost model then declines), so the
     tail of SiLU cost more than its exp. The same IEEE operations in the same order as
     the scalar loop of ``_times_sigmoid_row`` (no fast-math): every lane's bits equal it.
-    16 rows of Qwen 1.5B's 8960-wide activation, one thread: 189 → 81 µs; whole 16-row
-    forwards, old and new alternating in one process (AMD EPYC Zen 5 VM, 2026-12-02):
-    0.98× the time on Qwen 1.5B, 0.985× on Qwen 0.5B (one row: within the noise).
+    16 rows of Qwen 1.5B's 8960-wide activation, one thread: 189 → 81 µs (now: ``python -m
+    tools.cpu.bench_rowops``; the old-vs-new forwards: docs/history/cpu-kernels.md).
     """
     # 16 consecutive float32 read from each row: ``_gated`` hands over float32 rows of
     # unit stride (layout 'A' included); any other type is a typing error.

@@ -104,10 +104,8 @@ def _quantize_block(typingctx, xr, qr, o, db):
     Why an intrinsic: the same loop in numba stayed scalar (one ``vdivss`` per element,
     and ``np.rint`` of a float32 went through float64), because numba cannot tell LLVM
     that the int8 output does not alias the float32 input; 16 rows of Qwen 1.5B's
-    8960-wide down projection took 130 µs to quantize, 16 µs this way. Whole forwards,
-    old and new alternating in one process (AMD EPYC Zen 5 VM, 2026-12-02, context
-    1,024, medians of 9): Qwen 1.5B 0.992× the time at 1 row, 0.962× at 16; Qwen 0.5B
-    0.987× and 0.952×. rint is
+    8960-wide down projection took 130 µs to quantize, 16 µs this way (now: ``python -m
+    tools.cpu.bench_rowops``; the old-vs-new forwards: docs/history/cpu-kernels.md). rint is
     (v + 1.5·2^23) − 1.5·2^23 in float32, which rounds half to even exactly as rint does
     for |v| < 2^22 (here |v| ≤ 127·(1 + 2^-23), up to ~190 for blocks of deep subnormals);
     the division is IEEE either way, so for finite x every bit is what the scalar loop gave
