@@ -13,20 +13,25 @@ text stays right, the ids are a guess, and the engine marks the reply not exact.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 _MAX_SPLITS = 2  # two different splits are enough to call the bytes ambiguous
 
 
+#: Each tokenizer's ids by their bytes, built on the first gap and gone with the tokenizer.
+_TABLES: weakref.WeakKeyDictionary[Any, dict[bytes, list[int]]] = weakref.WeakKeyDictionary()
+
+
 def _by_bytes(tok: Any) -> dict[bytes, list[int]]:
-    table = getattr(tok, "_echoline_by_bytes", None)
+    table = _TABLES.get(tok)
     if table is None:
         table = {}
         for i in range(tok.vocab_size):
             if tok.is_control(i):
                 continue
             table.setdefault(tok.token_bytes(i), []).append(i)
-        tok._echoline_by_bytes = table
+        _TABLES[tok] = table
     return table
 
 
