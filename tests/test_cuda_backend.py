@@ -431,7 +431,9 @@ def test_attention_nonfinite_v_after_a_row_is_not_seen(attn, ref, rng, bad, wind
     batch = attn.to_host(attn.attention(q, kc, vc, positions, window, 0.125))
     for i in range(k):
         poison()
-        one = attn.to_host(attn.attention(q[i : i + 1], kc, vc, positions[i : i + 1], window, 0.125))
+        one = attn.to_host(
+            attn.attention(q[i : i + 1], kc, vc, positions[i : i + 1], window, 0.125)
+        )
         assert np.array_equal(one[0], batch[i], equal_nan=True), f"row {i}: decode != verify"
     rows = batch.reshape(k, heads, hd)
     lo = positions - window + 1 if window else np.zeros(k, dtype=int)
@@ -1018,3 +1020,137 @@ def test_tensor_wide_default_takes_the_heads(tensor_on, ref, rng):
         assert np.array_equal(cb.to_host(cb.norm_matmul_glu(xd[:2], gd, 1e-6, gu, 48, False)), glu)
     finally:
         cb.tensor_wide_min_cols = keep
+
+
+# ---- split-K tensor products (issue 21: kernels.cu mts kernels, the long down projections) ----
+#: (warps per block, blocks per tile, the mt_body KW whose bits they must give)
+SPLIT_SHAPES = [(2, 2, 4), (4, 2, 8), (2, 8, 16), (4, 4, 16)]
+
+
+@pytest.fixture
+def split_on(tensor_on, monkeypatch):
+    """Split-K products on for every plain product (``tensor_split_min_in`` 64); the test
+    sets the warps per block and, through ``_tensor_splits``, the blocks per tile."""
+    cb = tensor_on
+    names = ("tensor_split", "tensor_split_min_in", "tensor_split_warps")
+    keep = {a: getattr(cb, a) for a in names}
+    cb.tensor_split, cb.tensor_split_min_in = True, 64
+    yield cb
+    for a, v in keep.items():
+        setattr(cb, a, v)
+    cb.drop_graphs()
+
+
+def set_split(cb, monkeypatch, warps: int, splits: int) -> None:
+    cb.tensor_split_warps = warps
+    monkeypatch.setattr(cb, "_tensor_splits", lambda w: splits if cb.tensor_split else 0)
+
+
+def counters_zero(cb) -> bool:
+    return not bool(cupy.any(cb._split_counters))
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("d", [1024, 1280, 256], ids=lambda d: f"K{d}")
+def test_tensor_split_equals_mt_body_and_reference(split_on, monkeypatch, ref, rng, qtype, d):
+    """Every (warps, blocks) split gives mt_body's bits for KW = warps x blocks (plain, bias
+    row, residual), within the f16 bounds; K of 16, 20 (uneven over the warps) and 4 units
+    (warps with no unit); the arrival counters are zero after every launch."""
+    cb = split_on
+    t = make_tensor(rng, 100, d, qtype)  # a partial 16-column tile
+    w, w_ref = cb.prepare_matrix([t]), ref.prepare_matrix([t])
+    bias = cb.prepare_vector(rng.standard_normal(100).astype(np.float32))
+    for n in (1, 3, 16, 40):
+        x = wide_range_x(rng, n, d)
+        xd = cupy.asarray(x)
+        res = cupy.asarray(rng.standard_normal((n, 100)).astype(np.float32))
+        ops = (
+            lambda xd=xd: cb.matmul(xd, w),
+            lambda xd=xd: cb.matmul_add(xd, w, bias),
+            lambda xd=xd, res=res: cb.matmul_add(xd, w, res),
+        )
+        for warps, splits, kw in SPLIT_SHAPES:
+            set_split(cb, monkeypatch, warps, splits)
+            cb.tensor_split = True
+            split = []
+            for op in ops:
+                poison()
+                split.append(cb.to_host(op()))
+            assert counters_zero(cb), "a tile's counter was left set"
+            cb.tensor_split = False
+            monkeypatch.setattr(cb, "_tensor_shape", lambda w_, act, kw=kw: (1, kw))
+            assert cb._tensor(w)
+            for i, op in enumerate(ops):
+                poison()
+                want = cb.to_host(op())
+                assert np.array_equal(split[i], want), f"{warps}x{splits} != mt KW {kw}, op {i}"
+            monkeypatch.undo()
+        tc_check(w_ref, x, split[0])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("shape", [(4, 4), (2, 8)], ids=lambda s: f"w{s[0]}x{s[1]}")
+def test_tensor_split_batch_invariant(split_on, monkeypatch, rng, qtype, shape):
+    """Split-K products for every row count: 1, 2, 8, 16, 64 rows (odd counts, offsets, chunks
+    of 7, the 9-17-row block split) bit-identical, plain and with a residual."""
+    cb = split_on
+    set_split(cb, monkeypatch, *shape)
+    d, cols = 1280, 72
+    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
+    x = cupy.asarray(wide_range_x(rng, 64, d))
+    res = cupy.asarray(rng.standard_normal((64, cols)).astype(np.float32))
+    ops = {
+        "plain": lambda s, e: cb.matmul(x[s:e], w),
+        "add": lambda s, e: cb.matmul_add(x[s:e], w, res[s:e]),
+    }
+    assert_rows_invariant(cb, ops)
+    assert counters_zero(cb)
+
+
+def test_tensor_split_default_takes_the_long_rows(tensor_on, ref, rng):
+    """By default the split kernels take the plain products of rows at least
+    ``tensor_split_min_in`` long (a Qwen2.5-0.5B down projection, Q4_K | Q6_K halves here);
+    the blocks per tile depend on the shape only; norms and shorter rows keep their kernels;
+    rows equal their one-row calls and stay within the f16 bound."""
+    cb = tensor_on
+    d = cb.tensor_split_min_in + 768  # 4864, Qwen2.5-0.5B's down projection
+    parts = [make_tensor(rng, 448, d, Q.Q4_K, "a"), make_tensor(rng, 448, d, Q.Q6_K, "b")]
+    down = cb.prepare_matrix(parts)
+    splits = cb._tensor_splits(down)  # its 56 tiles fill the chip at one row
+    assert splits in (2, 4, 8, 16) and 56 * splits >= cb._sm_count and not cb._tensor(down)
+    short = cb.prepare_matrix([make_tensor(rng, 64, 1024, Q.Q4_K)])
+    assert cb._tensor_splits(short) == 0 and cb._tensor(short)
+    x = wide_range_x(rng, 17, d)
+    xd = cupy.asarray(x)
+    res = cupy.asarray(rng.standard_normal((17, 896)).astype(np.float32))
+    poison()
+    full = cb.to_host(cb.matmul_add(xd, down, res))
+    tc_check(ref.prepare_matrix(parts), x, full - cb.to_host(res))
+    for m in (1, 8, 16):
+        assert np.array_equal(cb.to_host(cb.matmul_add(xd[:m], down, res[:m])), full[:m])
+    assert counters_zero(cb)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tensor_split_model_decode_equals_verify(models, arch, rng):
+    """Whole forwards with every plain product (attention output, down projection, head) on
+    the split-K kernels: one row at a time == k at a time == odd chunks, graph and eager."""
+    gpu, cpu = models[arch]
+    b = gpu.backend
+    keep = b.tensor_products, b.tensor_split, b.tensor_split_min_in
+    b.tensor_products, b.tensor_split, b.tensor_split_min_in = True, True, 64
+    b.drop_graphs()
+    try:
+        ids = rng.integers(0, 300, size=40)
+        whole = b.to_host(gpu.forward(ids, gpu.new_cache(64)))
+        assert rel_err(whole, cpu.forward(ids, cpu.new_cache(64))) < 2e-2
+        cache = gpu.new_cache(64)
+        parts = [
+            b.to_host(gpu.forward(ids[s:e], cache))
+            for s, e in ((0, 1), (1, 2), (2, 18), (18, 19), (19, 40))
+        ]
+        assert np.array_equal(np.concatenate(parts), whole)
+        assert counters_zero(b)
+    finally:
+        b.tensor_products, b.tensor_split, b.tensor_split_min_in = keep
+        b.drop_graphs()

@@ -53,3 +53,16 @@ def test_backend_attributes_read_and_write_the_tuning() -> None:
     a.attn_split = 64
     assert a.tuning.tensor_products is False and a.tuning.attn_split == 64
     assert b.tensor_products is True and b.attn_split == 32  # per instance, not shared
+
+
+def test_split_k_knobs_and_defaults() -> None:
+    """The split-K tensor products take the rows the other tensor kernels leave (from
+    ``tensor_max_in`` on: Qwen's 4864- and 8960-input down projections); their environment
+    overrides take only 0|1 and 2|4 (the warps per block the module builds)."""
+    t = CudaTuning()
+    assert t.tensor_split and t.tensor_split_min_in == t.tensor_max_in <= 4864
+    assert t.tensor_split_warps in (2, 4)
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_SPLIT": "0"}).tensor_split is False
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_SPLIT_WARPS": "2"}).tensor_split_warps == 2
+    odd = {"ECHOLINE_CUDA_TENSOR_SPLIT": "no", "ECHOLINE_CUDA_TENSOR_SPLIT_WARPS": "8"}
+    assert CudaTuning.from_env(odd) == CudaTuning()

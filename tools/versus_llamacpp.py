@@ -71,13 +71,14 @@ def cached_start_s(model: str) -> float:
 def run(args: argparse.Namespace) -> dict:
     traffic = args.traffic.split(",")
     path = resolve_model(args.model)
-    exe = build()
+    exe = Path(args.llama_server) if args.llama_server else build()
     engine = Engine.load(args.model, backend=args.backend)
     ids = prompts(engine, traffic)
     threads = str(os.cpu_count() or 2)
     results: dict[str, dict] = {}
-    with LlamaServer(path, exe=exe) as plain_srv, LlamaServer(
-        path, exe=exe, extra=["--spec-type", "ngram-mod"]
+    more = args.llama_args.split()
+    with LlamaServer(path, exe=exe, extra=more) as plain_srv, LlamaServer(
+        path, exe=exe, extra=[*more, "--spec-type", "ngram-mod"]
     ) as ngram_srv:
         for t in traffic:
             speeds: dict[str, list[float]] = {a: [] for a in ("llama_plain", "llama_ngram", "echo_plain", "echo_spec")}
@@ -142,6 +143,10 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--llama-server", default="",
+                    help="a llama-server built elsewhere (the GPU build), instead of building one here")
+    ap.add_argument("--llama-args", default="",
+                    help="more llama-server arguments for both servers, e.g. '-ngl 99' on a GPU")
     args = ap.parse_args()
     out = run(args)
     if args.json:

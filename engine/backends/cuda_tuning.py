@@ -90,6 +90,20 @@ class CudaTuning:
     #: ... shared memory one block may stage (stages x 16 rows of blocks); wider rows keep
     #: the other kernels (48 KiB needs no opt-in)
     tensor_wide_max_smem: int = 48 * 1024
+    #: weights with rows at least ``tensor_split_min_in`` long (Qwen's 4864- and 8960-input
+    #: down projections, past ``tensor_max_in``) on the tensor cores with K split over blocks
+    #: (kernels.cu mts kernels, issue 21): ``tensor_split_warps`` warps per block and as many
+    #: blocks per 16-column tile as the chip needs (``_tensor_splits``), the warps' sums added
+    #: in one fixed order by the tile's last block (the bits of mt_body with KW = all warps).
+    #: No fused norm or gated epilogue. Env ``ECHOLINE_CUDA_TENSOR_SPLIT=0|1``
+    tensor_split: bool = True
+    #: ... from this many inputs
+    tensor_split_min_in: int = 4096
+    #: ... warps per block (2 or 4). Env ``ECHOLINE_CUDA_TENSOR_SPLIT_WARPS=2|4``
+    tensor_split_warps: int = 4
+    #: ... blocks per tile doubled (2, 4, 8, 16) until the launch has this many blocks per SM
+    #: or the warps would outnumber the 64-weight units
+    tensor_split_blocks_per_sm: int = 2
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
     #: a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items: int = 8
@@ -118,6 +132,8 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_WIDE", "tensor_wide", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT", "tensor_wide_persistent", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_STAGES", "tensor_wide_stages", ("1", "2")),
+            ("ECHOLINE_CUDA_TENSOR_SPLIT", "tensor_split", ("0", "1")),
+            ("ECHOLINE_CUDA_TENSOR_SPLIT_WARPS", "tensor_split_warps", ("2", "4")),
         ):
             value = env.get(name)
             if value in ok:

@@ -101,6 +101,10 @@ def _row_tile(n: int) -> int:
     return _ROW_TILES[-1]
 
 
+#: arrival counters of the split-K tensor products (one per (x, y) block of a launch)
+_SPLIT_COUNTERS = 1 << 16
+
+
 def _i32(v: int) -> np.int32:
     return np.int32(v)
 
@@ -183,6 +187,10 @@ class CupyBackend(Backend):
         self._smem_per_sm = int(props.get("sharedMemPerMultiprocessor", 233472))
         self._smem_reserved = int(props.get("reservedSharedMemPerBlock", 1024))
         self._wide_fit: dict[tuple[int, int], int] = {}
+        # split-K tensor products: one arrival counter per (x, y) block of a launch, zero
+        # between launches (each tile's last block resets its own); launches in one stream
+        # never overlap, so one array serves them all
+        self._split_counters = cupy.zeros(_SPLIT_COUNTERS, dtype=cupy.int32)
         # last host positions uploaded: a forward hands one array to every layer
         self._pos_host: np.ndarray | None = None
         self._pos_dev: Any = None
@@ -360,6 +368,9 @@ class CupyBackend(Backend):
                 res = residual if residual.dtype == cupy.float32 else residual.astype(cupy.float32)
             else:
                 res, ldr = self._rows(residual, w.out_features)
+        if not act and norm is None and self._tensor_splits(w):
+            self._split_product(w, x2, ldx, n, out, width, res, ldr)
+            return out
         if not act and self._tensor_wide(w):
             self._wide_product(w, x2, ldx, n, out, width, norm, eps, res, ldr)
             return out
@@ -435,6 +446,55 @@ class CupyBackend(Backend):
             and self.tensor_wide_stages * 16 * seg.row_bytes + _WIDE_STATIC_SMEM <= self.tensor_wide_max_smem
             and seg.data.data.ptr % 16 == 0  # 16-byte copies (every upload is aligned)
         )
+
+    def _tensor_splits(self, w: CudaWeight) -> int:
+        """Blocks per 16-column tile for a split-K tensor product of ``w`` (kernels.cu mts
+        kernels), or 0 when ``w`` takes another family. By flag, types and shape only: the
+        split count sets the order of a row's sums (warp order over all blocks), so it must
+        never follow the row count. Only plain products and residual/bias epilogues come
+        here (the caller excludes norms and gated products: ops fixed per weight)."""
+        if not (self.tensor_products and self.tensor_split):
+            return 0
+        if (
+            w.in_features % 64
+            or w.in_features < self.tensor_split_min_in
+            or w.out_features > self.tensor_max_cols
+            or not all(seg.kernel in TENSOR for seg in w.segments)
+        ):
+            return 0
+        tiles = sum((seg.rows + 15) // 16 for seg in w.segments)
+        units = w.in_features // 64
+        kw = self.tensor_split_warps
+        splits = 2
+        while (
+            splits < 16
+            and tiles * splits < self.tensor_split_blocks_per_sm * self._sm_count
+            and 2 * splits * kw <= units
+        ):
+            splits *= 2
+        return splits
+
+    def _split_product(
+        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int, res: Any, ldr: int
+    ) -> None:
+        """mts launches, one per segment: grid (tiles, row blocks, splits); each tile's last
+        block adds the warps' sums from ``part`` in warp order."""
+        splits, kw = self._tensor_splits(w), self.tensor_split_warps
+        for seg in w.segments:
+            tiles = (seg.rows + 15) // 16
+            nt, gy = self._row_passes(n, tiles * splits * kw)
+            if tiles * gy > _SPLIT_COUNTERS:
+                raise EcholineError(f"split-K launch of {tiles} x {gy} blocks: too many tiles")
+            part = cupy.empty((splits * kw, n, seg.rows), dtype=cupy.float32)
+            self._k(f"mts_{seg.kernel}_n{nt}_w{kw}", seg.kernel)(
+                (tiles, gy, splits),
+                (32 * kw,),
+                (
+                    seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
+                    x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
+                    _seg_res(res, seg), _i32(ldr), part, self._split_counters,
+                ),  # fmt: skip
+            )
 
     def _wide_product(
         self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,

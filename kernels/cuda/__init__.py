@@ -40,7 +40,8 @@ QUANT_TYPES = {
 FACTORED = frozenset({"q4_k", "q6_k"})
 
 #: types with tensor-core product kernels (quant.cuh tc_frag, kernels mt_<q>_n<NT>_m<MT>, and
-#: mtw_<q>_n<NT>_s<ST> for very wide weights: tiles staged in shared memory)
+#: mtw_<q>_n<NT>_s<ST> for very wide weights: tiles staged in shared memory, mts_<q>_n<NT>_w<KW>
+#: for long rows: K split over blocks)
 TENSOR = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 
 
@@ -69,7 +70,7 @@ def kernel_source(qtype: str | None = None) -> str:
         )
     qt = QUANT_TYPES[qtype]
     extra = f"MM_ALL_RF({qtype}, {qt})\n" if qtype in FACTORED else ""
-    extra += f"MT_ALL({qtype}, {qt})\nMTW_ALL({qtype}, {qt})\n" if qtype in TENSOR else ""
+    extra += f"MT_ALL({qtype}, {qt})\nMTW_ALL({qtype}, {qt})\nMTS_ALL({qtype}, {qt})\n" if qtype in TENSOR else ""
     return src + f"\nMM_ALL_R({qtype}, {qt})\n{extra}EMBED_KERNEL({qtype}, {qt})\n"
 
 

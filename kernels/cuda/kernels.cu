@@ -399,16 +399,56 @@ __device__ __forceinline__ void mma16816(float d[4], const u32 a[4], u32 b0, u32
           "f"(c[2]), "f"(c[3]));
 }
 
+// The end of a split-K tensor product (mts kernels): the tile's blocks (gridDim.z of them)
+// have written every warp's raw sums to `part`; the block that arrives last at the tile's
+// counter adds them in warp order 0..kwg-1 (mt_body's order for KW = kwg: the same bits),
+// adds Res and stores Y, then zeroes the counter for the next launch. Which block is last
+// changes nothing: the order of the adds is fixed. Counters: one int per (x, y) block
+// column, zero between launches (the backend allocates them zeroed).
+__device__ __forceinline__ void mts_finish(int bid, int out_rows, int n, float* __restrict__ Y,
+                                           int ldy, const float* __restrict__ Res, int ldr,
+                                           const float* __restrict__ part, long long pstride,
+                                           int kwg, int cols_per_block, int* __restrict__ cnt) {
+    __shared__ int last;
+    __threadfence();  // this block's sums visible to the chip before it counts itself in
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* c = cnt + blockIdx.y * gridDim.x + blockIdx.x;
+        int done = atomicAdd(c, 1) == (int)gridDim.z - 1;
+        if (done) *c = 0;  // every other block of the tile has counted itself already
+        last = done;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int col0 = bid * cols_per_block;
+    int cols = min(cols_per_block, out_rows - col0);
+    for (int i = threadIdx.x; i < n * cols; i += blockDim.x) {
+        int r = i / cols, col = col0 + i % cols;
+        const float* p = part + (long long)r * out_rows + col;
+        float s = __ldcg(p);  // L2, not a stale L1 line
+        for (int g = 1; g < kwg; ++g) s = __fadd_rn(s, __ldcg(p + g * pstride));
+        if (Res) s = __fadd_rn(Res[(long long)r * ldr + col], s);
+        Y[(long long)r * ldy + col] = s;
+    }
+}
+
 // Fused options as in mm_body: G (RMSNorm weight: x * G is what gets rounded, inv_rms(row)
 // scales the total; the sum of squares comes from the unrounded x the lanes load anyway),
 // act (gated: a tile's rows 0..7 are gate columns, rows 8..15 the matching up columns), Res.
-template <int QT, int NT, int MT, int KW>
+//
+// SPLIT (mts_body below): the block is one of gridDim.z blocks sharing a column tile; its warps
+// are warps z*KW .. z*KW + KW - 1 of kwg = gridDim.z*KW, each taking every kwg-th unit exactly
+// as mt_body with KW = kwg would, and each warp's sums go to `part` (plane gw, pstride floats
+// apart) instead of the block's shared-memory reduction. No norm, no gated epilogue.
+template <int QT, int NT, int MT, int KW, bool SPLIT = false>
 __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long long row_bytes,
                                         int out_rows, int K, const float* __restrict__ X, int ldx,
                                         int n, float* __restrict__ Y, int ldy,
                                         const float* __restrict__ G, float eps,
                                         const float* __restrict__ Res, int ldr, int act, int half,
-                                        float* smem) {
+                                        float* smem, float* __restrict__ part = nullptr,
+                                        long long pstride = 0, int* cnt = nullptr) {
     using T = TcTraits<QT>;
     constexpr int NV = NT * MT * 4;  // accumulators per lane
     constexpr int U = MT_UNITS;      // units whose weights are loaded before any math
@@ -417,6 +457,8 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
     float (*ssr)[NT][8] = reinterpret_cast<float (*)[NT][8]>(smem + (KW - 1) * NV * 32);  // [KW]
     const unsigned full = 0xffffffffu;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int gw = SPLIT ? (int)blockIdx.z * KW + warp : warp;  // this warp's place in the K order
+    int kwg = SPLIT ? (int)gridDim.z * KW : KW;          // warps sharing the K range
     int gq = lane >> 2, t = lane & 3;
     int per_tile = act ? 8 : 16;  // output columns of one 16-row A tile
     int col0 = bid * MT * per_tile;
@@ -445,12 +487,12 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[nt][mt][c] = 0.0f;
         }
-        for (int ub = warp; ub < nunits; ub += KW * U) {
+        for (int ub = gw; ub < nunits; ub += kwg * U) {
             u32 a[U][2][2][MT][4];  // [unit][group][mma][tile][reg]
             float s0[U][2][MT][2], s1[U][2][MT][2], mn[U][2][MT][2];
 #pragma unroll
             for (int v = 0; v < U; ++v) {
-                int u = ub + KW * v;
+                int u = ub + kwg * v;
                 if (u >= nunits) break;
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
@@ -476,7 +518,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
             }
 #pragma unroll
             for (int v = 0; v < U; ++v) {
-                int u = ub + KW * v;
+                int u = ub + kwg * v;
                 if (u >= nunits) break;
                 int k0 = 64 * u + 4 * t;
                 float gv[16];
@@ -562,6 +604,20 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                 }
             }
         }
+        if constexpr (SPLIT) {  // this warp's sums, raw: the tile's last block adds them
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        int r = r0 + nt * 8 + 2 * t + (c & 1);
+                        int col = col0 + mt * per_tile + gq + 8 * (c >> 1);
+                        if (r < n && col < out_rows)
+                            part[gw * pstride + (long long)r * out_rows + col] = acc[nt][mt][c];
+                    }
+            continue;
+        }
         // totals: warps in order (warp 0 + warp 1 + ...), norm sums of squares likewise
         if (norm) {
 #pragma unroll
@@ -631,6 +687,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
         }
         __syncthreads();  // red / ssr are rewritten by the next row pass
     }
+    if constexpr (SPLIT) mts_finish(bid, out_rows, n, Y, ldy, Res, ldr, part, pstride, kwg, MT * per_tile, cnt);
 }
 
 #define MT_SMEM(NT, MT, KW) ((KW - 1) * NT * MT * 4 * 32 + KW * NT * 8)
@@ -664,6 +721,30 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
                                 ldy, G, eps, Res ? Res + (long long)row0 * ldr : Res, ldr, act, \
                                 half, smem);                                                   \
     }
+
+// Split-K tensor products (issue 21: weights with long rows, Qwen's 4864- and 8960-input down
+// projections): gridDim.z blocks of KW warps share each 16-column tile, so a weight with few
+// tiles still fills the chip at one row; the last block of a tile adds the warps' sums in
+// order (mts_finish). The bits equal mt_body's with KW = gridDim.z * KW. part: gridDim.z *
+// KW planes of n * out_rows floats; cnt: one zeroed int per (x, y) block.
+#define MTS_KERNEL(NAME, QT, NT, KW)                                                            \
+    extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
+        mts_##NAME##_n##NT##_w##KW(const u8* W, long long row_bytes, int out_rows, int K,      \
+                                   const float* X, int ldx, int n, float* Y, int ldy,          \
+                                   const float* Res, int ldr, float* part, int* cnt) {         \
+        __shared__ float smem[MT_SMEM(NT, 1, 1)];                                              \
+        long long pstride = (long long)n * out_rows;                                           \
+        int row0;                                                                              \
+        if (!mt_rows<NT>(n, row0)) return;                                                     \
+        mt_body<QT, NT, 1, KW, true>(blockIdx.x, W, row_bytes, out_rows, K,                    \
+                                     X + (long long)row0 * ldx, ldx, n,                        \
+                                     Y + (long long)row0 * ldy, ldy, nullptr, 0.0f,            \
+                                     Res ? Res + (long long)row0 * ldr : Res, ldr, 0, out_rows, \
+                                     smem, part + (long long)row0 * out_rows, pstride, cnt);   \
+    }
+#define MTS_ALL(NAME, QT)                                                                       \
+    MTS_KERNEL(NAME, QT, 1, 2) MTS_KERNEL(NAME, QT, 2, 2) MTS_KERNEL(NAME, QT, 4, 2)            \
+    MTS_KERNEL(NAME, QT, 1, 4) MTS_KERNEL(NAME, QT, 2, 4) MTS_KERNEL(NAME, QT, 4, 4)
 
 // Two segments of one fused weight in one launch (as MM2_KERNEL): blocks [0, nblk_a) run
 // segment a's columns with a's mt_body, the rest segment b's.

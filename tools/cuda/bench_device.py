@@ -273,15 +273,15 @@ def ab_tensor(
     """Engine path at each k for the product policies (CUDA cores, tensor cores for every
     supported weight, the round-8 default (wide heads on the CUDA cores), the backend's
     default), then (without --quick) the attention-items A/B."""
-    keys = ("tensor_products", "tensor_max_in", "tensor_max_cols", "tensor_wide")
+    keys = ("tensor_products", "tensor_max_in", "tensor_max_cols", "tensor_wide", "tensor_split")
     limits = (b.tensor_max_in, b.tensor_max_cols)
     configs = {
         name: dict(zip(keys, policy, strict=True))
         for name, policy in (
-            ("cuda-core", (False, 0, 0, False)),
-            ("tensor", (True, 10**9, 10**9, b.tensor_wide)),  # every supported weight
-            ("cc-head", (True, *limits, False)),  # round 8: the head on the CUDA cores
-            ("default", (True, *limits, b.tensor_wide)),  # the shape limits, wide heads
+            ("cuda-core", (False, 0, 0, False, False)),
+            ("tensor", (True, 10**9, 10**9, b.tensor_wide, False)),  # mt_body for every weight
+            ("split-off", (True, *limits, b.tensor_wide, False)),  # long rows on the CUDA cores
+            ("default", (True, *limits, b.tensor_wide, b.tensor_split)),  # long rows split-K
         )
     }
     lines = [] if QUICK else attn_items_ab(b, model, cache, context, prompt, reps, rounds)

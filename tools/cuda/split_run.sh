@@ -1,0 +1,78 @@
+#!/bin/bash
+# Device-side driver (issue 21, the split-K tensor products and the real-file figures), one
+# step per call on a warm machine:
+#   first  : wheels; start the llama.cpp CUDA build in the background (.lcpp/lcpp.tgz, setsid);
+#            NVRTC builds in parallel; every CUDA test; python3 -m tools.cuda.split_probe
+#   part   : copy the carried model part (.mdl/qwenpartNN) to /tmp/models; then BENCH=qwen|smol|
+#            q15 runs python3 -m tools.cuda.bench_device --reps 30 --quick --tc on that shape
+#   final  : join the parts; bench spec copy / edit (tools/cuda/spec_run.sh's JSON lines), the
+#            real-file GPU tests, then python3 -m tools.versus_llamacpp against the CUDA build
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
+mkdir -p /tmp/models
+for p in .mdl/*part*; do [ -f "$p" ] && cp "$p" /tmp/models/ && stamp "have $(basename "$p")"; done
+BENCH_CMD="python3 -m tools.cuda.bench_device --reps 30 --quick --tc --ks 1,8,16 --context 1024"
+case "$1" in
+first)
+  if [ -f .lcpp/lcpp.tgz ]; then
+    mkdir -p /tmp/lcpp && tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp
+    setsid nohup bash -c 'cd /tmp/lcpp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
+      && cmake --build build -j 10 --target llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
+      > /dev/null 2>&1 < /dev/null &
+    stamp "llama.cpp build started"
+  fi
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+  for q in "" q8_0 q6_k q5_0 q4_1 q4_k q5_0+q8_0 q4_k+q6_k q4_0 q5_1 q5_k f32 f16 bf16 q4_1+q8_0 q4_k+q8_0; do
+    timeout 150 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -3 &
+  done
+  wait; stamp compiled
+  timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider --durations=6 tests/test_cuda_backend.py \
+    tests/test_cuda_tuning.py > "$OUT/tests.log" 2>&1
+  stamp "tests rc=$?"; grep -E "passed|failed|^E |Error|s call|^FAILED" "$OUT/tests.log" | head -40
+  timeout ${PROBE_S:-120} python3 -m tools.cuda.split_probe > "$OUT/probe.log" 2>&1
+  rc=$?; stamp "probe rc=$rc"; sed -n '/== split probe ==/,$p' "$OUT/probe.log"; [ $rc = 0 ] || tail -25 "$OUT/probe.log"
+  ;;
+part)
+  case "$BENCH" in
+    qwen) M=qwen2.5-0.5b ;; smol) M=smollm2-135m ;; q15) M=qwen2.5-1.5b ;; *) M= ;;
+  esac
+  if [ -n "$M" ]; then
+    timeout ${BENCH_S:-150} $BENCH_CMD --models $M > "$OUT/bench_$BENCH.log" 2>&1
+    stamp "bench $M rc=$?"; sed -n '/== summary ==/,$p' "$OUT/bench_$BENCH.log" | grep -v "ops n=[248] "
+  fi
+  tail -2 /tmp/lcpp.log 2>/dev/null
+  ;;
+final)
+  if [ ! -f /tmp/models/qwen.gguf ] && [ -f /tmp/models/qwenpart09 ]; then
+    cat /tmp/models/qwenpart* > /tmp/models/qwen.gguf && rm /tmp/models/qwenpart* && sha256sum /tmp/models/qwen.gguf
+  fi
+  M=/tmp/models/qwen.gguf
+  [ -f $M ] || { echo "no model"; ls -l /tmp/models; exit 1; }
+  for t in copy edit; do
+    timeout ${SPEC_S:-100} python3 -m echoline bench spec --backend cuda --model $M --traffic $t --rounds 3 --json > "$OUT/spec_$t.json" 2> "$OUT/spec_$t.err"
+    stamp "spec $t rc=$?"; python3 - "$OUT/spec_$t.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+keep = ("plain_tok_s", "spec_tok_s", "ratio", "identical", "acceptance", "tokens_per_round",
+        "round_split_ms", "verify_cost", "oracle_ratio", "limit_ratio")
+print(json.dumps({k: r.get(k) for k in keep}))
+PY
+  done
+  ECHOLINE_CUDA_MODEL=$M timeout ${E2E_S:-90} python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py > "$OUT/e2e.log" 2>&1
+  stamp "e2e rc=$?"; grep -E "passed|failed|^E " "$OUT/e2e.log" | head
+  tail -3 /tmp/lcpp.log
+  EXE=/tmp/lcpp/llama.cpp/build/bin/llama-server
+  if [ -x $EXE ]; then
+    timeout ${VS_S:-200} python3 -m tools.versus_llamacpp --model $M --backend cuda --rounds 3 \
+      --llama-server $EXE --llama-args "-ngl 99" --json > "$OUT/versus.log" 2>&1
+    stamp "versus rc=$?"; tail -8 "$OUT/versus.log"
+  fi
+  ;;
+esac
+stamp done
