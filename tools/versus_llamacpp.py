@@ -4,12 +4,21 @@
         [--max-tokens 128] [--rounds 3] [--json]
 
 Both engines get the SAME prompt token ids (echoline renders the chat template; the ids go
-to ``/completion``), greedy, ``cache_prompt: false``. Four arms per traffic, interleaved
+to ``/completion``), greedy, ``cache_prompt: false``. Six arms per traffic, interleaved
 round by round (the order rotates), medians reported:
 
 - ``llama_plain``: llama-server without speculation;
-- ``llama_ngram``: llama-server ``--spec-type ngram-mod`` (its best n-gram mode);
-- ``echo_plain`` / ``echo_spec``: echoline plain and exact speculative decoding.
+- ``llama_ngram``: llama-server ``--spec-type ngram-mod`` (its best n-gram mode), one server
+  for all rounds: its n-gram pool lives across requests, so from the second round on it
+  holds this very request's earlier reply;
+- ``llama_ngram_cold``: the same with a fresh server per request (an empty pool);
+- ``echo_plain`` / ``echo_spec``: echoline plain and exact speculative decoding, with no
+  earlier replies (``forget_replies``);
+- ``echo_spec_warm``: echoline speculative with this request's earlier reply kept (as the
+  engine keeps replies for later requests): the like-for-like match of ``llama_ngram``.
+
+``spec_vs_llama_ngram`` (echoline cold against llama.cpp warm) is the conservative ratio;
+``spec_vs_llama_ngram_cold`` and ``spec_warm_vs_llama_ngram`` compare like with like.
 
 Decode speed is tokens after the first over the time after the first (both engines report
 it that way: llama.cpp's ``predicted_per_second``, echoline's ``tokens_per_s``). Also
@@ -33,7 +42,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from echoline.engine.api import Engine
+from echoline.engine.api import HISTORY_CONTEXT, Engine
 from echoline.engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
 from echoline.engine.models_registry import resolve_model
 from echoline.engine.setup_check import cpu_model
@@ -42,6 +51,10 @@ from tools.llamacpp_peer import LlamaServer, build
 
 #: Held-out source: a standard-library module, not this repository's code.
 HELD_OUT = Path(inspect.getfile(textwrap))
+
+
+#: the arms, in their first round's order (later rounds rotate it)
+ARMS = ("llama_plain", "llama_ngram", "echo_plain", "echo_spec", "llama_ngram_cold", "echo_spec_warm")
 
 
 def prompts(engine: Engine, traffic: list[str]) -> dict[str, list[int]]:
@@ -81,26 +94,32 @@ def run(args: argparse.Namespace) -> dict:
         path, exe=exe, extra=[*more, "--spec-type", "ngram-mod"]
     ) as ngram_srv:
         for t in traffic:
-            speeds: dict[str, list[float]] = {a: [] for a in ("llama_plain", "llama_ngram", "echo_plain", "echo_spec")}
+            speeds: dict[str, list[float]] = {a: [] for a in ARMS}
             replies: dict[str, list[int]] = {}
 
             def arm(name: str, t: str = t, speeds: dict = speeds, replies: dict = replies) -> None:
-                if name.startswith("llama"):
+                if name == "llama_ngram_cold":  # a fresh server: an empty n-gram pool
+                    with LlamaServer(path, exe=exe, extra=[*more, "--spec-type", "ngram-mod"]) as srv:
+                        out = srv.greedy(ids[t], args.max_tokens)
+                elif name.startswith("llama"):
                     srv = plain_srv if name == "llama_plain" else ngram_srv
                     out = srv.greedy(ids[t], args.max_tokens)
+                if name.startswith("llama"):
                     speeds[name].append(float(out["timings"].get("predicted_per_second", 0.0)))
                     replies.setdefault(name, out["ids"])
-                else:
-                    engine.forget_replies()
-                    res = engine.generate(ids[t], max_tokens=args.max_tokens, spec=name == "echo_spec")
-                    speeds[name].append(res.stats.tokens_per_s)
-                    replies.setdefault(name, list(res.token_ids))
+                    return
+                engine.forget_replies()
+                if name == "echo_spec_warm":  # this request's reply seen before, as llama's pool has
+                    engine.remember_reply(replies["echo_plain"], before=ids[t][-HISTORY_CONTEXT:])
+                res = engine.generate(ids[t], max_tokens=args.max_tokens, spec=name != "echo_plain")
+                speeds[name].append(res.stats.tokens_per_s)
+                replies.setdefault(name, list(res.token_ids))
 
             names = list(speeds)
             arm("echo_plain")  # warm-up: kernels and caches ready before anything is timed
             speeds["echo_plain"].clear()
             for r in range(args.rounds):
-                for name in names[r % 4:] + names[: r % 4]:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
                     arm(name)
             med = {k: statistics.median(v) for k, v in speeds.items()}
             results[t] = {
@@ -111,6 +130,12 @@ def run(args: argparse.Namespace) -> dict:
                 "llama_ngram_ratio": round(med["llama_ngram"] / med["llama_plain"], 3),
                 "echo_spec_equals_plain": replies["echo_spec"] == replies["echo_plain"],
                 "llama_ngram_equals_plain": replies["llama_ngram"] == replies["llama_plain"],
+                # like for like: both engines' n-gram memories empty, or both holding this
+                # request's earlier reply (llama-server's ngram-mod pool lives across requests)
+                "spec_vs_llama_ngram_cold": round(med["echo_spec"] / med["llama_ngram_cold"], 3),
+                "spec_warm_vs_llama_ngram": round(med["echo_spec_warm"] / med["llama_ngram"], 3),
+                "echo_spec_warm_equals_plain": replies["echo_spec_warm"] == replies["echo_plain"],
+                "llama_ngram_cold_equals_plain": replies["llama_ngram_cold"] == replies["llama_plain"],
                 "prompt_tokens": len(ids[t]),
             }
         rss = {"llama_server_mb": round(_rss_mb(plain_srv.proc.pid), 1)}  # type: ignore[union-attr]
@@ -125,11 +150,15 @@ def run(args: argparse.Namespace) -> dict:
     print(f"{out['model']} on {out['cpu']} ({out['cores']} cores), {args.max_tokens} tokens, "
           f"median of {args.rounds} interleaved rounds")
     print(f"{'traffic':<8} {'llama plain':>12} {'llama ngram':>12} {'echo plain':>11} {'echo spec':>10} "
-          f"{'plain ×':>8} {'spec ×':>7} {'same?':>6}")
+          f"{'plain ×':>8} {'spec ×':>7} {'same?':>6} | {'ngram cold':>10} {'spec ×':>7} "
+          f"{'echo warm':>10} {'spec ×':>7}")
     for t, r in results.items():
+        same = r["echo_spec_equals_plain"] and r["echo_spec_warm_equals_plain"]
         print(f"{t:<8} {r['llama_plain_tok_s']:>12.1f} {r['llama_ngram_tok_s']:>12.1f} "
               f"{r['echo_plain_tok_s']:>11.1f} {r['echo_spec_tok_s']:>10.1f} {r['plain_vs_llama']:>8.2f} "
-              f"{r['spec_vs_llama_ngram']:>7.2f} {str(r['echo_spec_equals_plain']):>6}")
+              f"{r['spec_vs_llama_ngram']:>7.2f} {str(same):>6} | {r['llama_ngram_cold_tok_s']:>10.1f} "
+              f"{r['spec_vs_llama_ngram_cold']:>7.2f} {r['echo_spec_warm_tok_s']:>10.1f} "
+              f"{r['spec_warm_vs_llama_ngram']:>7.2f}")
     print(f"resident: echoline {rss['echoline_mb']} MB, llama-server {rss['llama_server_mb']} MB "
           f"(GGUF {out['gguf_mb']} MB); echoline cached start {out['echoline_cached_start_s']} s")
     return out
