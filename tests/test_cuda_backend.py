@@ -1022,17 +1022,32 @@ def test_tensor_wide_default_takes_the_heads(tensor_on, ref, rng):
         cb.tensor_wide_min_cols = keep
 
 
-# ---- split-K tensor products (issue 21: kernels.cu mts kernels, the long down projections) ----
-#: (warps per block, blocks per tile, the mt_body KW whose bits they must give)
-SPLIT_SHAPES = [(2, 2, 4), (4, 2, 8), (2, 8, 16), (4, 4, 16)]
+# ---- split-K tensor products (issue 21: kernels.cu mts / mtc kernels, the long down projections) ----
+#: name -> (warps per block, blocks per tile, units in flight, cluster): speed choices whose
+#: bits are mt_body's with KW = warps x blocks (a cluster of 8 x 4 has no mt_body twin and is
+#: checked against the scratch-plane kernel of the same shape)
+SPLIT_VARIANTS = {
+    "w2x2": (2, 2, 1, False),
+    "w4x2": (4, 2, 1, False),
+    "w4x2u2": (4, 2, 2, False),
+    "w2x8": (2, 8, 1, False),
+    "w4x4": (4, 4, 1, False),
+    "w4x4u2": (4, 4, 2, False),
+    "w4x4c": (4, 4, 1, True),
+    "w4x8": (4, 8, 1, False),
+    "w4x8c": (4, 8, 1, True),
+}
 
 
 @pytest.fixture
-def split_on(tensor_on, monkeypatch):
+def split_on(tensor_on):
     """Split-K products on for every plain product (``tensor_split_min_in`` 64); the test
-    sets the warps per block and, through ``_tensor_splits``, the blocks per tile."""
+    sets the variant (``set_split``), the blocks per tile through ``_tensor_splits``."""
     cb = tensor_on
-    names = ("tensor_split", "tensor_split_min_in", "tensor_split_warps")
+    names = (
+        "tensor_split", "tensor_split_min_in", "tensor_split_warps", "tensor_split_units",
+        "tensor_split_cluster",
+    )  # fmt: skip
     keep = {a: getattr(cb, a) for a in names}
     cb.tensor_split, cb.tensor_split_min_in = True, 64
     yield cb
@@ -1041,9 +1056,13 @@ def split_on(tensor_on, monkeypatch):
     cb.drop_graphs()
 
 
-def set_split(cb, monkeypatch, warps: int, splits: int) -> None:
-    cb.tensor_split_warps = warps
+def set_split(cb, monkeypatch, variant: str) -> None:
+    warps, splits, units, cluster = SPLIT_VARIANTS[variant]
+    if cluster and cb._cc_major < 9:
+        pytest.skip("thread-block clusters need sm_90")
+    cb.tensor_split_warps, cb.tensor_split_units, cb.tensor_split_cluster = warps, units, cluster
     monkeypatch.setattr(cb, "_tensor_splits", lambda w: splits if cb.tensor_split else 0)
+    assert cb._split_cluster(splits) == cluster
 
 
 def counters_zero(cb) -> bool:
@@ -1053,9 +1072,9 @@ def counters_zero(cb) -> bool:
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("d", [1024, 1280, 256], ids=lambda d: f"K{d}")
 def test_tensor_split_equals_mt_body_and_reference(split_on, monkeypatch, ref, rng, qtype, d):
-    """Every (warps, blocks) split gives mt_body's bits for KW = warps x blocks (plain, bias
-    row, residual), within the f16 bounds; K of 16, 20 (uneven over the warps) and 4 units
-    (warps with no unit); the arrival counters are zero after every launch."""
+    """Every split variant gives mt_body's bits for KW = warps x blocks (plain, bias row,
+    residual), within the f16 bounds; K of 16, 20 (uneven over the warps) and 4 units (warps
+    with no unit); the arrival counters are zero after every launch."""
     cb = split_on
     t = make_tensor(rng, 100, d, qtype)  # a partial 16-column tile
     w, w_ref = cb.prepare_matrix([t]), ref.prepare_matrix([t])
@@ -1069,32 +1088,44 @@ def test_tensor_split_equals_mt_body_and_reference(split_on, monkeypatch, ref, r
             lambda xd=xd: cb.matmul_add(xd, w, bias),
             lambda xd=xd, res=res: cb.matmul_add(xd, w, res),
         )
-        for warps, splits, kw in SPLIT_SHAPES:
-            set_split(cb, monkeypatch, warps, splits)
-            cb.tensor_split = True
-            split = []
+
+        def run_all(ops=ops) -> list[np.ndarray]:
+            outs = []
             for op in ops:
                 poison()
-                split.append(cb.to_host(op()))
-            assert counters_zero(cb), "a tile's counter was left set"
-            cb.tensor_split = False
-            monkeypatch.setattr(cb, "_tensor_shape", lambda w_, act, kw=kw: (1, kw))
-            assert cb._tensor(w)
-            for i, op in enumerate(ops):
-                poison()
-                want = cb.to_host(op())
-                assert np.array_equal(split[i], want), f"{warps}x{splits} != mt KW {kw}, op {i}"
+                outs.append(cb.to_host(op()))
+            return outs
+
+        got = {}
+        for variant, (warps, splits, _units, cluster) in SPLIT_VARIANTS.items():
+            if cluster and cb._cc_major < 9:
+                continue
+            set_split(cb, monkeypatch, variant)
+            got[variant] = run_all()
+            assert counters_zero(cb), f"{variant}: a tile's counter was left set"
             monkeypatch.undo()
-        tc_check(w_ref, x, split[0])
+            kw = warps * splits
+            if kw in (4, 8, 16):  # mt_body's twin
+                cb.tensor_split = False
+                monkeypatch.setattr(cb, "_tensor_shape", lambda w_, act, kw=kw: (1, kw))
+                assert cb._tensor(w)
+                want = run_all()
+                monkeypatch.undo()
+                cb.tensor_split = True
+            else:
+                want = got[variant.rstrip("c")]
+            for i in range(3):
+                assert np.array_equal(got[variant][i], want[i]), f"{variant}: op {i}, {n} rows"
+        tc_check(w_ref, x, got["w4x4"][0])
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.Q5_0], ids=lambda q: q.name)
-@pytest.mark.parametrize("shape", [(4, 4), (2, 8)], ids=lambda s: f"w{s[0]}x{s[1]}")
-def test_tensor_split_batch_invariant(split_on, monkeypatch, rng, qtype, shape):
+@pytest.mark.parametrize("variant", ["w4x4", "w2x8", "w4x4u2", "w4x8c"])
+def test_tensor_split_batch_invariant(split_on, monkeypatch, rng, qtype, variant):
     """Split-K products for every row count: 1, 2, 8, 16, 64 rows (odd counts, offsets, chunks
     of 7, the 9-17-row block split) bit-identical, plain and with a residual."""
     cb = split_on
-    set_split(cb, monkeypatch, *shape)
+    set_split(cb, monkeypatch, variant)
     d, cols = 1280, 72
     w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
     x = cupy.asarray(wide_range_x(rng, 64, d))
@@ -1132,13 +1163,18 @@ def test_tensor_split_default_takes_the_long_rows(tensor_on, ref, rng):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_tensor_split_model_decode_equals_verify(models, arch, rng):
+@pytest.mark.parametrize("variant", ["default", "w4x4c"])
+def test_tensor_split_model_decode_equals_verify(models, monkeypatch, arch, variant, rng):
     """Whole forwards with every plain product (attention output, down projection, head) on
     the split-K kernels: one row at a time == k at a time == odd chunks, graph and eager."""
     gpu, cpu = models[arch]
     b = gpu.backend
-    keep = b.tensor_products, b.tensor_split, b.tensor_split_min_in
+    names = ("tensor_products", "tensor_split", "tensor_split_min_in", "tensor_split_warps",
+             "tensor_split_units", "tensor_split_cluster")  # fmt: skip
+    keep = {a: getattr(b, a) for a in names}
     b.tensor_products, b.tensor_split, b.tensor_split_min_in = True, True, 64
+    if variant != "default":
+        set_split(b, monkeypatch, variant)
     b.drop_graphs()
     try:
         ids = rng.integers(0, 300, size=40)
@@ -1152,5 +1188,7 @@ def test_tensor_split_model_decode_equals_verify(models, arch, rng):
         assert np.array_equal(np.concatenate(parts), whole)
         assert counters_zero(b)
     finally:
-        b.tensor_products, b.tensor_split, b.tensor_split_min_in = keep
+        for a, v in keep.items():
+            setattr(b, a, v)
+        monkeypatch.undo()
         b.drop_graphs()

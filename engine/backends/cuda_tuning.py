@@ -104,6 +104,14 @@ class CudaTuning:
     #: ... blocks per tile doubled (2, 4, 8, 16) until the launch has this many blocks per SM
     #: or the warps would outnumber the 64-weight units
     tensor_split_blocks_per_sm: int = 2
+    #: ... 64-weight units a warp loads before its math (1 or 2; 2 only with 4 warps per block):
+    #: bytes in flight, never bits. Env ``ECHOLINE_CUDA_TENSOR_SPLIT_UNITS=1|2``
+    tensor_split_units: int = 1
+    #: ... the tile's blocks as one thread-block cluster (sm_90+, 4 or 8 blocks of 4 warps)
+    #: adding the warps' sums through distributed shared memory (kernels.cu mtc kernels)
+    #: instead of scratch planes, a fence and an atomic counter: the same bits.
+    #: Env ``ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER=0|1``
+    tensor_split_cluster: bool = False
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
     #: a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items: int = 8
@@ -134,6 +142,8 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_WIDE_STAGES", "tensor_wide_stages", ("1", "2")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT", "tensor_split", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_WARPS", "tensor_split_warps", ("2", "4")),
+            ("ECHOLINE_CUDA_TENSOR_SPLIT_UNITS", "tensor_split_units", ("1", "2")),
+            ("ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER", "tensor_split_cluster", ("0", "1")),
         ):
             value = env.get(name)
             if value in ok:

@@ -183,6 +183,7 @@ class CupyBackend(Backend):
         self._fn: dict[tuple[str, str | None, int], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
+        self._cc_major = int(props.get("major", 0))  # thread-block clusters from 9 (Hopper)
         # resident blocks of the wide-weight kernels: shared memory per SM and per block
         self._smem_per_sm = int(props.get("sharedMemPerMultiprocessor", 233472))
         self._smem_reserved = int(props.get("reservedSharedMemPerBlock", 1024))
@@ -474,19 +475,42 @@ class CupyBackend(Backend):
             splits *= 2
         return splits
 
+    def _split_cluster(self, splits: int) -> bool:
+        """Whether a split-K product of ``splits`` blocks per tile runs as clusters (mtc
+        kernels: built for 4 or 8 blocks of 4 warps, on sm_90 and later)."""
+        return (
+            self.tensor_split_cluster
+            and self._cc_major >= 9
+            and splits in (4, 8)
+            and self.tensor_split_warps == 4
+        )
+
     def _split_product(
         self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int, res: Any, ldr: int
     ) -> None:
         """mts launches, one per segment: grid (tiles, row blocks, splits); each tile's last
         block adds the warps' sums from ``part`` in warp order."""
         splits, kw = self._tensor_splits(w), self.tensor_split_warps
+        cluster = self._split_cluster(splits)
+        units = 2 if self.tensor_split_units == 2 and kw == 4 else 1
         for seg in w.segments:
             tiles = (seg.rows + 15) // 16
             nt, gy = self._row_passes(n, tiles * splits * kw)
+            if cluster:  # one cluster per tile: no scratch planes, no counters
+                self._k(f"mtc_{seg.kernel}_n{nt}_w4_s{splits}", seg.kernel)(
+                    (tiles, gy, splits),
+                    (128,),
+                    (
+                        seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
+                        x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
+                        _seg_res(res, seg), _i32(ldr),
+                    ),  # fmt: skip
+                )
+                continue
             if tiles * gy > _SPLIT_COUNTERS:
                 raise EcholineError(f"split-K launch of {tiles} x {gy} blocks: too many tiles")
             part = cupy.empty((splits * kw, n, seg.rows), dtype=cupy.float32)
-            self._k(f"mts_{seg.kernel}_n{nt}_w{kw}", seg.kernel)(
+            self._k(f"mts_{seg.kernel}_n{nt}_w{kw}_u{units}", seg.kernel)(
                 (tiles, gy, splits),
                 (32 * kw,),
                 (

@@ -433,15 +433,87 @@ __device__ __forceinline__ void mts_finish(int bid, int out_rows, int n, float* 
     }
 }
 
+// The cluster form of the same end (mtc kernels, Hopper and later): the tile's CS blocks are one
+// thread-block cluster. Each pass, every warp puts its sums in its block's shared memory
+// (buf[warp][row][col]); after a cluster barrier each block adds a share of the pass's outputs,
+// reading all CS blocks' buffers through distributed shared memory in warp order g = rank*KW
+// + w (mt_body's order for KW = CS*KW), adds Res, stores Y; a second barrier frees the buffers
+// (and keeps every block alive while others read its shared memory).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_barrier() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ u32 cluster_map(u32 addr, u32 rank) {
+    u32 out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+}
+__device__ __forceinline__ float cluster_load(u32 addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+#endif
+
+template <int NT, int KW, int CS, int MT>
+__device__ __forceinline__ void mtc_fold(const float (&acc)[NT][MT][4], int r0, int n, int col0,
+                                         int out_rows, float* __restrict__ Y, int ldy,
+                                         const float* __restrict__ Res, int ldr, float* buf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int ROWS = 8 * NT;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            buf[(warp * ROWS + nt * 8 + 2 * t + (c & 1)) * 16 + gq + 8 * (c >> 1)] = acc[nt][0][c];
+    cluster_barrier();
+    u32 base = (u32)__cvta_generic_to_shared(buf);
+    int rows = min(ROWS, n - r0);
+    for (int e = (int)cluster_rank() * blockDim.x + threadIdx.x; e < rows * 16; e += CS * blockDim.x) {
+        int r = e >> 4, col = e & 15;
+        float v[CS * KW];
+#pragma unroll
+        for (int q = 0; q < CS; ++q) {
+            u32 remote = cluster_map(base, (u32)q);
+#pragma unroll
+            for (int w = 0; w < KW; ++w) v[q * KW + w] = cluster_load(remote + 4u * (u32)((w * ROWS + r) * 16 + col));
+        }
+        float s = v[0];
+#pragma unroll
+        for (int g = 1; g < CS * KW; ++g) s = __fadd_rn(s, v[g]);
+        int gcol = col0 + col;
+        if (gcol < out_rows) {
+            if (Res) s = __fadd_rn(Res[(long long)(r0 + r) * ldr + gcol], s);
+            Y[(long long)(r0 + r) * ldy + gcol] = s;
+        }
+    }
+    cluster_barrier();
+#endif
+}
+
 // Fused options as in mm_body: G (RMSNorm weight: x * G is what gets rounded, inv_rms(row)
 // scales the total; the sum of squares comes from the unrounded x the lanes load anyway),
 // act (gated: a tile's rows 0..7 are gate columns, rows 8..15 the matching up columns), Res.
 //
-// SPLIT (mts_body below): the block is one of gridDim.z blocks sharing a column tile; its warps
-// are warps z*KW .. z*KW + KW - 1 of kwg = gridDim.z*KW, each taking every kwg-th unit exactly
-// as mt_body with KW = kwg would, and each warp's sums go to `part` (plane gw, pstride floats
-// apart) instead of the block's shared-memory reduction. No norm, no gated epilogue.
-template <int QT, int NT, int MT, int KW, bool SPLIT = false>
+// SPLIT (the mts / mtc kernels below): the block is one of gridDim.z blocks sharing a column
+// tile; its warps are warps z*KW .. z*KW + KW - 1 of kwg = gridDim.z*KW, each taking every
+// kwg-th unit exactly as mt_body with KW = kwg would. SPLIT_GLOBAL: each warp's sums go to
+// `part` (plane gw, pstride floats apart) and the tile's last block adds them (mts_finish).
+// SPLIT_CLUSTER: the tile's blocks are one thread-block cluster; each pass's sums go to the
+// block's shared memory and, after a cluster barrier, every block adds a share of the tile's
+// outputs from all of the cluster's shared memories (mtc_fold). No norm, no gated epilogue.
+// UN: units whose weights are loaded before any math (bytes in flight: same bits).
+#define SPLIT_NONE 0
+#define SPLIT_GLOBAL 1
+#define SPLIT_CLUSTER 2
+template <int QT, int NT, int MT, int KW, int SPLIT = SPLIT_NONE, int UN = MT_UNITS, int CS = 1>
 __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long long row_bytes,
                                         int out_rows, int K, const float* __restrict__ X, int ldx,
                                         int n, float* __restrict__ Y, int ldy,
@@ -451,7 +523,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                                         long long pstride = 0, int* cnt = nullptr) {
     using T = TcTraits<QT>;
     constexpr int NV = NT * MT * 4;  // accumulators per lane
-    constexpr int U = MT_UNITS;      // units whose weights are loaded before any math
+    constexpr int U = UN;            // units whose weights are loaded before any math
     // smem (MT_SMEM floats, declared by the kernel so a pair launch shares it):
     float (*red)[NV][32] = reinterpret_cast<float (*)[NV][32]>(smem);  // [KW - 1][NV][32]
     float (*ssr)[NT][8] = reinterpret_cast<float (*)[NT][8]>(smem + (KW - 1) * NV * 32);  // [KW]
@@ -604,7 +676,11 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                 }
             }
         }
-        if constexpr (SPLIT) {  // this warp's sums, raw: the tile's last block adds them
+        if constexpr (SPLIT == SPLIT_CLUSTER) {
+            mtc_fold<NT, KW, CS>(acc, r0, n, col0, out_rows, Y, ldy, Res, ldr, smem);
+            continue;
+        }
+        if constexpr (SPLIT == SPLIT_GLOBAL) {  // this warp's sums, raw: the tile's last block adds them
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -687,7 +763,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
         }
         __syncthreads();  // red / ssr are rewritten by the next row pass
     }
-    if constexpr (SPLIT) mts_finish(bid, out_rows, n, Y, ldy, Res, ldr, part, pstride, kwg, MT * per_tile, cnt);
+    if constexpr (SPLIT == SPLIT_GLOBAL) mts_finish(bid, out_rows, n, Y, ldy, Res, ldr, part, pstride, kwg, MT * per_tile, cnt);
 }
 
 #define MT_SMEM(NT, MT, KW) ((KW - 1) * NT * MT * 4 * 32 + KW * NT * 8)
@@ -727,24 +803,45 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 // tiles still fills the chip at one row; the last block of a tile adds the warps' sums in
 // order (mts_finish). The bits equal mt_body's with KW = gridDim.z * KW. part: gridDim.z *
 // KW planes of n * out_rows floats; cnt: one zeroed int per (x, y) block.
-#define MTS_KERNEL(NAME, QT, NT, KW)                                                            \
+#define MTS_KERNEL(NAME, QT, NT, KW, UN)                                                        \
     extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
-        mts_##NAME##_n##NT##_w##KW(const u8* W, long long row_bytes, int out_rows, int K,      \
+        mts_##NAME##_n##NT##_w##KW##_u##UN(const u8* W, long long row_bytes, int out_rows, int K,      \
                                    const float* X, int ldx, int n, float* Y, int ldy,          \
                                    const float* Res, int ldr, float* part, int* cnt) {         \
         __shared__ float smem[MT_SMEM(NT, 1, 1)];                                              \
         long long pstride = (long long)n * out_rows;                                           \
         int row0;                                                                              \
         if (!mt_rows<NT>(n, row0)) return;                                                     \
-        mt_body<QT, NT, 1, KW, true>(blockIdx.x, W, row_bytes, out_rows, K,                    \
+        mt_body<QT, NT, 1, KW, SPLIT_GLOBAL, UN>(blockIdx.x, W, row_bytes, out_rows, K,        \
                                      X + (long long)row0 * ldx, ldx, n,                        \
                                      Y + (long long)row0 * ldy, ldy, nullptr, 0.0f,            \
                                      Res ? Res + (long long)row0 * ldr : Res, ldr, 0, out_rows, \
                                      smem, part + (long long)row0 * out_rows, pstride, cnt);   \
     }
+// The cluster form (sm_90+): gridDim.z == CS, one cluster per tile; no scratch, no counters.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MTC_KERNEL(NAME, QT, NT, KW, CS)                                                        \
+    extern "C" __global__ void __cluster_dims__(1, 1, CS) __launch_bounds__(KW * 32)            \
+        mtc_##NAME##_n##NT##_w##KW##_s##CS(const u8* W, long long row_bytes, int out_rows,     \
+                                           int K, const float* X, int ldx, int n, float* Y,    \
+                                           int ldy, const float* Res, int ldr) {               \
+        __shared__ __align__(16) float smem[KW * NT * 8 * 16];                                 \
+        int row0;                                                                              \
+        if (!mt_rows<NT>(n, row0)) return;                                                     \
+        mt_body<QT, NT, 1, KW, SPLIT_CLUSTER, 1, CS>(                                          \
+            blockIdx.x, W, row_bytes, out_rows, K, X + (long long)row0 * ldx, ldx, n,          \
+            Y + (long long)row0 * ldy, ldy, nullptr, 0.0f, Res ? Res + (long long)row0 * ldr : Res, \
+            ldr, 0, out_rows, smem);                                                           \
+    }
+#else
+#define MTC_KERNEL(NAME, QT, NT, KW, CS)
+#endif
 #define MTS_ALL(NAME, QT)                                                                       \
-    MTS_KERNEL(NAME, QT, 1, 2) MTS_KERNEL(NAME, QT, 2, 2) MTS_KERNEL(NAME, QT, 4, 2)            \
-    MTS_KERNEL(NAME, QT, 1, 4) MTS_KERNEL(NAME, QT, 2, 4) MTS_KERNEL(NAME, QT, 4, 4)
+    MTS_KERNEL(NAME, QT, 1, 2, 1) MTS_KERNEL(NAME, QT, 2, 2, 1) MTS_KERNEL(NAME, QT, 4, 2, 1)   \
+    MTS_KERNEL(NAME, QT, 1, 4, 1) MTS_KERNEL(NAME, QT, 2, 4, 1) MTS_KERNEL(NAME, QT, 4, 4, 1)   \
+    MTS_KERNEL(NAME, QT, 1, 4, 2) MTS_KERNEL(NAME, QT, 2, 4, 2) MTS_KERNEL(NAME, QT, 4, 4, 2)   \
+    MTC_KERNEL(NAME, QT, 1, 4, 4) MTC_KERNEL(NAME, QT, 2, 4, 4) MTC_KERNEL(NAME, QT, 4, 4, 4)   \
+    MTC_KERNEL(NAME, QT, 1, 4, 8) MTC_KERNEL(NAME, QT, 2, 4, 8) MTC_KERNEL(NAME, QT, 4, 4, 8)
 
 // Two segments of one fused weight in one launch (as MM2_KERNEL): blocks [0, nblk_a) run
 // segment a's columns with a's mt_body, the rest segment b's.

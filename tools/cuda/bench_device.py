@@ -284,6 +284,12 @@ def ab_tensor(
             ("default", (True, *limits, b.tensor_wide, b.tensor_split)),  # long rows split-K
         )
     }
+    split = {"tensor_split_cluster": b.tensor_split_cluster, "tensor_split_units": b.tensor_split_units}
+    for a in configs.values():
+        a.update(split)
+    # the split-K variants (same bits): the tile's blocks as a cluster; two units in flight
+    configs["split-cluster"] = {**configs["default"], "tensor_split_cluster": True}
+    configs["split-u2"] = {**configs["default"], "tensor_split_units": 2, "tensor_split_cluster": False}
     lines = [] if QUICK else attn_items_ab(b, model, cache, context, prompt, reps, rounds)
     return lines + ab_policies(b, model, cache, context, prompt, reps, ks, configs, "tc", rounds)
 

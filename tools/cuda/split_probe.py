@@ -4,8 +4,9 @@ Random GGUF-block down projections of the real shapes (no model file): Qwen2.5-C
 (896 x 4864, Q4_K in half its layers and Q6_K in the other half) and Qwen2.5-Coder-1.5B
 (1536 x 8960, likewise). For each, ``b.matmul_add(h, down, x)`` at 1 / 8 / 16 rows inside a
 CUDA graph of back-to-back launches, for each policy: the CUDA cores, mt_body on the tensor
-cores (KW by shape), and the split-K kernels (mts) with 2 or 4 warps per block and 2-16
-blocks per tile, then the backend's default. Checks on the way: row 0 of 16 equals its
+cores (KW by shape), and the split-K kernels with 2 or 4 warps per block, 4 or 8 blocks per
+tile, one or two units in flight (mts) or the tile's blocks as one cluster (mtc), then the
+backend's default. Checks on the way: row 0 of 16 equals its
 one-row call, the first 256 columns are within the f16 bound of a float64 reference, and
 the arrival counters are zero after every policy.
 
@@ -35,12 +36,25 @@ POLICIES: dict[str, tuple[dict, int | None]] = {
     "cuda-core": ({"tensor_products": False}, None),
     "mt": ({"tensor_products": True, "tensor_split": False, "tensor_max_in": 10**9}, None),
     **{
-        f"split w{w} x{s}": (
-            {"tensor_products": True, "tensor_split": True, "tensor_split_warps": w},
+        f"split w{w} x{s}{tag}": (
+            {
+                "tensor_products": True,
+                "tensor_split": True,
+                "tensor_split_warps": w,
+                "tensor_split_units": u,
+                "tensor_split_cluster": c,
+            },
             s,
         )
-        for w in (2, 4)
-        for s in (2, 4, 8, 16)
+        for w, s, u, c, tag in (
+            (2, 8, 1, False, ""),
+            (4, 4, 1, False, ""),
+            (4, 8, 1, False, ""),
+            (4, 4, 2, False, " u2"),
+            (4, 8, 2, False, " u2"),
+            (4, 4, 1, True, " cl"),
+            (4, 8, 1, True, " cl"),
+        )
     },
     "default": ({}, None),
 }
@@ -95,7 +109,7 @@ def main() -> int:
                     * 1e6
                 )
             line = (
-                f"{name:18s} {pol:12s} splits={used:<2d} "
+                f"{name:18s} {pol:15s} splits={used:<2d} "
                 + " ".join(f"n={n}:{u:6.1f}us" for n, u in zip(ns, us, strict=True))
                 + f"  {mb / us[0]:5.2f} TB/s@1  row0==1row {same_row}  err/bound {err:.2e}"
             )
