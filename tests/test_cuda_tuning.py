@@ -66,3 +66,11 @@ def test_split_k_knobs_and_defaults() -> None:
     assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_SPLIT_WARPS": "2"}).tensor_split_warps == 2
     odd = {"ECHOLINE_CUDA_TENSOR_SPLIT": "no", "ECHOLINE_CUDA_TENSOR_SPLIT_WARPS": "8"}
     assert CudaTuning.from_env(odd) == CudaTuning()
+
+
+def test_split_k_cluster_and_units_overrides() -> None:
+    t = CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER": "0", "ECHOLINE_CUDA_TENSOR_SPLIT_UNITS": "2"})
+    assert t.tensor_split_cluster is False and t.tensor_split_units == 2
+    assert CudaTuning().tensor_split_units == 1
+    odd = {"ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER": "on", "ECHOLINE_CUDA_TENSOR_SPLIT_UNITS": "4"}
+    assert CudaTuning.from_env(odd) == CudaTuning()

@@ -109,9 +109,11 @@ class CudaTuning:
     tensor_split_units: int = 1
     #: ... the tile's blocks as one thread-block cluster (sm_90+, 4 or 8 blocks of 4 warps)
     #: adding the warps' sums through distributed shared memory (kernels.cu mtc kernels)
-    #: instead of scratch planes, a fence and an atomic counter: the same bits.
-    #: Env ``ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER=0|1``
-    tensor_split_cluster: bool = False
+    #: instead of scratch planes, a fence and an atomic counter: the same bits. Qwen 0.5B
+    #: down (Q4_K / Q6_K): 6.7 / 7.9 us at one row against 7.5 / 8.7, 9.0 / 10.7 at 16 rows
+    #: against 11.8 / 12.9; Qwen 0.5B shape decode 940 vs 930 tok/s. 2 units in flight
+    #: measured slower (917). Env ``ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER=0|1``
+    tensor_split_cluster: bool = True
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
     #: a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items: int = 8
