@@ -41,16 +41,29 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+#: ``ECHOLINE_PEER_ISA=avx2``: build for an AVX2 machine (AVX2, FMA, F16C only) in its own
+#: build folder, to stand in for the x86 CPUs without AVX-512 VNNI (most laptops) next to an
+#: echoline run with ``NUMBA_CPU_NAME=haswell ECHOLINE_CPU_ACTIVATIONS=f32``
+_ISA_CAP = {"avx2": {"avx2", "fma", "f16c"}}
+
+
 def isa_flags() -> list[str]:
-    """CMake ISA switches for this CPU (each only where the CPU has it; never AMX)."""
+    """CMake ISA switches for this CPU (each only where the CPU has it; never AMX), capped by
+    ``ECHOLINE_PEER_ISA`` when it names a smaller ISA."""
     have = _cpu_flags()
+    cap = _ISA_CAP.get(os.environ.get("ECHOLINE_PEER_ISA", ""))
+    if cap is not None:
+        have &= cap
     wanted = {
         "-DGGML_AVX2=ON": "avx2", "-DGGML_FMA=ON": "fma", "-DGGML_F16C=ON": "f16c",
         "-DGGML_AVX512=ON": "avx512f", "-DGGML_AVX512_VNNI=ON": "avx512_vnni",
         "-DGGML_AVX512_VBMI=ON": "avx512vbmi", "-DGGML_AVX512_BF16=ON": "avx512_bf16",
         "-DGGML_AVX_VNNI=ON": "avx_vnni",
     }
-    return [flag for flag in _X86_FLAGS if wanted[flag] in have]
+    flags = [flag for flag in _X86_FLAGS if wanted[flag] in have]
+    if cap is not None:  # what a Haswell-class build also names (the native list predates it)
+        flags += [f for f, feat in (("-DGGML_AVX=ON", "avx"), ("-DGGML_BMI2=ON", "bmi2")) if feat in _cpu_flags()]
+    return flags
 
 
 def source_dir() -> Path:
@@ -107,7 +120,8 @@ def build(jobs: int | None = None) -> Path:
     version and the CMake flags (``build/echoline-build.json``): a cached binary built
     otherwise is rebuilt (incrementally, in place). A failed step raises."""
     src = source_dir()
-    build_dir = src / "build"
+    isa = os.environ.get("ECHOLINE_PEER_ISA", "")
+    build_dir = src / (f"build-{isa}" if isa in _ISA_CAP else "build")
     exe = build_dir / "bin" / "llama-server"
     flags = build_flags()
     stamp = build_dir / "echoline-build.json"

@@ -31,11 +31,39 @@ _config.SLP_VECTORIZE = 1
 CODEGEN_VERSION = 6
 
 
-def _cpu_name() -> str:
+def target_cpu() -> tuple[str, str]:
+    """(CPU name, feature string) numba generates code for: the host's, unless
+    ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name another target (portable caches, or a
+    stand-in for a smaller machine: ``NUMBA_CPU_NAME=haswell`` builds AVX2 code)."""
+    import llvmlite.binding as llvm
+
+    name = _config.CPU_NAME or llvm.get_host_cpu_name()
+    if _config.CPU_FEATURES is not None:
+        return name, _config.CPU_FEATURES
+    if _config.CPU_NAME and _config.CPU_NAME != "host":
+        return name, ""  # the named CPU's own features: LLVM knows them, the host's do not apply
+    return name, llvm.get_host_cpu_features().flatten()
+
+
+def target_has(feature: str) -> bool:
+    """Whether the code numba generates may use ``feature`` (e.g. "avx512vnni")."""
     try:
         import llvmlite.binding as llvm
 
-        return f"{llvm.get_host_cpu_name()}-{llvm.get_host_cpu_features().flatten()}"
+        name, feats = target_cpu()
+        if feats:
+            return f"+{feature}" in feats.split(",")
+        if name == llvm.get_host_cpu_name():
+            return bool(llvm.get_host_cpu_features().get(feature))
+        return False  # a named CPU without an explicit feature list: assume the feature absent
+    except Exception:  # noqa: BLE001 - unknown target: treat as unavailable
+        return False
+
+
+def _cpu_name() -> str:
+    try:
+        name, feats = target_cpu()
+        return f"{name}-{feats}"
     except Exception:  # noqa: BLE001 - any failure just means a less specific key
         return "unknown-cpu"
 

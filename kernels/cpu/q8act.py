@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 from echoline.kernels.cpu import weight_cache
-from echoline.kernels.cpu._env import njit  # sets numba's flags before numba is imported
+from echoline.kernels.cpu._env import njit, target_has  # numba flags set before numba loads
 from echoline.kernels.cpu.matmul import GROUP, PreparedMatrix, prepare
 from echoline.kernels.cpu.relayout import Kind
 from numba import types
@@ -84,14 +84,9 @@ PREFETCH = int(os.environ.get("ECHOLINE_Q8_PREFETCH", "1024"))  # env: developer
 
 
 def vnni_available() -> bool:
-    """True when the host CPU has AVX-512 VNNI (and BW), which the kernels require."""
-    try:
-        import llvmlite.binding as llvm
-
-        feats = llvm.get_host_cpu_features()
-        return bool(feats.get("avx512vnni")) and bool(feats.get("avx512bw"))
-    except Exception:  # noqa: BLE001 - unknown host: treat as unavailable
-        return False
+    """True when the code numba generates may use AVX-512 VNNI (and BW), which the kernels
+    require: the host CPU's features, or those of ``NUMBA_CPU_NAME`` when it names another."""
+    return target_has("avx512vnni") and target_has("avx512bw")
 
 
 # --------------------------------------------------------------------------- activations

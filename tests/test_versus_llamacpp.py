@@ -1,0 +1,51 @@
+"""tools/versus_llamacpp: the side-by-side with llama-server, on SmolLM2, at a small scale.
+
+The figures themselves live in docs/benchmarks.md (a benchmark, not a test); this checks
+the tool: both engines get the same prompt ids, every arm runs (the cold n-gram arm on a
+fresh server, the warm echoline arm with the reply kept), the JSON carries every key
+scripts read, and echoline's speculative replies, cold and warm, equal its plain reply.
+Builds llama-server as tests/test_remote_llamacpp.py does (cached, skips without a tool chain).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tests.conftest import cpu_backend_name
+from tests.test_remote_llamacpp import _toolchain_missing
+
+pytestmark = pytest.mark.slow
+
+KEYS = (
+    "llama_plain_tok_s", "llama_ngram_tok_s", "llama_ngram_cold_tok_s", "echo_plain_tok_s",
+    "echo_spec_tok_s", "echo_spec_warm_tok_s", "plain_vs_llama", "spec_vs_llama_ngram",
+    "spec_vs_llama_ngram_cold", "spec_warm_vs_llama_ngram", "echo_spec_ratio",
+    "llama_ngram_ratio", "echo_spec_equals_plain", "echo_spec_warm_equals_plain",
+    "llama_ngram_equals_plain", "llama_ngram_cold_equals_plain", "prompt_tokens",
+)  # fmt: skip
+
+
+def test_side_by_side_runs_every_arm(smollm2_path, capsys):
+    reason = _toolchain_missing()
+    if reason:
+        pytest.skip(reason)
+    from tools.llamacpp_peer import build
+    from tools.versus_llamacpp import run
+
+    args = argparse.Namespace(
+        model=str(smollm2_path), backend=cpu_backend_name(), traffic="copy", max_tokens=24,
+        rounds=1, json=True, llama_server=str(build()), llama_args="--poll 0",
+    )  # fmt: skip
+    out = run(args)
+    row = out["traffic"]["copy"]
+    assert set(KEYS) <= set(row)
+    assert row["echo_spec_equals_plain"] is True and row["echo_spec_warm_equals_plain"] is True
+    assert row["prompt_tokens"] > 100
+    for key in KEYS[:6]:
+        assert row[key] > 0, key
+    cold = row["echo_spec_tok_s"] / row["llama_ngram_cold_tok_s"]
+    assert row["spec_vs_llama_ngram_cold"] == pytest.approx(cold, rel=1e-2)
+    assert out["resident"]["llama_server_mb"] > 0 and out["echoline_cached_start_s"] > 0
+    assert "ngram cold" in capsys.readouterr().out  # the printed table has the like-for-like arms
