@@ -48,4 +48,5 @@ def test_side_by_side_runs_every_arm(smollm2_path, capsys):
     cold = row["echo_spec_tok_s"] / row["llama_ngram_cold_tok_s"]
     assert row["spec_vs_llama_ngram_cold"] == pytest.approx(cold, rel=1e-2)
     assert out["resident"]["llama_server_mb"] > 0 and out["echoline_cached_start_s"] > 0
+    assert set(out["isa"]) == {"llama", "echoline"}
     assert "ngram cold" in capsys.readouterr().out  # the printed table has the like-for-like arms

@@ -81,6 +81,18 @@ def cached_start_s(model: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def isa() -> dict[str, str]:
+    """What each engine was built for: llama.cpp's ISA cap (``ECHOLINE_PEER_ISA``, else the
+    CPU's own) and the CPU numba generates echoline's kernels for (``NUMBA_CPU_NAME``)."""
+    try:
+        from echoline.kernels.cpu._env import target_cpu
+
+        numba_cpu = target_cpu()[0]
+    except ImportError:  # no numba: the numpy backend
+        numba_cpu = "none"
+    return {"llama": os.environ.get("ECHOLINE_PEER_ISA") or "native", "echoline": numba_cpu}
+
+
 def run(args: argparse.Namespace) -> dict:
     traffic = args.traffic.split(",")
     path = resolve_model(args.model)
@@ -142,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
     rss["echoline_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out = {
         "model": args.model, "gguf_mb": round(path.stat().st_size / 2**20, 1), "cpu": cpu_model(),
-        "cores": os.cpu_count(), "llama_threads": threads, "backend": engine.backend_variant,
+        "cores": os.cpu_count(), "llama_threads": threads, "isa": isa(), "backend": engine.backend_variant,
         "max_tokens": args.max_tokens, "rounds": args.rounds, "traffic": results, "resident": rss,
         "echoline_cached_start_s": round(cached_start_s(args.model), 2),
         "date": time.strftime("%Y-%m-%d"),
