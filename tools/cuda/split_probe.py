@@ -15,13 +15,11 @@ the arrival counters are zero after every policy.
 
 from __future__ import annotations
 
-import argparse
-
 import gguf
 import numpy as np
 
-from tools.cuda.bench_device import graph_op_time, random_blocks
-from tools.cuda.wide_probe import worst_over_bound
+from tools.cuda.bench_device import random_blocks
+from tools.cuda.probe_common import probe_args, release, result_line, row_times, worst_over_bound
 
 Q = gguf.GGMLQuantizationType
 
@@ -65,12 +63,8 @@ def main() -> int:
     from echoline.engine.backends.cupy_backend import CupyBackend
     from echoline.engine.gguf_file import QuantTensor
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--ns", default="1,8,16")
-    ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
-    ns = [int(v) for v in args.ns.split(",")]
+    args = probe_args("shapes", list(SHAPES))
+    ns = args.ns
     rng = np.random.default_rng(0)
     b = CupyBackend()
     defaults = {a: getattr(b, a) for cfg, _ in POLICIES.values() for a in cfg}
@@ -99,28 +93,15 @@ def main() -> int:
             same_row = np.array_equal(one[0], full[0])
             got = full[:, :256] - b.to_host(res[:16, :256])
             err = worst_over_bound(wref, h[:16], got) if b.tensor_products else 0.0
-            us = []
-            for n in ns:
-                hn, rn = hd[:n], res[:n]
-                us.append(
-                    graph_op_time(
-                        b, lambda hn=hn, rn=rn, w=down: b.matmul_add(hn, w, rn), args.reps
-                    )
-                    * 1e6
-                )
-            line = (
-                f"{name:18s} {pol:15s} splits={used:<2d} "
-                + " ".join(f"n={n}:{u:6.1f}us" for n, u in zip(ns, us, strict=True))
-                + f"  {mb / us[0]:5.2f} TB/s@1  row0==1row {same_row}  err/bound {err:.2e}"
-            )
+            us = row_times(b, lambda n, w=down, x=hd, r=res: b.matmul_add(x[:n], w, r[:n]), ns, args.reps)
+            line = result_line(f"{name:18s} {pol:15s} splits={used:<2d}", ns, us, mb, same_row, err)
             print(line, flush=True)
             table.append(line)
         b._tensor_splits = rule
         for a, v in defaults.items():
             setattr(b, a, v)
         del down, t
-        b._uploads.clear()
-        cupy.get_default_memory_pool().free_all_blocks()
+        release(b)
     print("\n== split probe ==\n" + "\n".join(table))
     return 0
 

@@ -14,13 +14,11 @@ within the f16 bound of a float64 reference (x rounded as the kernels round it).
 
 from __future__ import annotations
 
-import argparse
-
 import gguf
 import numpy as np
-from echoline.kernels.cuda.reference import tc_round
 
-from tools.cuda.bench_device import graph_op_time, random_blocks
+from tools.cuda.bench_device import random_blocks
+from tools.cuda.probe_common import probe_args, release, result_line, row_times, worst_over_bound
 
 Q = gguf.GGMLQuantizationType
 
@@ -47,25 +45,13 @@ POLICIES = {
 }
 
 
-def worst_over_bound(w: np.ndarray, x: np.ndarray, got: np.ndarray) -> float:
-    """max |got - W·round(x)| over its float32 accumulation bound (≤ 1 passes)."""
-    w64 = w.astype(np.float64)
-    want = tc_round(x) @ w64.T
-    bound = 4 * w.shape[1] * 2.0**-24 * (np.abs(x).astype(np.float64) @ np.abs(w64).T) + 1e-30
-    return float(np.max(np.abs(got.astype(np.float64) - want) / bound))
-
-
 def main() -> int:
     import cupy
     from echoline.engine.backends.cupy_backend import CupyBackend
     from echoline.engine.gguf_file import QuantTensor
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--heads", default=",".join(HEADS))
-    ap.add_argument("--ns", default="1,8,16")
-    ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
-    ns = [int(v) for v in args.ns.split(",")]
+    args = probe_args("heads", list(HEADS))
+    ns = args.ns
     rng = np.random.default_rng(0)
     b = CupyBackend()
     keep = {a: getattr(b, a) for cfg in POLICIES.values() for a in cfg}
@@ -93,22 +79,14 @@ def main() -> int:
                 if bits is None:
                     bits = full
                 assert np.array_equal(bits, full), f"{name} {pol}: wide variants differ"
-            us = []
-            for n in ns:
-                xn = xd[:n]
-                us.append(graph_op_time(b, lambda xn=xn, h=head: b.matmul(xn, h), args.reps) * 1e6)
-            line = (
-                f"{name:14s} {pol:20s} wide={int(wide)} "
-                + " ".join(f"n={n}:{u:7.1f}us" for n, u in zip(ns, us, strict=True))
-                + f"  {mb / us[0]:5.2f} TB/s@1  row0==1row {same_row}  err/bound {err:.2e}"
-            )
+            us = row_times(b, lambda n, h=head, x=xd: b.matmul(x[:n], h), ns, args.reps)
+            line = result_line(f"{name:14s} {pol:20s} wide={int(wide)}", ns, us, mb, same_row, err)
             print(line, flush=True)
             table.append(line)
         for a, v in keep.items():
             setattr(b, a, v)
         del head, t
-        b._uploads.clear()
-        cupy.get_default_memory_pool().free_all_blocks()
+        release(b)
     print("\n== wide probe ==\n" + "\n".join(table))
     return 0
 
