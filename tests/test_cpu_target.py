@@ -34,7 +34,9 @@ def test_a_named_cpu_changes_the_cache_key_and_drops_vnni(target):
     target("haswell")
     assert _env.target_cpu() == ("haswell", "")
     assert _env._cpu_name() != host_key  # its own cache folder: never the host's code
-    assert not q8act.vnni_available() and not _env.target_has("avx2")  # unknown list: absent
+    assert not q8act.vnni_available() and _env.target_has("avx2") and q8act.q8_available()
+    target("pentium4")  # unknown to the table: every feature absent
+    assert not _env.target_has("avx2") and not q8act.q8_available()
 
 
 def test_explicit_features_decide(target):

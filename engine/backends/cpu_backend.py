@@ -48,13 +48,13 @@ class CpuBackend(HostCacheMixin, Backend):
     def __init__(self, activations: str | None = None) -> None:
         """``activations``: one of ``engine.backends.CPU_ACTIVATIONS`` (what each does is
         there); None reads ``ECHOLINE_CPU_ACTIVATIONS`` (default auto: q8 with AVX-512 VNNI,
-        else f32). An explicit q8 on a CPU without AVX-512 VNNI is an error, not a quiet fallback: the two modes give different replies."""
+        else f32). An explicit q8 on a CPU with neither AVX2 nor AVX-512 VNNI is an error, not a quiet fallback: the two modes give different replies."""
         mode = cpu_activations_mode(activations)
         if mode == "q8":
-            from echoline.kernels.cpu.q8act import vnni_available
+            from echoline.kernels.cpu.q8act import q8_available
 
-            if not vnni_available():
-                raise EcholineError("CPU activations 'q8' need AVX-512 VNNI, which this CPU lacks; use 'f32'")
+            if not q8_available():
+                raise EcholineError("CPU activations 'q8' need AVX2 or AVX-512 VNNI, which this CPU lacks; use 'f32'")
         self.activations = mode
 
     @property

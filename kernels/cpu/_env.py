@@ -45,6 +45,15 @@ def target_cpu() -> tuple[str, str]:
     return name, llvm.get_host_cpu_features().flatten()
 
 
+#: Features of x86 CPUs with AVX2 and without AVX-512, for a ``NUMBA_CPU_NAME`` given without
+#: ``NUMBA_CPU_FEATURES`` (LLVM knows a named CPU's features; llvmlite does not expose them)
+_AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c", "bmi", "bmi2"})
+_NAMED_FEATURES = {
+    name: _AVX2_ONLY
+    for name in ("haswell", "broadwell", "skylake", "alderlake", "znver1", "znver2", "znver3")
+}
+
+
 def target_has(feature: str) -> bool:
     """Whether the code numba generates may use ``feature`` (e.g. "avx512vnni")."""
     try:
@@ -55,7 +64,7 @@ def target_has(feature: str) -> bool:
             return f"+{feature}" in feats.split(",")
         if name == llvm.get_host_cpu_name():
             return bool(llvm.get_host_cpu_features().get(feature))
-        return False  # a named CPU without an explicit feature list: assume the feature absent
+        return feature in _NAMED_FEATURES.get(name, ())  # unknown name: assume absent
     except Exception:  # noqa: BLE001 - unknown target: treat as unavailable
         return False
 

@@ -84,9 +84,15 @@ PREFETCH = int(os.environ.get("ECHOLINE_Q8_PREFETCH", "1024"))  # env: developer
 
 
 def vnni_available() -> bool:
-    """True when the code numba generates may use AVX-512 VNNI (and BW), which the kernels
-    require: the host CPU's features, or those of ``NUMBA_CPU_NAME`` when it names another."""
+    """True when the code numba generates may use AVX-512 VNNI (and BW): the host CPU's
+    features, or those of ``NUMBA_CPU_NAME`` when it names another."""
     return target_has("avx512vnni") and target_has("avx512bw")
+
+
+def q8_available() -> bool:
+    """True when the int8 kernels can run: with VNNI (``vpdpbusd``), or with AVX2 (the same
+    integer dot from ``vpmaddubsw`` and ``vpmaddwd``, ``_avx2_dot``: the same bits)."""
+    return vnni_available() or target_has("avx2")
 
 
 # --------------------------------------------------------------------------- activations
@@ -212,6 +218,55 @@ def activation_terms(x: np.ndarray, with16: bool):
 # --------------------------------------------------------------------------- VNNI block dot
 
 
+def _avx2_dot(builder, bits: int):
+    """``vpdpbusd``'s exact result with AVX2 instructions: acc + Σ over each lane's 4 bytes of
+    u8 weight × s8 activation, as two 256-bit halves of ``vpmaddubsw`` (byte pairs to i16)
+    then ``vpmaddwd`` by ones (i16 pairs to i32).
+
+    Why it is exact: ``vpmaddubsw`` saturates at ±32767, so the operands must keep every pair
+    sum below that. Activations are in [-127, 127]. Weights of 4-6 bits are ≤ 63 (pairs ≤
+    16,002). Weights of 8 bits are q + 128 (up to 255): for those the kernel takes |q| times x
+    with q's sign (``vpsignb``: pairs ≤ 2·128·127 = 32,512) and adds 128·Σx, which is Σ (q +
+    128)·x. Integer sums, so every output has the same bits as on a VNNI CPU."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+    b32, w16, d8 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+    b64 = ir.VectorType(i8, 64)
+    mod = builder.module
+    maddubs = cgutils.get_or_insert_function(mod, ir.FunctionType(w16, [b32, b32]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(mod, ir.FunctionType(d8, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+    psign = cgutils.get_or_insert_function(mod, ir.FunctionType(b32, [b32, b32]), "llvm.x86.avx2.psign.b")
+    babs = cgutils.get_or_insert_function(mod, ir.FunctionType(b32, [b32, ir.IntType(1)]), "llvm.abs.v32i8")
+    ones16 = ir.Constant(w16, [1] * 16)
+    ones8 = ir.Constant(b32, [1] * 32)
+    flip = ir.Constant(b32, [-128] * 32)  # u XOR 0x80 = q (as a signed byte)
+
+    def quads(a, b):  # Σ of each 4 bytes' u8·s8 products, 8 lanes
+        return builder.call(maddwd, [builder.call(maddubs, [a, b]), ones16])
+
+    def half(vec, h: int):
+        return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(i32, 32), list(range(32 * h, 32 * h + 32))))
+
+    def dot(acc, w, x):
+        wb, xb = builder.bitcast(w, b64), builder.bitcast(x, b64)
+        parts = []
+        for h in (0, 1):
+            wh, xh = half(wb, h), half(xb, h)
+            if bits < 8:
+                parts.append(quads(wh, xh))
+            else:
+                q = builder.xor(wh, flip)
+                qx = quads(builder.call(babs, [q, ir.Constant(ir.IntType(1), 0)]), builder.call(psign, [xh, q]))
+                sx = quads(ones8, xh)
+                parts.append(builder.add(qx, builder.shl(sx, ir.Constant(d8, [7] * 8))))
+        both = builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 16), list(range(16))))
+        return builder.add(acc, both)
+
+    return dot
+
+
 def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32"):
     """An intrinsic computing ``rows`` rows × 16·``vecs`` outputs of one weight group, all blocks.
 
@@ -243,6 +298,7 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     from numba.core import cgutils
     from numba.core.extending import intrinsic
 
+    vnni = vnni_available()  # else the AVX2 form of the same integer dot (_avx2_dot)
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     v16 = ir.VectorType(i32, 16)
     vf = ir.VectorType(f32, 16)
@@ -288,10 +344,16 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
             def vload(ptr, idx, vec_t, align):
                 return builder.load(builder.bitcast(builder.gep(ptr, [idx]), vec_t.as_pointer()), align=align)
 
-            # The <16 x i32> operand form: LLVM 22 auto-upgrades it, older LLVMs only know it.
-            dot = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v16, [v16, v16, v16]), "llvm.x86.avx512.vpdpbusd.512"
-            )
+            if vnni:
+                # The <16 x i32> operand form: LLVM 22 auto-upgrades it, older LLVMs only know it.
+                vpdpbusd = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(v16, [v16, v16, v16]), "llvm.x86.avx512.vpdpbusd.512"
+                )
+
+                def dot(acc_, w_, x_):
+                    return builder.call(vpdpbusd, [acc_, w_, x_])
+            else:
+                dot = _avx2_dot(builder, bits)
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
             xrow = [builder.add(xbase_, builder.mul(xstride_, c64(r))) for r in range(rows)]
             arow = [builder.add(abase_, builder.mul(astride_, c64(r))) for r in range(rows)]
@@ -378,7 +440,7 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
                     p = builder.gep(xp, [builder.add(xrow[r], builder.add(xb, c64(4 * j)))])
                     xv = splat_of(v16, builder.load(builder.bitcast(p, i32.as_pointer()), align=1))
                     for v in range(vecs):
-                        iacc[r][v] = builder.call(dot, [iacc[r][v], w[v], xv])
+                        iacc[r][v] = dot(iacc[r][v], w[v], xv)
             new = [[None] * vecs for _ in range(rows)]
             sup = builder.add(sdbase_, builder.mul(builder.lshr(b, c64(sup_shift)), c64(GROUP)))
             for v in range(vecs):

@@ -1,0 +1,88 @@
+"""The int8 (q8) products built for an AVX2 CPU give the bits they give with AVX-512 VNNI.
+
+The AVX2 form (kernels/cpu/q8act.py ``_avx2_dot``) takes the same integer dot with
+``vpmaddubsw`` / ``vpmaddwd`` (and ``vpsignb`` for 8-bit weights), so a machine without VNNI
+runs the same q8 mode with the same replies. Checked here by building the kernels in a child
+process for ``NUMBA_CPU_NAME=haswell`` (AVX2, no AVX-512: numba generates that CPU's code and
+caches it apart) and comparing every output bit with this process's kernels, over the weight
+layouts of 4, 5, 6 and 8 bits and 1 to 17 rows. Skips where this CPU cannot run AVX2 code or
+lacks VNNI to compare against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from tests.synth import encode_matrix
+
+pytestmark = pytest.mark.slow
+Q = gguf.GGMLQuantizationType
+TYPES = (Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q8_0, Q.Q4_0)
+ROWS = (1, 3, 17)
+
+CHILD = r"""
+import json, sys
+import numpy as np
+from echoline.engine.backends.cpu_backend import CpuBackend
+from echoline.engine.gguf_file import QuantTensor
+from echoline.kernels.cpu import q8act
+spec = json.load(open(sys.argv[1]))
+data = np.load(sys.argv[2])
+assert q8act.vnni_available() == spec["vnni"], "the child runs the wrong kernels"
+b = CpuBackend(activations="q8")
+out = {}
+for name, shape, qtype in spec["weights"]:
+    t = QuantTensor(name, qtype, tuple(shape), data[name])
+    w = b.prepare_matrix([t])
+    for n in spec["rows"]:
+        out[f"{name}-{n}"] = np.asarray(b.matmul(data["x"][:n], w))
+np.savez(sys.argv[3], **out)
+"""
+
+
+def _run(tmp: Path, tag: str, env: dict) -> dict:
+    out = tmp / f"{tag}.npz"
+    subprocess.run([sys.executable, str(tmp / "child.py"), str(tmp / "spec.json"), str(tmp / "data.npz"), str(out)],
+                   check=True, env=env, timeout=900)  # fmt: skip
+    return dict(np.load(out))
+
+
+def test_avx2_products_equal_vnni_products(tmp_path):
+    from echoline.kernels.cpu import _env, q8act
+
+    if not q8act.vnni_available():
+        pytest.skip("no AVX-512 VNNI here to compare the AVX2 kernels against")
+    if not _env.target_has("avx2"):
+        pytest.skip("this CPU cannot run AVX2 code")
+    rng = np.random.default_rng(7)
+    cols = 512
+    arrays, weights = {}, []
+    for q in TYPES:
+        data, _ = encode_matrix(rng, 40, cols, q)
+        arrays[q.name] = np.ascontiguousarray(data).reshape(40, -1).view(np.uint8)
+        weights.append([q.name, [40, cols], int(q)])
+    arrays["x"] = (rng.standard_normal((max(ROWS), cols)) * rng.choice([1e-3, 1.0, 40.0], (max(ROWS), 1))).astype(
+        np.float32
+    )
+    np.savez(tmp_path / "data.npz", **arrays)
+    (tmp_path / "child.py").write_text(CHILD)
+    base = {**os.environ, "ECHOLINE_CPU_ACTIVATIONS": "q8"}
+    for var in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
+        base.pop(var, None)
+    spec = {"weights": weights, "rows": list(ROWS)}
+    (tmp_path / "spec.json").write_text(json.dumps({**spec, "vnni": True}))
+    vnni = _run(tmp_path, "vnni", base)
+    (tmp_path / "spec.json").write_text(json.dumps({**spec, "vnni": False}))
+    avx2 = _run(tmp_path, "avx2", {**base, "NUMBA_CPU_NAME": "haswell"})
+    assert set(vnni) == set(avx2) and len(vnni) == len(TYPES) * len(ROWS)
+    for key, want in vnni.items():
+        assert np.isfinite(want).all()
+        assert np.array_equal(avx2[key], want), f"{key}: AVX2 and VNNI products differ"
