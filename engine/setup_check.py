@@ -90,11 +90,10 @@ def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
     if picked == "cpu":
         try:
             mode = cpu_activations_mode()
-            from echoline.kernels.cpu.q8act import vnni_available
+            from echoline.kernels.cpu.q8act import q8_available, vnni_available
 
-            vnni = vnni_available()
-            checks.append(_check("cpu activations", True,
-                                 f"{mode} (AVX-512 VNNI {'present' if vnni else 'absent'})"))  # fmt: skip
+            ints = "AVX-512 VNNI" if vnni_available() else "AVX2" if q8_available() else "none"
+            checks.append(_check("cpu activations", True, f"{mode} (int8 kernels: {ints})"))
         except EcholineError as exc:
             checks.append(_check("cpu activations", False, str(exc)))
     model_info: dict[str, Any] = {"name": model}

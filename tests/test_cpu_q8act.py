@@ -28,6 +28,7 @@ from echoline.kernels.cpu.q8act import (
     kernel_asm,
     matmul_q8,
     prepare_q8,
+    q8_available,
     quantize_rows,
     scale_codec,
     storage_for,
@@ -39,7 +40,7 @@ from hypothesis import strategies as st
 
 from tests.test_cpu_kernels import make_tensor
 
-pytestmark = pytest.mark.skipif(not vnni_available(), reason="needs AVX-512 VNNI")
+pytestmark = pytest.mark.skipif(not q8_available(), reason="needs AVX2 or AVX-512 VNNI")
 
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -208,6 +209,7 @@ def test_rejects_float_weights() -> None:
         prepare_q8(prepare([make_tensor(Q.F32, 64, 64, 0)]))
 
 
+@pytest.mark.skipif(not vnni_available(), reason="the AVX2 form has no vpdpbusd")
 def test_kernels_use_vpdpbusd() -> None:
     """The integer dot products are VNNI instructions (what this module exists to measure)."""
     t = make_tensor(Q.Q4_1, 64, 64, 0)
@@ -264,9 +266,10 @@ def test_cpu_backend_activation_modes(monkeypatch) -> None:
     assert get_backend("numpy", cpu_activations="q8").variant == "numpy"  # other backends ignore it
     with pytest.raises(EcholineError, match="unknown CPU activations"):
         get_backend("numpy", cpu_activations="int4")
-    monkeypatch.setattr(q8act, "vnni_available", lambda: False)
-    with pytest.raises(EcholineError, match="VNNI"):
+    monkeypatch.setattr(q8act, "q8_available", lambda: False)
+    with pytest.raises(EcholineError, match="AVX2 or AVX-512 VNNI"):
         CpuBackend(activations="q8")
+    monkeypatch.setattr(q8act, "vnni_available", lambda: False)
     assert CpuBackend().variant == "cpu"  # auto without VNNI: float32 products, no error
 
 

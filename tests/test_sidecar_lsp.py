@@ -664,7 +664,7 @@ async def test_cpu_activations_setting_switches_the_engine(tmp_path: Path) -> No
     from echoline.kernels.cpu.q8act import vnni_available
 
     if not vnni_available():
-        pytest.skip("int8 activations need AVX-512 VNNI")
+        pytest.skip("auto picks int8 activations only with AVX-512 VNNI")
     rec = Recorder()
     client = await start_client(tmp_path, {"backend": "cpu", "cpuActivations": "f32"}, rec)
     try:

@@ -14,11 +14,13 @@ from echoline.engine.errors import EcholineError
 
 BACKEND_NAMES = ("auto", "cpu", "numpy", "cuda", "mlx")
 #: The cpu backend's activation modes. ``q8``: activations quantized to int8 per 32 inputs
-#: and multiplied with AVX-512 VNNI (``kernels.cpu.q8act``), as llama.cpp's CPU path does
-#: with its Q8 activations; ~5e-3 relative error per product, 1.7x faster one-row decode
-#: than f32 on the Qwen 0.5B here. ``f32``: products in float32 (closest to the model's
-#: own function; the path for CPUs without AVX-512 VNNI). ``auto`` (the default): q8 where
-#: the CPU has AVX-512 VNNI, else f32. Either way a row's bits do not depend on the row
+#: and multiplied in integers (``kernels.cpu.q8act``: AVX-512 VNNI, or the same bits from
+#: AVX2), as llama.cpp's CPU path does with its Q8 activations; ~5e-3 relative error per
+#: product, 1.7x faster one-row decode than f32 on the Qwen 0.5B here. ``f32``: products in
+#: float32 (closest to the model's own function). ``auto`` (the default): q8 where the CPU
+#: has AVX-512 VNNI, else f32: on an AVX2 stand-in the AVX2 form ran the Qwen 1.5B's plain
+#: decode 1.2-1.3x faster than f32, but the 0.5B's speculative decoding half as fast (its
+#: verify rows cost more in integers without VNNI), docs/benchmarks.md. Either way a row's bits do not depend on the row
 #: count, so speculation is exact within the mode (docs/kernels-cpu.md, "int8 activations").
 CPU_ACTIVATIONS = ("auto", "f32", "q8")
 
