@@ -31,12 +31,22 @@ def test_host_by_default(target):
 def test_a_named_cpu_changes_the_cache_key_and_drops_vnni(target):
     target(None)
     host_key = _env._cpu_name()
-    target("haswell")
+    target("haswell", "")  # NUMBA_CPU_FEATURES empty: the named CPU's own features
     assert _env.target_cpu() == ("haswell", "")
     assert _env._cpu_name() != host_key  # its own cache folder: never the host's code
     assert not q8act.vnni_available() and _env.target_has("avx2") and q8act.q8_available()
-    target("pentium4")  # unknown to the table: every feature absent
+    target("pentium4", "")  # unknown to the table: every feature absent
     assert not _env.target_has("avx2") and not q8act.q8_available()
+
+
+def test_a_name_alone_keeps_the_host_features(target):
+    """As numba does: NUMBA_CPU_NAME without NUMBA_CPU_FEATURES still passes the host's
+    feature flags to LLVM, so the VNNI choice follows the host's."""
+    target(None)
+    host_vnni = q8act.vnni_available()
+    target("haswell")
+    assert _env.target_cpu() == ("haswell", llvm.get_host_cpu_features().flatten())
+    assert q8act.vnni_available() == host_vnni
 
 
 def test_explicit_features_decide(target):

@@ -1,10 +1,12 @@
-"""The int8 (q8) products built for an AVX2 CPU give the bits they give with AVX-512 VNNI.
+"""The int8 (q8) products built for an AVX2 or AVX-VNNI CPU give the bits they give with
+AVX-512 VNNI.
 
 The AVX2 form (kernels/cpu/q8act.py ``_avx2_dot``) takes the same integer dot with
 ``vpmaddubsw`` / ``vpmaddwd`` (and ``vpsignb`` for 8-bit weights), so a machine without VNNI
 runs the same q8 mode with the same replies. Checked here by building the kernels in a child
-process for ``NUMBA_CPU_NAME=haswell`` (AVX2, no AVX-512: numba generates that CPU's code and
-caches it apart) and comparing every output bit with this process's kernels, over the weight
+process for ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` (that CPU's own features: AVX2, no
+AVX-512; numba generates its code and caches it apart), and for ``alderlake`` (AVX-VNNI: ``vpdpbusd`` on 256-bit halves), and
+comparing every output bit with this process's kernels, over the weight
 layouts of 4, 5, 6 and 8 bits and 1 to 17 rows. Skips where this CPU cannot run AVX2 code or
 lacks VNNI to compare against.
 """
@@ -81,8 +83,9 @@ def test_avx2_products_equal_vnni_products(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps({**spec, "vnni": True}))
     vnni = _run(tmp_path, "vnni", base)
     (tmp_path / "spec.json").write_text(json.dumps({**spec, "vnni": False}))
-    avx2 = _run(tmp_path, "avx2", {**base, "NUMBA_CPU_NAME": "haswell"})
-    assert set(vnni) == set(avx2) and len(vnni) == len(TYPES) * len(ROWS)
-    for key, want in vnni.items():
-        assert np.isfinite(want).all()
-        assert np.array_equal(avx2[key], want), f"{key}: AVX2 and VNNI products differ"
+    for cpu in ("haswell", "alderlake"):  # AVX2; AVX-VNNI (256-bit vpdpbusd), no AVX-512
+        other = _run(tmp_path, cpu, {**base, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": ""})
+        assert set(vnni) == set(other) and len(vnni) == len(TYPES) * len(ROWS)
+        for key, want in vnni.items():
+            assert np.isfinite(want).all()
+            assert np.array_equal(other[key], want), f"{key}: {cpu} and VNNI products differ"

@@ -43,7 +43,7 @@ def _cpu_flags() -> set[str]:
 
 #: ``ECHOLINE_PEER_ISA=avx2``: build for an AVX2 machine (AVX2, FMA, F16C only) in its own
 #: build folder, to stand in for the x86 CPUs without AVX-512 VNNI (most laptops) next to an
-#: echoline run with ``NUMBA_CPU_NAME=haswell ECHOLINE_CPU_ACTIVATIONS=f32``
+#: echoline run with ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` (empty: Haswell's own features)
 _ISA_CAP = {"avx2": {"avx2", "fma", "f16c"}}
 
 

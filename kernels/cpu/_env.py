@@ -32,25 +32,26 @@ CODEGEN_VERSION = 6
 
 
 def target_cpu() -> tuple[str, str]:
-    """(CPU name, feature string) numba generates code for: the host's, unless
-    ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name another target (portable caches, or a
-    stand-in for a smaller machine: ``NUMBA_CPU_NAME=haswell`` builds AVX2 code)."""
+    """(CPU name, feature string) numba generates code for, as numba itself decides: the
+    host's name unless ``NUMBA_CPU_NAME`` names another, and the host's features unless
+    ``NUMBA_CPU_FEATURES`` is set. A stand-in for a smaller machine needs both:
+    ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` (empty: that CPU's own features) builds
+    AVX2 code; the name alone keeps the host's feature flags, AVX-512 included."""
     import llvmlite.binding as llvm
 
     name = _config.CPU_NAME or llvm.get_host_cpu_name()
     if _config.CPU_FEATURES is not None:
         return name, _config.CPU_FEATURES
-    if _config.CPU_NAME and _config.CPU_NAME != "host":
-        return name, ""  # the named CPU's own features: LLVM knows them, the host's do not apply
     return name, llvm.get_host_cpu_features().flatten()
 
 
-#: Features of x86 CPUs with AVX2 and without AVX-512, for a ``NUMBA_CPU_NAME`` given without
-#: ``NUMBA_CPU_FEATURES`` (LLVM knows a named CPU's features; llvmlite does not expose them)
+#: Features of x86 CPUs with AVX2 and without AVX-512, for a ``NUMBA_CPU_NAME`` given with an
+#: empty ``NUMBA_CPU_FEATURES`` (LLVM knows a named CPU's features; llvmlite does not expose them)
 _AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c", "bmi", "bmi2"})
 _NAMED_FEATURES = {
-    name: _AVX2_ONLY
-    for name in ("haswell", "broadwell", "skylake", "alderlake", "znver1", "znver2", "znver3")
+    **{name: _AVX2_ONLY for name in ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3")},
+    # Intel client cores from 2021 on: AVX-VNNI (256-bit vpdpbusd) without AVX-512
+    **{name: _AVX2_ONLY | {"avxvnni"} for name in ("alderlake", "raptorlake", "meteorlake")},
 }
 
 
@@ -62,9 +63,9 @@ def target_has(feature: str) -> bool:
         name, feats = target_cpu()
         if feats:
             return f"+{feature}" in feats.split(",")
-        if name == llvm.get_host_cpu_name():
+        if name == llvm.get_host_cpu_name():  # an empty list on the host's own name
             return bool(llvm.get_host_cpu_features().get(feature))
-        return feature in _NAMED_FEATURES.get(name, ())  # unknown name: assume absent
+        return feature in _NAMED_FEATURES.get(name, ())  # the name's own features; unknown: absent
     except Exception:  # noqa: BLE001 - unknown target: treat as unavailable
         return False
 

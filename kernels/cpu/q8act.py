@@ -218,6 +218,30 @@ def activation_terms(x: np.ndarray, with16: bool):
 # --------------------------------------------------------------------------- VNNI block dot
 
 
+def _avxvnni_dot(builder):
+    """``vpdpbusd``'s result from AVX-VNNI (the 256-bit VEX form on CPUs without AVX-512, such
+    as Intel's client cores from 2021 on): the same instruction on each half of the vectors,
+    so the same integer sums and bits."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    i32 = ir.IntType(32)
+    v8, v16 = ir.VectorType(i32, 8), ir.VectorType(i32, 16)
+    # the <8 x i32> operand form, auto-upgraded by newer LLVMs as the 512-bit one is
+    dot256 = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.x86.avx512.vpdpbusd.256"
+    )
+
+    def half(vec, h: int):
+        return builder.shuffle_vector(vec, vec, ir.Constant(v8, list(range(8 * h, 8 * h + 8))))
+
+    def dot(acc, w, x):
+        parts = [builder.call(dot256, [half(acc, h), half(w, h), half(x, h)]) for h in (0, 1)]
+        return builder.shuffle_vector(parts[0], parts[1], ir.Constant(v16, list(range(16))))
+
+    return dot
+
+
 def _avx2_dot(builder, bits: int):
     """``vpdpbusd``'s exact result with AVX2 instructions: acc + Σ over each lane's 4 bytes of
     u8 weight × s8 activation, as two 256-bit halves of ``vpmaddubsw`` (byte pairs to i16)
@@ -298,7 +322,8 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     from numba.core import cgutils
     from numba.core.extending import intrinsic
 
-    vnni = vnni_available()  # else the AVX2 form of the same integer dot (_avx2_dot)
+    vnni = vnni_available()  # else the AVX-VNNI or AVX2 form of the same integer dot
+    avxvnni = not vnni and target_has("avxvnni")
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     v16 = ir.VectorType(i32, 16)
     vf = ir.VectorType(f32, 16)
@@ -344,7 +369,9 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
             def vload(ptr, idx, vec_t, align):
                 return builder.load(builder.bitcast(builder.gep(ptr, [idx]), vec_t.as_pointer()), align=align)
 
-            if vnni:
+            if avxvnni:
+                dot = _avxvnni_dot(builder)
+            elif vnni:
                 # The <16 x i32> operand form: LLVM 22 auto-upgrades it, older LLVMs only know it.
                 vpdpbusd = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(v16, [v16, v16, v16]), "llvm.x86.avx512.vpdpbusd.512"
