@@ -369,8 +369,9 @@ class CupyBackend(Backend):
                 res = residual if residual.dtype == cupy.float32 else residual.astype(cupy.float32)
             else:
                 res, ldr = self._rows(residual, w.out_features)
-        if not act and norm is None and self._tensor_splits(w):
-            self._split_product(w, x2, ldx, n, out, width, res, ldr)
+        splits = 0 if act or norm is not None else self._tensor_splits(w)
+        if splits:
+            self._split_product(w, splits, x2, ldx, n, out, width, res, ldr)
             return out
         if not act and self._tensor_wide(w):
             self._wide_product(w, x2, ldx, n, out, width, norm, eps, res, ldr)
@@ -486,11 +487,12 @@ class CupyBackend(Backend):
         )
 
     def _split_product(
-        self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int, res: Any, ldr: int
-    ) -> None:
-        """mts launches, one per segment: grid (tiles, row blocks, splits); each tile's last
-        block adds the warps' sums from ``part`` in warp order."""
-        splits, kw = self._tensor_splits(w), self.tensor_split_warps
+        self, w: CudaWeight, splits: int, x2: Any, ldx: int, n: int, out: Any, width: int,
+        res: Any, ldr: int,
+    ) -> None:  # fmt: skip
+        """Split-K launches, one per segment, ``splits`` blocks per tile (``_tensor_splits``):
+        grid (tiles, row blocks, splits); clusters (mtc) or scratch planes (mts)."""
+        kw = self.tensor_split_warps
         cluster = self._split_cluster(splits)
         units = 2 if self.tensor_split_units == 2 and kw == 4 else 1
         for seg in w.segments:
