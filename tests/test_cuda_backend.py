@@ -1191,3 +1191,111 @@ def test_tensor_split_model_decode_equals_verify(models, monkeypatch, arch, vari
             setattr(b, a, v)
         monkeypatch.undo()
         b.drop_graphs()
+
+
+# ---- x converted once per product (issue 21: kernels.cu xprep) ----
+@pytest.fixture
+def xprep_keep(tensor_on):
+    """Restores the xprep thresholds a test changes."""
+    cb = tensor_on
+    keep = cb.tensor_xprep_min_rows, cb.tensor_xprep_wide_min_rows
+    yield cb
+    cb.tensor_xprep_min_rows, cb.tensor_xprep_wide_min_rows = keep
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("policy", ["m2w4", "m1w8-16", "m1w16"])
+@pytest.mark.parametrize("d", [512, 1280], ids=lambda d: f"K{d}")
+def test_xprep_changes_no_bits(xprep_keep, tc_policy, rng, qtype, policy, d):
+    """x converted once (xprep) or by every tile: the same bits for plain, norm (the sum of
+    squares in the consumer's warp order, KW 4, 8 or 16), gated, residual and two-type
+    launches, at every row count, with units that do not divide evenly among the warps."""
+    cb = xprep_keep
+    tc_policy(policy)
+    ops = _tensor_launch_ops(cb, rng, qtype, d)
+    for name, op in ops.items():
+        cb.tensor_xprep_min_rows = 0
+        want = {m: cb.to_host(op(m)) for m in (1, 3, 8, 9, 16, 17)}
+        cb.tensor_xprep_min_rows = 1
+        for m, got in want.items():
+            poison()
+            out = cb.to_host(op(m))
+            assert np.isfinite(out).all(), f"{name}: {m} rows not finite"
+            assert np.array_equal(out, got), f"{name}: {m} rows differ with xprep"
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("variant", ["w4x4", "w2x8", "w4x4u2", "w4x8c"])
+def test_xprep_split_changes_no_bits(split_on, xprep_keep, monkeypatch, rng, qtype, variant):
+    """The split-K kernels read the converted x with the same bits (plain and residual)."""
+    cb = split_on
+    set_split(cb, monkeypatch, variant)
+    d, cols = 1280, 72
+    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
+    x = cupy.asarray(wide_range_x(rng, 40, d))
+    res = cupy.asarray(rng.standard_normal((40, cols)).astype(np.float32))
+    for m in (1, 3, 16, 40):
+        for op in (lambda m=m: cb.matmul(x[:m], w), lambda m=m: cb.matmul_add(x[:m], w, res[:m])):
+            cb.tensor_xprep_min_rows = 0
+            want = cb.to_host(op())
+            cb.tensor_xprep_min_rows = 1
+            poison()
+            assert np.array_equal(cb.to_host(op()), want), f"{variant}: {m} rows differ"
+            assert counters_zero(cb)
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+def test_xprep_wide_changes_no_bits(wide_on, xprep_keep, rng, qtype):
+    """The wide (head) kernel reads the converted x with the same bits: plain, fused norm
+    with a bias, residual; every stage count and grid."""
+    cb = wide_on
+    d, cols = 512, 200
+    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
+    assert cb._tensor_wide(w)
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    bd = cb.prepare_vector(rng.standard_normal(cols).astype(np.float32))
+    x = cupy.asarray(wide_range_x(rng, 40, d))
+    res = cupy.asarray(rng.standard_normal((40, cols)).astype(np.float32))
+    for variant in WIDE_VARIANTS:
+        set_wide(cb, variant)
+        for m in (1, 3, 16, 40):
+            for op in (
+                lambda m=m: cb.matmul(x[:m], w),
+                lambda m=m: cb.norm_matmul(x[:m], gd, 1e-6, w, bd),
+                lambda m=m: cb.matmul_add(x[:m], w, res[:m]),
+            ):
+                cb.tensor_xprep_wide_min_rows = 0
+                want = cb.to_host(op())
+                cb.tensor_xprep_wide_min_rows = 1
+                poison()
+                assert np.array_equal(cb.to_host(op()), want), f"{variant}: {m} rows differ"
+
+
+def test_xprep_propagates_nan(xprep_keep, rng):
+    """A NaN in x still reaches its row's outputs, and only its row, through xprep."""
+    cb = xprep_keep
+    cb.tensor_xprep_min_rows = 1
+    w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[1, 77] = np.nan
+    got = cb.to_host(cb.matmul(cupy.asarray(x), w))
+    assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
+def test_tensor_min_blocks_change_no_bits(tensor_on, rng, qtype):
+    """Fewer registers for more resident blocks (tensor_min_blocks, kernels.cu MT_MINB): the
+    same bits at every row count, for every launch kind."""
+    cb = tensor_on
+    ops = _tensor_launch_ops(cb, rng, qtype, 768)
+    keep = cb.tensor_min_blocks
+    try:
+        for name, op in ops.items():
+            cb.tensor_min_blocks = 1
+            want = {m: cb.to_host(op(m)) for m in (1, 8, 9, 16, 17)}
+            cb.tensor_min_blocks = 6
+            for m, got in want.items():
+                poison()
+                assert np.array_equal(cb.to_host(op(m)), got), f"{name}: {m} rows differ"
+    finally:
+        cb.tensor_min_blocks = keep

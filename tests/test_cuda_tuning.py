@@ -74,3 +74,21 @@ def test_split_k_cluster_and_units_overrides() -> None:
     assert CudaTuning().tensor_split_units == 1
     odd = {"ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER": "on", "ECHOLINE_CUDA_TENSOR_SPLIT_UNITS": "4"}
     assert CudaTuning.from_env(odd) == CudaTuning()
+
+
+def test_xprep_thresholds_and_overrides() -> None:
+    """xprep row thresholds: numbers only (0 turns it off), anything else keeps the default."""
+    t = CudaTuning()
+    assert t.tensor_xprep_min_rows >= 0 and t.tensor_xprep_wide_min_rows >= 0
+    got = CudaTuning.from_env(
+        {"ECHOLINE_CUDA_XPREP_MIN_ROWS": "0", "ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS": "17"}
+    )
+    assert (got.tensor_xprep_min_rows, got.tensor_xprep_wide_min_rows) == (0, 17)
+    for odd in ("-1", "on", "1e3", "99999", ""):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_XPREP_MIN_ROWS": odd}) == CudaTuning()
+
+
+def test_min_blocks_override() -> None:
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS": "5"}).tensor_min_blocks == 5
+    for odd in ("0", "9", "five"):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS": odd}) == CudaTuning()

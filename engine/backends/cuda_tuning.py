@@ -114,6 +114,26 @@ class CudaTuning:
     #: against 11.8 / 12.9; Qwen 0.5B shape decode 940 vs 930 tok/s. 2 units in flight
     #: measured slower (917). Env ``ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER=0|1``
     tensor_split_cluster: bool = True
+    #: 4-warp blocks per SM the tensor-product kernels ask the register allocator for
+    #: (kernels.cu MT_MINB, second __launch_bounds__ argument): a speed choice, the same
+    #: bits. At 105 registers 4 blocks fit, and Qwen 0.5B's gate|up (608 blocks) ran 1.15
+    #: waves (ncu). H200, synthetic shapes, decode tok/s (verify 16 rows, ms), 1 / 5 / 6 / 8:
+    #: Qwen 0.5B 857.5 / **930.9** / 925.3 / 905.0 (1.690 / **1.581** / 1.586 / 1.650), Qwen
+    #: 1.5B 427.6 / **494.3** / 477.8 / 425.5 (3.166 / **3.054** / 3.240 / 3.616).
+    #: Env ``ECHOLINE_CUDA_TENSOR_MIN_BLOCKS=1..8``
+    tensor_min_blocks: int = 5
+    #: x converted to the tensor cores' f16 form once per product (kernels.cu xprep) instead
+    #: of once per column tile, for products of at least this many rows on mt_body's kernels
+    #: (mt, mt2, mts, mtc); 0: never. The same bits either way (one conversion routine, the
+    #: norm's sum of squares in the consumer's warp order), so the row threshold is a speed
+    #: choice only. Off: the conversion is not what a 16-row product waits on (Qwen 0.5B
+    #: shape, verify 16 rows 1.718 ms without, 1.730 from 9 rows, 1.732 always; always
+    #: costs one-row decode 7 %: a launch per product). Env ``ECHOLINE_CUDA_XPREP_MIN_ROWS=N``
+    tensor_xprep_min_rows: int = 0
+    #: ... and for the wide-weight kernels (mtw: the heads, whose 9,496 tiles each converted
+    #: x again): decode 1.198 -> 1.184 ms, 16 rows 1.718 -> 1.690 on the Qwen 0.5B shape.
+    #: Env ``ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS=N``
+    tensor_xprep_wide_min_rows: int = 1
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
     #: a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items: int = 8
@@ -151,6 +171,16 @@ class CudaTuning:
             if value in ok:
                 kind = type(getattr(tuning, field))
                 setattr(tuning, field, value == "1" if kind is bool else int(value))
+        blocks = env.get("ECHOLINE_CUDA_TENSOR_MIN_BLOCKS", "")
+        if blocks in tuple("12345678"):
+            tuning.tensor_min_blocks = int(blocks)
+        for name, field in (
+            ("ECHOLINE_CUDA_XPREP_MIN_ROWS", "tensor_xprep_min_rows"),
+            ("ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS", "tensor_xprep_wide_min_rows"),
+        ):
+            value = env.get(name, "")
+            if value.isdigit() and int(value) <= 4096:
+                setattr(tuning, field, int(value))
         units = env.get("ECHOLINE_CUDA_TENSOR_UNITS")
         if units in ("1", "2"):
             tuning.tensor_units = int(units)

@@ -141,6 +141,10 @@ def _pair_args(
     )  # fmt: skip
 
 
+#: the x arguments of a tensor-core launch that converts x itself (no xprep)
+_NO_XPREP = (None, None, None)
+
+
 class _AttnCall(NamedTuple):
     """One attention call's arrays and sizes, handed to its pass-1 launcher."""
 
@@ -180,7 +184,7 @@ class CupyBackend(Backend):
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
         self.tuning = CudaTuning.from_env()  # environment overrides: A/B on real models
-        self._fn: dict[tuple[str, str | None, int], Any] = {}
+        self._fn: dict[tuple[str, str | None, int, int], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
         self._cc_major = int(props.get("major", 0))  # thread-block clusters from 9 (Hopper)
@@ -205,13 +209,17 @@ class CupyBackend(Backend):
     # ---- kernels -------------------------------------------------------------------------
     def _k(self, name: str, qtype: str | None = None) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use)."""
-        fn = self._fn.get((name, qtype, self.tensor_units))
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks)
+        fn = self._fn.get(key)
         if fn is None:
-            if qtype is not None and name.startswith("mt") and self.tensor_units != 1:
-                qtype = f"{qtype}@u{self.tensor_units}"  # same bits, more loads in flight
+            if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
+                if self.tensor_units != 1:  # more loads in flight
+                    qtype = f"{qtype}@u{self.tensor_units}"
+                if self.tensor_min_blocks != 1:  # fewer registers, more blocks per SM
+                    qtype = f"{qtype}@b{self.tensor_min_blocks}"
             mod = self._mod if qtype is None else load_module(qtype)
             fn = mod.get_function(name)
-            self._fn[(name, qtype, self.tensor_units)] = fn
+            self._fn[key] = fn
         return fn
 
     # ---- device inputs -------------------------------------------------------------------
@@ -495,6 +503,7 @@ class CupyBackend(Backend):
         kw = self.tensor_split_warps
         cluster = self._split_cluster(splits)
         units = 2 if self.tensor_split_units == 2 and kw == 4 else 1
+        xp = self._xprep(x2, ldx, n, w.in_features, None, 0, self.tensor_xprep_min_rows)
         for seg in w.segments:
             tiles = (seg.rows + 15) // 16
             nt, gy = self._row_passes(n, tiles * splits * kw)
@@ -505,7 +514,7 @@ class CupyBackend(Backend):
                     (
                         seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
                         x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
-                        _seg_res(res, seg), _i32(ldr),
+                        _seg_res(res, seg), _i32(ldr), *xp,
                     ),  # fmt: skip
                 )
                 continue
@@ -518,7 +527,7 @@ class CupyBackend(Backend):
                 (
                     seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
                     x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
-                    _seg_res(res, seg), _i32(ldr), part, self._split_counters,
+                    _seg_res(res, seg), _i32(ldr), part, self._split_counters, *xp,
                 ),  # fmt: skip
             )
 
@@ -534,6 +543,7 @@ class CupyBackend(Backend):
         stages = self.tensor_wide_stages
         smem = stages * 16 * seg.row_bytes
         fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}", seg.kernel)
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, 1, self.tensor_xprep_wide_min_rows)
         tiles = (seg.rows + 15) // 16
         grid = min(tiles, self._wide_resident(fn, smem)) if self.tensor_wide_persistent else tiles
         fn(
@@ -542,6 +552,7 @@ class CupyBackend(Backend):
             (
                 seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
                 x2, _i32(ldx), _i32(n), out, _i32(width), norm, np.float32(eps), res, _i32(ldr),
+                *xp,
             ),  # fmt: skip
             shared_mem=smem,
         )
@@ -609,6 +620,7 @@ class CupyBackend(Backend):
             for seg in w.segments
         )
         nt, gy = self._row_passes(n, xblocks * kw)
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_min_rows)
 
         if len(w.segments) == 2 and not act and self.fuse_segment_pairs:
             a, b = w.segments
@@ -617,7 +629,7 @@ class CupyBackend(Backend):
             self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")(
                 (nblk_a + nblk_b, gy),
                 (32 * kw,),
-                _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr),
+                _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr) + xp,
             )
             return
         for seg in w.segments:
@@ -629,8 +641,29 @@ class CupyBackend(Backend):
                     seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features),
                     x2, _i32(ldx), _i32(n), out[:, seg.col_offset :], _i32(width),
                     norm, np.float32(eps), _seg_res(res, seg), _i32(ldr), _i32(act), _i32(out_cols),
+                    *xp,
                 ),  # fmt: skip
             )
+
+    def _xprep(
+        self, x2: Any, ldx: int, n: int, k: int, norm: Any, kwg: int, min_rows: int
+    ) -> tuple:
+        """x in the tensor cores' f16 form, converted once for the whole product (kernels.cu
+        xprep), as the launch's last three arguments; or ``_NO_XPREP`` below ``min_rows``
+        rows (0: never), where every column tile converts x itself. Both give the same bits,
+        so the threshold may follow the row count. ``kwg``: the consumer's warps sharing a
+        row's units, the order of a fused norm's sum of squares."""
+        if not min_rows or n < min_rows:
+            return _NO_XPREP
+        units = k // 64
+        h = cupy.empty((n, units, 32), dtype=cupy.uint32)
+        s = cupy.empty((n, units), dtype=cupy.float32)
+        ss = cupy.empty((n,), dtype=cupy.float32) if norm is not None else None
+        threads = min(1024, -(-4 * units // 32) * 32)
+        self._k("xprep")(
+            (n,), (threads,), (x2, _i32(ldx), _i32(n), _i32(k), norm, _i32(kwg), h, s, ss)
+        )
+        return h, s, ss
 
     def _factored(self, w: CudaWeight) -> bool:
         """Whether ``w``'s products use the factored kernels: by weight shape only, so

@@ -48,12 +48,15 @@ TENSOR = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_
 def kernel_source(qtype: str | None = None) -> str:
     """kernels.cu with quant.cuh inlined; ``qtype`` None → the common kernels, "a+b" →
     the two-segment products of that pair, else that type's product and embedding
-    kernels (NVRTC then needs no include path). A suffix "@uN" compiles the tensor-core
-    products with N units in flight per warp (a speed choice: same bits)."""
+    kernels (NVRTC then needs no include path). Suffixes "@uN" and "@bN" compile the
+    tensor-core products with N units in flight per warp and N resident 4-warp blocks per SM
+    asked of the register allocator (speed choices: the same bits)."""
     prefix = ""
-    if qtype is not None and "@u" in qtype:  # "q4_k@u2": tensor products with MT_UNITS 2
-        qtype, units = qtype.split("@u")
-        prefix = f"#define MT_UNITS {int(units)}\n"
+    if qtype is not None and "@" in qtype:  # "q4_k@u2@b5": MT_UNITS 2, MT_MINB 5
+        qtype, *opts = qtype.split("@")
+        for opt in opts:
+            macro = {"u": "MT_UNITS", "b": "MT_MINB"}[opt[0]]
+            prefix += f"#define {macro} {int(opt[1:])}\n"
     src = prefix + (HERE / "kernels.cu").read_text()
     header = (HERE / "quant.cuh").read_text()
     src = src.replace('#include "quant.cuh"', header)

@@ -16,6 +16,17 @@
 #define MT_UNITS 1
 #endif
 
+// Blocks of 4 warps a tensor-core product kernel asks to keep resident per SM (the second
+// __launch_bounds__ argument; KW warps per block ask for 4 / KW as many): the compiler caps
+// registers to fit. A speed choice only (register allocation changes no arithmetic: every
+// multiply-add is written out, --fmad=false). Qwen 0.5B's gate|up (608 blocks of 4 warps,
+// 105 registers) fit 4 blocks per SM: 1.15 waves on 132 SMs. Backend setting
+// tensor_min_blocks (module suffix "@bN").
+#ifndef MT_MINB
+#define MT_MINB 1
+#endif
+#define MT_BOUNDS(KW) __launch_bounds__((KW) * 32, (MT_MINB * 4 / (KW)) > 0 ? (MT_MINB * 4 / (KW)) : 1)
+
 #define MM_WARPS 4
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -380,6 +391,71 @@ __device__ __forceinline__ u32 h2_pack(float lo, float hi) {
     return r;
 }
 
+// A lane's 16 elements of a (row, unit) scaled by the power of two that puts the unit's
+// largest |x| (mx, over the unit's 4 lanes) in [2^14, 2^15), rounded to f16 pairs in mma
+// slot order; returns the power's inverse. mt_body and xprep both call this: one rounding.
+__device__ __forceinline__ float x_scale_pack(const float (&xv)[16], float mx, u32 (&b)[4][2]) {
+    int E = max((__float_as_int(mx) >> 23) & 0xFF, 15);
+    float P = __int_as_float((268 - E) << 23);  // 2^(141 - E)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        b[q][0] = h2_pack(__fmul_rn(xv[4 * q], P), __fmul_rn(xv[4 * q + 2], P));
+        b[q][1] = h2_pack(__fmul_rn(xv[4 * q + 1], P), __fmul_rn(xv[4 * q + 3], P));
+    }
+    return __int_as_float((E - 14) << 23);  // 2^(E - 141)
+}
+
+// A lane's part of mt_body's own conversion of x (row, elements k0 + 16q + e): loaded (zeros
+// past n), with a fused norm its sum of squares added to ss and x * G taken, then
+// x_scale_pack over the unit's 4 lanes. Every lane of the warp must call it (shuffles).
+__device__ __forceinline__ float x_lane_convert(const float* __restrict__ X, int ldx, int row,
+                                                int n, int k0, bool norm, const float (&gv)[16],
+                                                float& ss, u32 (&b)[4][2]) {
+    const unsigned full = 0xffffffffu;
+    float xv[16];  // elements k0 + 16q + e: group q >> 1, its mma q & 1
+    if (row < n) {
+        const float* xr = X + (long long)row * ldx + k0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float4 xx = *reinterpret_cast<const float4*>(xr + 16 * q);
+            xv[4 * q] = xx.x; xv[4 * q + 1] = xx.y; xv[4 * q + 2] = xx.z; xv[4 * q + 3] = xx.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) xv[e] = 0.0f;
+    }
+    if (norm) {
+        float q = ss;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) q = fmaf(xv[e], xv[e], q);
+        ss = q;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) xv[e] = __fmul_rn(xv[e], gv[e]);
+    }
+    float mx = fabsf(xv[0]);
+#pragma unroll
+    for (int e = 1; e < 16; ++e) mx = fmaxf(mx, fabsf(xv[e]));
+    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
+    return x_scale_pack(xv, mx, b);
+}
+
+// x converted once per product instead of once per column tile (xprep, below): h holds
+// each (row, unit, lane t)'s b[4][2] (8 words, 32 bytes apart per lane), s each (row,
+// unit)'s power inverse, ss each row's sum of squares for a fused norm, added in the order
+// the consuming kernel's warps would (kwg). All null: mt_body converts x itself.
+struct XPre {
+    const u32* h;
+    const float* s;
+    const float* ss;
+};
+
+__device__ __forceinline__ XPre xpre_rows(XPre xp, int row0, int K) {
+    if (!xp.h) return xp;
+    long long units = (long long)row0 * (K >> 6);
+    return {xp.h + units * 32, xp.s + units, xp.ss ? xp.ss + row0 : nullptr};
+}
+
 // Four offset code bytes (code + OFF) of w as two f16 pairs of exact codes: bytes 0,2
 // and bytes 1,3 (1024 + byte is exact in f16; subtracting 1024 + OFF is exact too).
 template <int OFF>
@@ -519,7 +595,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                                         int n, float* __restrict__ Y, int ldy,
                                         const float* __restrict__ G, float eps,
                                         const float* __restrict__ Res, int ldr, int act, int half,
-                                        float* smem, float* __restrict__ part = nullptr,
+                                        float* smem, XPre xp, float* __restrict__ part = nullptr,
                                         long long pstride = 0, int* cnt = nullptr) {
     using T = TcTraits<QT>;
     constexpr int NV = NT * MT * 4;  // accumulators per lane
@@ -594,7 +670,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                 if (u >= nunits) break;
                 int k0 = 64 * u + 4 * t;
                 float gv[16];
-                if (norm) {
+                if (norm && !xp.h) {
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
                         float4 gg = *reinterpret_cast<const float4*>(G + k0 + 16 * q);
@@ -604,39 +680,23 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     int row = r0 + nt * 8 + gq;
-                    float xv[16];  // elements k0 + 16q + e: group q >> 1, its mma q & 1
-                    if (row < n) {
-                        const float* xp = X + (long long)row * ldx + k0;
+                    u32 b[4][2];
+                    float Pinv;
+                    if (xp.h) {  // x converted once for every tile by xprep: the same b, Pinv
+                        if (row < n) {
+                            long long at = (long long)row * nunits + u;
+                            const uint4* bp = reinterpret_cast<const uint4*>(xp.h + (at * 4 + t) * 8);
+                            uint4 b0 = bp[0], b1 = bp[1];
+                            b[0][0] = b0.x; b[0][1] = b0.y; b[1][0] = b0.z; b[1][1] = b0.w;
+                            b[2][0] = b1.x; b[2][1] = b1.y; b[3][0] = b1.z; b[3][1] = b1.w;
+                            Pinv = xp.s[at];
+                        } else {
 #pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-                            float4 xx = *reinterpret_cast<const float4*>(xp + 16 * q);
-                            xv[4 * q] = xx.x; xv[4 * q + 1] = xx.y; xv[4 * q + 2] = xx.z; xv[4 * q + 3] = xx.w;
+                            for (int q = 0; q < 4; ++q) b[q][0] = b[q][1] = 0u;
+                            Pinv = 0.0f;  // a row past n: computed, never stored
                         }
                     } else {
-#pragma unroll
-                        for (int e = 0; e < 16; ++e) xv[e] = 0.0f;
-                    }
-                    if (norm) {
-                        float q = ss[nt];
-#pragma unroll
-                        for (int e = 0; e < 16; ++e) q = fmaf(xv[e], xv[e], q);
-                        ss[nt] = q;
-#pragma unroll
-                        for (int e = 0; e < 16; ++e) xv[e] = __fmul_rn(xv[e], gv[e]);
-                    }
-                    float mx = fabsf(xv[0]);
-#pragma unroll
-                    for (int e = 1; e < 16; ++e) mx = fmaxf(mx, fabsf(xv[e]));
-                    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
-                    int E = max((__float_as_int(mx) >> 23) & 0xFF, 15);
-                    float P = __int_as_float((268 - E) << 23);    // 2^(141 - E)
-                    float Pinv = __int_as_float((E - 14) << 23);  // 2^(E - 141)
-                    u32 b[4][2];
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        b[q][0] = h2_pack(__fmul_rn(xv[4 * q], P), __fmul_rn(xv[4 * q + 2], P));
-                        b[q][1] = h2_pack(__fmul_rn(xv[4 * q + 1], P), __fmul_rn(xv[4 * q + 3], P));
+                        Pinv = x_lane_convert(X, ldx, row, n, k0, norm, gv, ss[nt], b);
                     }
                     // D's columns are rows 2t and 2t+1 of the tile: their lanes gq = 2t, 2t+1
                     float pv[2] = {__shfl_sync(full, Pinv, 8 * t), __shfl_sync(full, Pinv, 8 * t + 4)};
@@ -695,7 +755,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
             continue;
         }
         // totals: warps in order (warp 0 + warp 1 + ...), norm sums of squares likewise
-        if (norm) {
+        if (norm && !xp.h) {
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 float q = __fadd_rn(ss[nt], __shfl_xor_sync(full, ss[nt], 1));
@@ -719,9 +779,15 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                 if (norm) {
 #pragma unroll
                     for (int i = 0; i < 2; ++i) {
-                        float q = ssr[0][nt][2 * t + i];
+                        float q;
+                        if (xp.h) {
+                            int r = r0 + nt * 8 + 2 * t + i;
+                            q = r < n ? xp.ss[r] : 0.0f;
+                        } else {
+                            q = ssr[0][nt][2 * t + i];
 #pragma unroll
-                        for (int w = 1; w < KW; ++w) q = __fadd_rn(q, ssr[w][nt][2 * t + i]);
+                            for (int w = 1; w < KW; ++w) q = __fadd_rn(q, ssr[w][nt][2 * t + i]);
+                        }
                         float ms = __fdiv_rn(q, (float)K);
                         inv[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
                     }
@@ -784,18 +850,19 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 }
 
 #define MT_KERNEL(NAME, QT, NT, MT, KW)                                                         \
-    extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
+    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
         mt_##NAME##_n##NT##_m##MT##_w##KW(const u8* W, long long row_bytes, int out_rows, int K, \
                                           const float* X, int ldx, int n, float* Y, int ldy,   \
                                           const float* G, float eps, const float* Res, int ldr, \
-                                          int act, int half) {                                 \
+                                          int act, int half, const u32* Xh, const float* Xs,   \
+                                          const float* Xss) {                                  \
         __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
         int row0;                                                                              \
         if (!mt_rows<NT>(n, row0)) return;                                                     \
         mt_body<QT, NT, MT, KW>(blockIdx.x, W, row_bytes, out_rows, K,                         \
                                 X + (long long)row0 * ldx, ldx, n, Y + (long long)row0 * ldy,  \
                                 ldy, G, eps, Res ? Res + (long long)row0 * ldr : Res, ldr, act, \
-                                half, smem);                                                   \
+                                half, smem, xpre_rows({Xh, Xs, Xss}, row0, K));                \
     }
 
 // Split-K tensor products (issue 21: weights with long rows, Qwen's 4864- and 8960-input down
@@ -804,10 +871,11 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 // order (mts_finish). The bits equal mt_body's with KW = gridDim.z * KW. part: gridDim.z *
 // KW planes of n * out_rows floats; cnt: one zeroed int per (x, y) block.
 #define MTS_KERNEL(NAME, QT, NT, KW, UN)                                                        \
-    extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
+    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
         mts_##NAME##_n##NT##_w##KW##_u##UN(const u8* W, long long row_bytes, int out_rows, int K,      \
                                    const float* X, int ldx, int n, float* Y, int ldy,          \
-                                   const float* Res, int ldr, float* part, int* cnt) {         \
+                                   const float* Res, int ldr, float* part, int* cnt,           \
+                                   const u32* Xh, const float* Xs, const float* Xss) {         \
         __shared__ float smem[MT_SMEM(NT, 1, 1)];                                              \
         long long pstride = (long long)n * out_rows;                                           \
         int row0;                                                                              \
@@ -816,22 +884,24 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
                                      X + (long long)row0 * ldx, ldx, n,                        \
                                      Y + (long long)row0 * ldy, ldy, nullptr, 0.0f,            \
                                      Res ? Res + (long long)row0 * ldr : Res, ldr, 0, out_rows, \
-                                     smem, part + (long long)row0 * out_rows, pstride, cnt);   \
+                                     smem, xpre_rows({Xh, Xs, Xss}, row0, K),                  \
+                                     part + (long long)row0 * out_rows, pstride, cnt);         \
     }
 // The cluster form (sm_90+): gridDim.z == CS, one cluster per tile; no scratch, no counters.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MTC_KERNEL(NAME, QT, NT, KW, CS)                                                        \
-    extern "C" __global__ void __cluster_dims__(1, 1, CS) __launch_bounds__(KW * 32)            \
+    extern "C" __global__ void __cluster_dims__(1, 1, CS) MT_BOUNDS(KW)                       \
         mtc_##NAME##_n##NT##_w##KW##_s##CS(const u8* W, long long row_bytes, int out_rows,     \
                                            int K, const float* X, int ldx, int n, float* Y,    \
-                                           int ldy, const float* Res, int ldr) {               \
+                                           int ldy, const float* Res, int ldr, const u32* Xh,  \
+                                           const float* Xs, const float* Xss) {                \
         __shared__ __align__(16) float smem[KW * NT * 8 * 16];                                 \
         int row0;                                                                              \
         if (!mt_rows<NT>(n, row0)) return;                                                     \
         mt_body<QT, NT, 1, KW, SPLIT_CLUSTER, 1, CS>(                                          \
             blockIdx.x, W, row_bytes, out_rows, K, X + (long long)row0 * ldx, ldx, n,          \
             Y + (long long)row0 * ldy, ldy, nullptr, 0.0f, Res ? Res + (long long)row0 * ldr : Res, \
-            ldr, 0, out_rows, smem);                                                           \
+            ldr, 0, out_rows, smem, xpre_rows({Xh, Xs, Xss}, row0, K));                        \
     }
 #else
 #define MTC_KERNEL(NAME, QT, NT, KW, CS)
@@ -846,11 +916,12 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 // Two segments of one fused weight in one launch (as MM2_KERNEL): blocks [0, nblk_a) run
 // segment a's columns with a's mt_body, the rest segment b's.
 #define MT2_KERNEL(NA, QA, NB, QB, NT, MT, KW)                                                  \
-    extern "C" __global__ void __launch_bounds__(KW * 32)                                       \
+    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
         mt2_##NA##_##NB##_n##NT##_m##MT##_w##KW(                                                \
             const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,  \
             int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
-            const float* G, float eps, const float* Ra, const float* Rb, int ldr) {            \
+            const float* G, float eps, const float* Ra, const float* Rb, int ldr,              \
+            const u32* Xh, const float* Xs, const float* Xss) {                                \
         __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
         int row0;                                                                              \
         if (!mt_rows<NT>(n, row0)) return;                                                     \
@@ -859,12 +930,13 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
         Yb += (long long)row0 * ldy;                                                           \
         if (Ra) Ra += (long long)row0 * ldr;                                                   \
         if (Rb) Rb += (long long)row0 * ldr;                                                   \
+        XPre xp = xpre_rows({Xh, Xs, Xss}, row0, K);                                           \
         if ((int)blockIdx.x < nblk_a)                                                          \
             mt_body<QA, NT, MT, KW>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, \
-                                    Ra, ldr, 0, rows_a, smem);                                 \
+                                    Ra, ldr, 0, rows_a, smem, xp);                             \
         else                                                                                   \
             mt_body<QB, NT, MT, KW>(blockIdx.x - nblk_a, Wb, rbb, rows_b, K, X, ldx, n, Yb, ldy, \
-                                    G, eps, Rb, ldr, 0, rows_b, smem);                         \
+                                    G, eps, Rb, ldr, 0, rows_b, smem, xp);                     \
     }
 
 // KW (warps splitting K) 4 with one or two 16-column tiles per warp; 8 and 16 (narrow
@@ -915,7 +987,7 @@ __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row
                                          int n, float* __restrict__ Y, int ldy,
                                          const float* __restrict__ G, float eps,
                                          const float* __restrict__ Res, int ldr, u8* tiles,
-                                         float* red) {
+                                         float* red, XPre xp) {
     int lane = threadIdx.x & 31;
     int ntiles = (out_rows + 15) >> 4;
     long long tb = 16 * row_bytes;  // bytes of one tile (a multiple of 16)
@@ -938,7 +1010,7 @@ __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row
         __syncwarp();  // every lane's copies visible to the whole warp
         int c0 = 16 * tile, valid = min(16, out_rows - c0);
         mt_body<QT, NT, 1, 1>(0, tiles + buf * tb, row_bytes, valid, K, X, ldx, n, Y + c0, ldy, G,
-                              eps, Res ? Res + c0 : Res, ldr, 0, valid, red);
+                              eps, Res ? Res + c0 : Res, ldr, 0, valid, red, xp);
         __syncwarp();  // the buffer is read by every lane before it is staged again
         if constexpr (ST == 1) {
             int next = tile + stride;
@@ -955,11 +1027,12 @@ __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row
     extern "C" __global__ void __launch_bounds__(32)                                            \
         mtw_##NAME##_n##NT##_s##ST(const u8* W, long long row_bytes, int out_rows, int K,      \
                                    const float* X, int ldx, int n, float* Y, int ldy,          \
-                                   const float* G, float eps, const float* Res, int ldr) {     \
+                                   const float* G, float eps, const float* Res, int ldr,       \
+                                   const u32* Xh, const float* Xs, const float* Xss) {         \
         extern __shared__ __align__(16) u8 mtw_tiles[];                                        \
         __shared__ float red[MT_SMEM(NT, 1, 1)];                                               \
         mtw_body<QT, NT, ST>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps, Res, ldr,   \
-                             mtw_tiles, red);                                                  \
+                             mtw_tiles, red, {Xh, Xs, Xss});                                   \
     }
 #define MTW_ALL(NAME, QT)                                                                       \
     MTW_KERNEL(NAME, QT, 1, 1) MTW_KERNEL(NAME, QT, 2, 1) MTW_KERNEL(NAME, QT, 4, 1)            \
@@ -1621,6 +1694,68 @@ extern "C" __global__ void __launch_bounds__(256)
     if (grp != 0) return;
     for (int t = 1; t < G; ++t) softmax_merge(M, L, o, sm[t], sl[t], so[t * hd + d]);
     out[((long long)i * H + h) * hd + d] = __fdiv_rn(o, L);
+}
+
+// x for the tensor-core products, converted once per product (issue 21): mt_body rounds each
+// (row, 64-element unit) of x to f16 in every column tile, so a wide weight (the head's 9,496
+// tiles) or a 16-row verify repeats the same conversion thousands of times. xprep does it once
+// with the very code mt_body runs (x_lane_convert; a unit's 4 lanes are 4 adjacent threads
+// here, as in mt_body), and, for a fused norm, the row's
+// sum of squares of the unrounded x in the consuming kernel's order: lane t of warp w sums
+// units w, w + kwg, ... element by element, lanes add as (t0 + t1) + (t2 + t3), warps in
+// order. The products then read b and the power instead of converting: the same bits.
+// Grid (n); block: 4 threads per unit, a multiple of 32, at most 1024 (larger K loops).
+extern "C" __global__ void xprep(const float* X, int ldx, int n, int K, const float* G, int kwg,
+                                 u32* H, float* S, float* SS) {
+    int row = blockIdx.x, nunits = K >> 6;
+    const float* x = X + (long long)row * ldx;
+    for (int base = 0; base < 4 * nunits; base += blockDim.x) {
+        int idx = base + threadIdx.x, u = idx >> 2, t = idx & 3;
+        bool live = u < nunits;
+        int k0 = 64 * u + 4 * t;
+        float gv[16], unused = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float4 gg = G && live ? *reinterpret_cast<const float4*>(G + k0 + 16 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+            gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
+        }
+        u32 b[4][2];  // mt_body's conversion itself, on "row 0 of 1" (a dead lane: past the end)
+        float pinv = x_lane_convert(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, b);
+        if (live) {
+            long long at = (long long)row * nunits + u;
+            uint4* hp = reinterpret_cast<uint4*>(H + (at * 4 + t) * 8);
+            hp[0] = make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]);
+            hp[1] = make_uint4(b[2][0], b[2][1], b[3][0], b[3][1]);
+            if (t == 0) S[at] = pinv;
+        }
+    }
+    if (!G) return;
+    __shared__ float part[256];  // [warp of the consumer (kwg <= 64)][lane t]
+    for (int idx = threadIdx.x; idx < 4 * kwg; idx += blockDim.x) {
+        int w = idx >> 2, t = idx & 3;
+        float q = 0.0f;
+        for (int u = w; u < nunits; u += kwg) {
+            const float* xr = x + 64 * u + 4 * t;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float4 xx = *reinterpret_cast<const float4*>(xr + 16 * c);
+                q = fmaf(xx.x, xx.x, q);
+                q = fmaf(xx.y, xx.y, q);
+                q = fmaf(xx.z, xx.z, q);
+                q = fmaf(xx.w, xx.w, q);
+            }
+        }
+        part[idx] = q;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float tot = 0.0f;
+        for (int w = 0; w < kwg; ++w) {
+            float v = __fadd_rn(__fadd_rn(part[4 * w], part[4 * w + 1]), __fadd_rn(part[4 * w + 2], part[4 * w + 3]));
+            tot = w == 0 ? v : __fadd_rn(tot, v);
+        }
+        SS[row] = tot;
+    }
 }
 
 // Greedy pick per row: largest logit, ties to the lowest id; block of 1024 per row.

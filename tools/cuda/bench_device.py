@@ -209,6 +209,14 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         lines += ab_policies(b, model, cache, context, prompt, reps, ks, UNITS_CONFIGS, "units")
         if QUICK:
             return lines
+    if XPREP:
+        lines += ab_policies(b, model, cache, context, prompt, reps, ks, XPREP_CONFIGS, "xprep")
+        if QUICK:
+            return lines
+    if MINBLOCKS:
+        lines += ab_policies(b, model, cache, context, prompt, reps, ks, MINBLOCKS_CONFIGS, "minb")
+        if QUICK:
+            return lines
     if GAP:
         lines += host_gap(b, model, cache, context, prompt, reps)
         if QUICK:
@@ -307,6 +315,19 @@ UNITS_CONFIGS = {  # session 6: 64-weight units in flight per tensor-core produc
     "u2": {"tensor_units": 2, "tensor_max_in": 4096},
     "u2,long-tc": {"tensor_units": 2, "tensor_max_in": 10**6},  # Qwen down on tensor cores
 }
+#: session 15 (--xprep): x converted once per product (kernels.cu xprep) from this many rows
+#: (0: never) on the mt kernels and on the wide heads; the same bits in every config
+XPREP = False
+XPREP_CONFIGS = {
+    "off": {"tensor_xprep_min_rows": 0, "tensor_xprep_wide_min_rows": 0},
+    "heads": {"tensor_xprep_min_rows": 0, "tensor_xprep_wide_min_rows": 1},
+    "9+,heads": {"tensor_xprep_min_rows": 9, "tensor_xprep_wide_min_rows": 1},
+    "2+,heads": {"tensor_xprep_min_rows": 2, "tensor_xprep_wide_min_rows": 1},
+    "all": {"tensor_xprep_min_rows": 1, "tensor_xprep_wide_min_rows": 1},
+}
+#: session 15 (--minblocks): resident 4-warp blocks per SM asked of the register allocator
+MINBLOCKS = False
+MINBLOCKS_CONFIGS = {f"b{n}": {"tensor_min_blocks": n} for n in (1, 5, 6, 8)}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
@@ -622,15 +643,17 @@ def main() -> int:
         "attn": "interleaved A/B: CUDA-core vs tensor-core attention",
         "rowsplit": "interleaved A/B: 9-17-row launches split over blocks or not",
         "units": "interleaved A/B: tensor-product units in flight",
+        "xprep": "interleaved A/B: x converted once per product from N rows",
+        "minblocks": "interleaved A/B: resident tensor-product blocks per SM",
         "gap": "GPU idle time per decode step (host work)",
         "quick": "skip the split / columns / split-K sweeps",
     }
     for flag, text in switches.items():
         ap.add_argument(f"--{flag}", action="store_true", help=text)
     args = ap.parse_args()
-    global AB, QUICK, TC, ATTN, ROWSPLIT, GAP, UNITS
+    global AB, QUICK, TC, ATTN, ROWSPLIT, GAP, UNITS, XPREP, MINBLOCKS
     AB, QUICK, TC, ATTN, ROWSPLIT = args.ab, args.quick, args.tc, args.attn, args.rowsplit
-    GAP, UNITS = args.gap, args.units
+    GAP, UNITS, XPREP, MINBLOCKS = args.gap, args.units, args.xprep, args.minblocks
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]
