@@ -1299,3 +1299,28 @@ def test_tensor_min_blocks_change_no_bits(tensor_on, rng, qtype):
                 assert np.array_equal(cb.to_host(op(m)), got), f"{name}: {m} rows differ"
     finally:
         cb.tensor_min_blocks = keep
+
+
+@pytest.mark.parametrize("heads,kvh,hd,window", [(14, 2, 64, 0), (12, 2, 128, 300)])
+def test_attention_min_blocks_change_no_bits(cb, rng, heads, kvh, hd, window):
+    """Fewer registers for more resident attention blocks (attn_min_blocks, kernels.cu
+    ATTN_MINB): the same bits, at 16 rows and at one."""
+    cap, length, k = 1024, 1000, 16
+    kc = cupy.asarray(rng.standard_normal((cap, kvh, hd)).astype(np.float32))
+    vc = cupy.asarray(rng.standard_normal((cap, kvh, hd)).astype(np.float32))
+    positions = np.arange(length - k, length)
+    q = cupy.asarray(rng.standard_normal((k, heads, hd)).astype(np.float32))
+    scale = 1.0 / math.sqrt(hd)
+    keep = cb.attn_min_blocks, cb.tensor_attention
+    cb.tensor_attention = False
+    try:
+        out = {}
+        for blocks in (1, 8):
+            cb.attn_min_blocks = blocks
+            poison()
+            out[blocks] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
+            one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
+            assert np.array_equal(one[0], out[blocks][3])
+        assert np.isfinite(out[1]).all() and np.array_equal(out[8], out[1])
+    finally:
+        cb.attn_min_blocks, cb.tensor_attention = keep

@@ -137,6 +137,9 @@ class CudaTuning:
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
     #: a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items: int = 8
+    #: blocks per SM the CUDA-core attention asks the register allocator for (kernels.cu
+    #: ATTN_MINB): a speed choice, the same bits. Env ``ECHOLINE_CUDA_ATTN_MIN_BLOCKS=1..8``
+    attn_min_blocks: int = 1
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split: int = 32
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's (row,
@@ -171,9 +174,13 @@ class CudaTuning:
             if value in ok:
                 kind = type(getattr(tuning, field))
                 setattr(tuning, field, value == "1" if kind is bool else int(value))
-        blocks = env.get("ECHOLINE_CUDA_TENSOR_MIN_BLOCKS", "")
-        if blocks in tuple("12345678"):
-            tuning.tensor_min_blocks = int(blocks)
+        for name, field in (
+            ("ECHOLINE_CUDA_TENSOR_MIN_BLOCKS", "tensor_min_blocks"),
+            ("ECHOLINE_CUDA_ATTN_MIN_BLOCKS", "attn_min_blocks"),
+        ):
+            blocks = env.get(name, "")
+            if blocks in tuple("12345678"):
+                setattr(tuning, field, int(blocks))
         for name, field in (
             ("ECHOLINE_CUDA_XPREP_MIN_ROWS", "tensor_xprep_min_rows"),
             ("ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS", "tensor_xprep_wide_min_rows"),

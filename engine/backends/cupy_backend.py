@@ -184,7 +184,7 @@ class CupyBackend(Backend):
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
         self.tuning = CudaTuning.from_env()  # environment overrides: A/B on real models
-        self._fn: dict[tuple[str, str | None, int, int], Any] = {}
+        self._fn: dict[tuple[str, str | None, int, int, int], Any] = {}
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
         self._cc_major = int(props.get("major", 0))  # thread-block clusters from 9 (Hopper)
@@ -209,7 +209,7 @@ class CupyBackend(Backend):
     # ---- kernels -------------------------------------------------------------------------
     def _k(self, name: str, qtype: str | None = None) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use)."""
-        key = (name, qtype, self.tensor_units, self.tensor_min_blocks)
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, self.attn_min_blocks)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
@@ -217,6 +217,8 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@u{self.tensor_units}"
                 if self.tensor_min_blocks != 1:  # fewer registers, more blocks per SM
                     qtype = f"{qtype}@b{self.tensor_min_blocks}"
+            if qtype is None and name.startswith("attn_partial") and self.attn_min_blocks != 1:
+                qtype = f"@a{self.attn_min_blocks}"
             mod = self._mod if qtype is None else load_module(qtype)
             fn = mod.get_function(name)
             self._fn[key] = fn

@@ -50,13 +50,15 @@ def kernel_source(qtype: str | None = None) -> str:
     the two-segment products of that pair, else that type's product and embedding
     kernels (NVRTC then needs no include path). Suffixes "@uN" and "@bN" compile the
     tensor-core products with N units in flight per warp and N resident 4-warp blocks per SM
-    asked of the register allocator (speed choices: the same bits)."""
+    asked of the register allocator; "@aN" (alone: the common module) the attention with N
+    resident blocks per SM (speed choices: the same bits)."""
     prefix = ""
-    if qtype is not None and "@" in qtype:  # "q4_k@u2@b5": MT_UNITS 2, MT_MINB 5
+    if qtype is not None and "@" in qtype:  # "q4_k@u2@b5": MT_UNITS 2, MT_MINB 5; "@a8"
         qtype, *opts = qtype.split("@")
         for opt in opts:
-            macro = {"u": "MT_UNITS", "b": "MT_MINB"}[opt[0]]
+            macro = {"u": "MT_UNITS", "b": "MT_MINB", "a": "ATTN_MINB"}[opt[0]]
             prefix += f"#define {macro} {int(opt[1:])}\n"
+        qtype = qtype or None  # "@a8": the common kernels
     src = prefix + (HERE / "kernels.cu").read_text()
     header = (HERE / "quant.cuh").read_text()
     src = src.replace('#include "quant.cuh"', header)

@@ -1287,8 +1287,14 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
     }  // items
 }
 
+// Blocks per SM the CUDA-core attention asks the register allocator for (a speed choice,
+// the same bits: backend setting attn_min_blocks, module "@aN"). At 39 registers 6 blocks
+// fit: Qwen 0.5B's 16-row launch (952 blocks) ran 1.2 waves (ncu).
+#ifndef ATTN_MINB
+#define ATTN_MINB 1
+#endif
 #define ATTN_PARTIAL(DPL)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256) attn_partial_d##DPL(                      \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MINB) attn_partial_d##DPL(           \
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int S, int window, float scale, int nsplit, float* Opart, float* Mpart,         \
         float* Lpart, int per_block) {                                                           \

@@ -217,6 +217,10 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         lines += ab_policies(b, model, cache, context, prompt, reps, ks, MINBLOCKS_CONFIGS, "minb")
         if QUICK:
             return lines
+    if ATTNBLOCKS:
+        lines += ab_policies(b, model, cache, context, prompt, reps, ks, ATTNBLOCKS_CONFIGS, "attnb")
+        if QUICK:
+            return lines
     if GAP:
         lines += host_gap(b, model, cache, context, prompt, reps)
         if QUICK:
@@ -328,6 +332,11 @@ XPREP_CONFIGS = {
 #: session 15 (--minblocks): resident 4-warp blocks per SM asked of the register allocator
 MINBLOCKS = False
 MINBLOCKS_CONFIGS = {f"b{n}": {"tensor_min_blocks": n} for n in (1, 5, 6, 8)}
+#: ... and for the CUDA-core attention (--attnblocks)
+ATTNBLOCKS = False
+ATTNBLOCKS_CONFIGS = {
+    f"a{n},i{i}": {"attn_min_blocks": n, "attn_items": i} for n, i in ((1, 8), (7, 8), (8, 8), (1, 16), (8, 4))
+}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
@@ -645,15 +654,17 @@ def main() -> int:
         "units": "interleaved A/B: tensor-product units in flight",
         "xprep": "interleaved A/B: x converted once per product from N rows",
         "minblocks": "interleaved A/B: resident tensor-product blocks per SM",
+        "attnblocks": "interleaved A/B: resident attention blocks per SM",
         "gap": "GPU idle time per decode step (host work)",
         "quick": "skip the split / columns / split-K sweeps",
     }
     for flag, text in switches.items():
         ap.add_argument(f"--{flag}", action="store_true", help=text)
     args = ap.parse_args()
-    global AB, QUICK, TC, ATTN, ROWSPLIT, GAP, UNITS, XPREP, MINBLOCKS
+    global AB, QUICK, TC, ATTN, ROWSPLIT, GAP, UNITS, XPREP, MINBLOCKS, ATTNBLOCKS
     AB, QUICK, TC, ATTN, ROWSPLIT = args.ab, args.quick, args.tc, args.attn, args.rowsplit
     GAP, UNITS, XPREP, MINBLOCKS = args.gap, args.units, args.xprep, args.minblocks
+    ATTNBLOCKS = args.attnblocks
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]

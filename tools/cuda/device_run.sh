@@ -61,6 +61,15 @@ if [ "$1" = minb ]; then  # session 15: registers capped for more resident produ
   timeout ${MINB_BENCH_S:-300} python3 -m tools.cuda.bench_device --reps 30 --minblocks --quick --ks 1,8,16 --context 1024 --models ${MINB_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
 fi
+if [ "$1" = attnb ]; then  # session 15: registers capped for more resident attention blocks
+  for q in "" @a7 @a8 q8_0@b5 q5_0@b5 q4_k@b5 q6_k@b5 q5_0+q8_0@b5 q4_k+q6_k@b5; do
+    timeout 250 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -5 &
+  done
+  wait
+  timeout ${ATTNB_TESTS_S:-120} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_tuning.py -k "${ATTNB_TESTS:-min_blocks}" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -20
+  timeout ${ATTNB_BENCH_S:-300} python3 -m tools.cuda.bench_device --reps 30 --attnblocks --quick --ks 1,8,16 --context 1024 --models ${ATTNB_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
+  sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
+fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M
