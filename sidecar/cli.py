@@ -45,7 +45,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name ({', '.join(MODELS)}) or GGUF path")
     p.add_argument("--backend", default="auto", choices=BACKEND_NAMES, help="where to compute")
     p.add_argument("--cpu-activations", choices=CPU_ACTIVATIONS, default=None,
-                   help="cpu backend: auto (default: q8 where the CPU has AVX-512 VNNI, else f32; q8 also runs on AVX2), "
+                   help="cpu backend: auto (default: q8 where the CPU has AVX2 or better, else f32), "
                         "q8 (int8 activations: faster) or f32 (float32 products: slower, closest to "
                         "the model's own numbers); sets ECHOLINE_CPU_ACTIVATIONS")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line")

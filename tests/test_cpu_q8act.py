@@ -269,8 +269,10 @@ def test_cpu_backend_activation_modes(monkeypatch) -> None:
     monkeypatch.setattr(q8act, "q8_available", lambda: False)
     with pytest.raises(EcholineError, match="AVX2 or AVX-512 VNNI"):
         CpuBackend(activations="q8")
+    assert CpuBackend().variant == "cpu"  # auto without the int8 kernels: float32, no error
+    monkeypatch.setattr(q8act, "q8_available", lambda: True)
     monkeypatch.setattr(q8act, "vnni_available", lambda: False)
-    assert CpuBackend().variant == "cpu"  # auto without VNNI: float32 products, no error
+    assert CpuBackend().variant == "cpu/q8"  # auto on AVX2 without VNNI: int8 activations
 
 
 def test_q8_weight_cache_round_trip(tmp_path, monkeypatch) -> None:

@@ -47,7 +47,7 @@ class CpuBackend(HostCacheMixin, Backend):
 
     def __init__(self, activations: str | None = None) -> None:
         """``activations``: one of ``engine.backends.CPU_ACTIVATIONS`` (what each does is
-        there); None reads ``ECHOLINE_CPU_ACTIVATIONS`` (default auto: q8 with AVX-512 VNNI,
+        there); None reads ``ECHOLINE_CPU_ACTIVATIONS`` (default auto: q8 with AVX2 or better,
         else f32). An explicit q8 on a CPU with neither AVX2 nor AVX-512 VNNI is an error, not a quiet fallback: the two modes give different replies."""
         mode = cpu_activations_mode(activations)
         if mode == "q8":

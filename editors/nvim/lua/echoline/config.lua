@@ -18,7 +18,7 @@ M.defaults = {
   -- 'gemma3-270m' (base model, plain completion), or a path to a .gguf file.
   model = 'qwen2.5-coder-0.5b',
   backend = 'auto',
-  cpu_activations = nil, -- cpu backend: 'auto' (server default: q8 with AVX-512 VNNI, else f32), 'q8' or 'f32'
+  cpu_activations = nil, -- cpu backend: 'auto' (server default: q8 with AVX2 or better, else f32), 'q8' or 'f32'
   speculation = true,
   max_tokens = 512, -- longest rewrite (the server's default)
   inline_max_tokens = 64, -- longest inline completion (the server's default)
