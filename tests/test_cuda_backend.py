@@ -1311,16 +1311,17 @@ def test_attention_min_blocks_change_no_bits(cb, rng, heads, kvh, hd, window):
     positions = np.arange(length - k, length)
     q = cupy.asarray(rng.standard_normal((k, heads, hd)).astype(np.float32))
     scale = 1.0 / math.sqrt(hd)
-    keep = cb.attn_min_blocks, cb.tensor_attention
-    cb.tensor_attention = False
+    keep = cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows
+    cb.tensor_attention, cb.attn_min_blocks_min_rows = False, 2
     try:
         out = {}
-        for blocks in (1, 8):
+        for blocks in (1, 7, 8):
             cb.attn_min_blocks = blocks
             poison()
             out[blocks] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
             one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
             assert np.array_equal(one[0], out[blocks][3])
-        assert np.isfinite(out[1]).all() and np.array_equal(out[8], out[1])
+        assert np.isfinite(out[1]).all()
+        assert np.array_equal(out[7], out[1]) and np.array_equal(out[8], out[1])
     finally:
-        cb.attn_min_blocks, cb.tensor_attention = keep
+        cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows = keep

@@ -138,8 +138,14 @@ class CudaTuning:
     #: a speed choice only, each item computes alike in any block (round 6 sweep)
     attn_items: int = 8
     #: blocks per SM the CUDA-core attention asks the register allocator for (kernels.cu
-    #: ATTN_MINB): a speed choice, the same bits. Env ``ECHOLINE_CUDA_ATTN_MIN_BLOCKS=1..8``
-    attn_min_blocks: int = 1
+    #: ATTN_MINB) in launches of at least ``attn_min_blocks_min_rows`` rows: a speed choice,
+    #: the same bits (so it may follow the row count). At 39 registers 6 blocks of 256
+    #: threads fit and Qwen 0.5B's 16-row launch (952 blocks) ran 1.2 waves. H200, synthetic
+    #: shapes, context 1024, ms at 1 / 8 / 16 rows, 1 vs 7 blocks: Qwen 0.5B 1.080 / 1.272 /
+    #: 1.647 vs 1.091 / 1.224 / 1.521; Qwen 1.5B 2.020 / 2.313 / 3.226 vs 2.059 / 2.272 /
+    #: 3.121. Env ``ECHOLINE_CUDA_ATTN_MIN_BLOCKS=1..8``
+    attn_min_blocks: int = 7
+    attn_min_blocks_min_rows: int = 2
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split: int = 32
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's (row,

@@ -207,9 +207,10 @@ class CupyBackend(Backend):
         self._uploads: dict[tuple[str, int, int, int], tuple[np.ndarray, Any]] = {}
 
     # ---- kernels -------------------------------------------------------------------------
-    def _k(self, name: str, qtype: str | None = None) -> Any:
-        """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use)."""
-        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, self.attn_min_blocks)
+    def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1) -> Any:
+        """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use);
+        ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
@@ -217,8 +218,8 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@u{self.tensor_units}"
                 if self.tensor_min_blocks != 1:  # fewer registers, more blocks per SM
                     qtype = f"{qtype}@b{self.tensor_min_blocks}"
-            if qtype is None and name.startswith("attn_partial") and self.attn_min_blocks != 1:
-                qtype = f"@a{self.attn_min_blocks}"
+            if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
+                qtype = f"@a{attn_blocks}"
             mod = self._mod if qtype is None else load_module(qtype)
             fn = mod.get_function(name)
             self._fn[key] = fn
@@ -881,7 +882,10 @@ class CupyBackend(Backend):
         """Launch pass 1 ``name`` over (splits, kv heads, item chunks). The CUDA-core kernel
         (``per_block`` > 0) also takes the split size and its items per block; the
         tensor-core one has both built in."""
-        part = self._k(name)
+        # fewer registers for more resident blocks pays from 2 rows on and costs one-row
+        # decode ~1 %: the same bits either way (kernels.cu ATTN_MINB), so it may follow n
+        blocks = self.attn_min_blocks if per_block and c.n >= self.attn_min_blocks_min_rows else 1
+        part = self._k(name, attn_blocks=blocks)
         if part.max_dynamic_shared_size_bytes < smem:
             part.max_dynamic_shared_size_bytes = smem
         split = (_i32(c.split),) if per_block else ()

@@ -70,6 +70,19 @@ if [ "$1" = attnb ]; then  # session 15: registers capped for more resident atte
   timeout ${ATTNB_BENCH_S:-300} python3 -m tools.cuda.bench_device --reps 30 --attnblocks --quick --ks 1,8,16 --context 1024 --models ${ATTNB_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
 fi
+if [ "$1" = suite ]; then  # every CUDA test, the modules they load compiled in parallel first
+  mods="${SUITE_MODULES:-"" @a7 @a8 f32 f16 bf16 q4_0@b5 q4_1@b5 q5_0@b5 q5_1@b5 q8_0@b5 q4_k@b5 q5_k@b5 q6_k@b5 \
+    q5_0+q8_0@b5 q4_k+q6_k@b5 q4_1+q8_0@b5 q4_k+q8_0@b5 q4_k@u2@b5 q4_k+q6_k@u2@b5 q5_0@b6 q4_k@b6 \
+    q4_k+q6_k@b6 q5_0 q4_k q4_k+q6_k q4_1 q4_1+q8_0 q8_0}"
+  for q in $mods; do
+    [ "$q" = '""' ] && q=
+    timeout 300 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -5 &
+  done
+  timeout 300 python3 -c "from echoline.kernels.cuda import load_module; load_module(None)" &
+  wait; echo "compiled at $SECONDS s"
+  timeout ${SUITE_S:-400} python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_cuda_backend.py tests/test_cuda_tuning.py ${SUITE_K:+-k "$SUITE_K"} > "$OUT/tests.log" 2>&1
+  echo "tests rc=$? at $SECONDS s"; grep -E "passed|failed|^E |Error|s call|^FAILED" "$OUT/tests.log" | head -40
+fi
 if [ -f /tmp/models/part00 ] && [ -f /tmp/models/part01 ]; then
   cat /tmp/models/part00 /tmp/models/part01 > $M && sha256sum $M
   export ECHOLINE_CUDA_MODEL=$M
