@@ -71,11 +71,10 @@ if [ "$1" = attnb ]; then  # session 15: registers capped for more resident atte
   sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
 fi
 if [ "$1" = suite ]; then  # every CUDA test, the modules they load compiled in parallel first
-  mods="${SUITE_MODULES:-"" @a7 @a8 f32 f16 bf16 q4_0@b5 q4_1@b5 q5_0@b5 q5_1@b5 q8_0@b5 q4_k@b5 q5_k@b5 q6_k@b5 \
+  mods="${SUITE_MODULES:-@a7 @a8 f32 f16 bf16 q4_0@b5 q4_1@b5 q5_0@b5 q5_1@b5 q8_0@b5 q4_k@b5 q5_k@b5 q6_k@b5 \
     q5_0+q8_0@b5 q4_k+q6_k@b5 q4_1+q8_0@b5 q4_k+q8_0@b5 q4_k@u2@b5 q4_k+q6_k@u2@b5 q5_0@b6 q4_k@b6 \
     q4_k+q6_k@b6 q5_0 q4_k q4_k+q6_k q4_1 q4_1+q8_0 q8_0}"
   for q in $mods; do
-    [ "$q" = '""' ] && q=
     timeout 300 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -5 &
   done
   timeout 300 python3 -c "from echoline.kernels.cuda import load_module; load_module(None)" &
