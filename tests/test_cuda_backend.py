@@ -843,21 +843,25 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
 def test_tensor_units_change_no_bits(tensor_on, rng, d):
     """Two 64-weight units in flight per warp (MT_UNITS 2) or one: the same bits at every
     row count, including a K whose units do not divide evenly among the warps."""
-    cb = tensor_on
-    ops = _tensor_launch_ops(cb, rng, Q.Q4_K, d)
-    keep = cb.tensor_units
+    assert_setting_keeps_bits(tensor_on, _tensor_launch_ops(tensor_on, rng, Q.Q4_K, d), "tensor_units", 1, 2)
+
+
+def assert_setting_keeps_bits(cb, ops: dict, attr: str, base, other, rows=(1, 2, 8, 9, 16, 17)) -> None:
+    """Every op at every row count gives the same bits with backend setting ``attr`` at
+    ``other`` as at ``base`` (a speed choice); the setting is restored afterwards."""
+    keep = getattr(cb, attr)
     try:
         for name, op in ops.items():
-            cb.tensor_units = 1
-            ref = {m: cb.to_host(op(m)) for m in (1, 2, 8, 9, 16, 17)}
-            cb.tensor_units = 2
-            for m, got in ref.items():
+            setattr(cb, attr, base)
+            want = {m: cb.to_host(op(m)) for m in rows}
+            setattr(cb, attr, other)
+            for m, got in want.items():
                 poison()
                 out = cb.to_host(op(m))
                 assert np.isfinite(out).all(), f"{name}: {m} rows not finite"
-                assert np.array_equal(out, got), f"{name}: {m} rows differ with 2 units"
+                assert np.array_equal(out, got), f"{name}: {m} rows differ with {attr} = {other}"
     finally:
-        cb.tensor_units = keep
+        setattr(cb, attr, keep)
 
 
 def test_tensor_products_propagate_nan(tensor_on, rng):
@@ -1213,15 +1217,7 @@ def test_xprep_changes_no_bits(xprep_keep, tc_policy, rng, qtype, policy, d):
     cb = xprep_keep
     tc_policy(policy)
     ops = _tensor_launch_ops(cb, rng, qtype, d)
-    for name, op in ops.items():
-        cb.tensor_xprep_min_rows = 0
-        want = {m: cb.to_host(op(m)) for m in (1, 3, 8, 9, 16, 17)}
-        cb.tensor_xprep_min_rows = 1
-        for m, got in want.items():
-            poison()
-            out = cb.to_host(op(m))
-            assert np.isfinite(out).all(), f"{name}: {m} rows not finite"
-            assert np.array_equal(out, got), f"{name}: {m} rows differ with xprep"
+    assert_setting_keeps_bits(cb, ops, "tensor_xprep_min_rows", 0, 1, rows=(1, 3, 8, 9, 16, 17))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0], ids=lambda q: q.name)
@@ -1286,19 +1282,8 @@ def test_xprep_propagates_nan(xprep_keep, rng):
 def test_tensor_min_blocks_change_no_bits(tensor_on, rng, qtype):
     """Fewer registers for more resident blocks (tensor_min_blocks, kernels.cu MT_MINB): the
     same bits at every row count, for every launch kind."""
-    cb = tensor_on
-    ops = _tensor_launch_ops(cb, rng, qtype, 768)
-    keep = cb.tensor_min_blocks
-    try:
-        for name, op in ops.items():
-            cb.tensor_min_blocks = 1
-            want = {m: cb.to_host(op(m)) for m in (1, 8, 9, 16, 17)}
-            cb.tensor_min_blocks = 6
-            for m, got in want.items():
-                poison()
-                assert np.array_equal(cb.to_host(op(m)), got), f"{name}: {m} rows differ"
-    finally:
-        cb.tensor_min_blocks = keep
+    ops = _tensor_launch_ops(tensor_on, rng, qtype, 768)
+    assert_setting_keeps_bits(tensor_on, ops, "tensor_min_blocks", 1, 6, rows=(1, 8, 9, 16, 17))
 
 
 @pytest.mark.parametrize("heads,kvh,hd,window", [(14, 2, 64, 0), (12, 2, 128, 300)])

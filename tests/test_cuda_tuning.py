@@ -92,3 +92,10 @@ def test_min_blocks_override() -> None:
     assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS": "5"}).tensor_min_blocks == 5
     for odd in ("0", "9", "five"):
         assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS": odd}) == CudaTuning()
+
+
+def test_min_units_per_warp_override() -> None:
+    assert CudaTuning().tensor_min_units_per_warp in (1, 2)
+    got = CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP": "1"})
+    assert got.tensor_min_units_per_warp == 1
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP": "3"}) == CudaTuning()

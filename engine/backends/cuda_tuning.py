@@ -60,6 +60,10 @@ class CudaTuning:
     tensor_wide_min_blocks: int = 4
     #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
     tensor_min_warps_per_sm: int = 8
+    #: ... or until a warp would get fewer than this many 64-weight units of a row (KW sets
+    #: the order of a row's sums, so this is by shape only). Env
+    #: ``ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP=1|2``
+    tensor_min_units_per_warp: int = 2
     #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
     #: that keeps it within this many warps per SM (0: never). A row's value does not depend
     #: on the block that computes it, so this is a speed choice per launch. Round 8:
@@ -175,6 +179,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_SPLIT_WARPS", "tensor_split_warps", ("2", "4")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_UNITS", "tensor_split_units", ("1", "2")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER", "tensor_split_cluster", ("0", "1")),
+            ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
         ):
             value = env.get(name)
             if value in ok:

@@ -591,7 +591,7 @@ class CupyBackend(Backend):
             return 2, 4
         units = w.in_features // 64
         for kw in (4, 8):
-            if tiles * kw >= need or 2 * kw > units:
+            if tiles * kw >= need or self.tensor_min_units_per_warp * kw > units:
                 return 1, kw
         return 1, 16
 

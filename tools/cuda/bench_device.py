@@ -205,22 +205,11 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
         lines += ab_attention(b, model, cache, context, prompt, reps, ks)
     if ROWSPLIT:
         lines += ab_policies(b, model, cache, context, prompt, reps, ks, ROWSPLIT_CONFIGS, "rows")
-    if UNITS:
-        lines += ab_policies(b, model, cache, context, prompt, reps, ks, UNITS_CONFIGS, "units")
-        if QUICK:
-            return lines
-    if XPREP:
-        lines += ab_policies(b, model, cache, context, prompt, reps, ks, XPREP_CONFIGS, "xprep")
-        if QUICK:
-            return lines
-    if MINBLOCKS:
-        lines += ab_policies(b, model, cache, context, prompt, reps, ks, MINBLOCKS_CONFIGS, "minb")
-        if QUICK:
-            return lines
-    if ATTNBLOCKS:
-        lines += ab_policies(b, model, cache, context, prompt, reps, ks, ATTNBLOCKS_CONFIGS, "attnb")
-        if QUICK:
-            return lines
+    chosen = [name for name in POLICY_SWITCHES if name in POLICY_AB]
+    for name in chosen:
+        lines += ab_policies(b, model, cache, context, prompt, reps, ks, POLICY_SWITCHES[name], name)
+    if chosen and QUICK:
+        return lines
     if GAP:
         lines += host_gap(b, model, cache, context, prompt, reps)
         if QUICK:
@@ -321,7 +310,6 @@ UNITS_CONFIGS = {  # session 6: 64-weight units in flight per tensor-core produc
 }
 #: session 15 (--xprep): x converted once per product (kernels.cu xprep) from this many rows
 #: (0: never) on the mt kernels and on the wide heads; the same bits in every config
-XPREP = False
 XPREP_CONFIGS = {
     "off": {"tensor_xprep_min_rows": 0, "tensor_xprep_wide_min_rows": 0},
     "heads": {"tensor_xprep_min_rows": 0, "tensor_xprep_wide_min_rows": 1},
@@ -330,10 +318,10 @@ XPREP_CONFIGS = {
     "all": {"tensor_xprep_min_rows": 1, "tensor_xprep_wide_min_rows": 1},
 }
 #: session 15 (--minblocks): resident 4-warp blocks per SM asked of the register allocator
-MINBLOCKS = False
 MINBLOCKS_CONFIGS = {f"b{n}": {"tensor_min_blocks": n} for n in (1, 5, 6, 8)}
+#: session 15 (--narrow): narrow weights' K split 16 ways even below 2 units per warp
+NARROW_CONFIGS = {f"units>={n}": {"tensor_min_units_per_warp": n} for n in (2, 1)}
 #: ... and for the CUDA-core attention (--attnblocks)
-ATTNBLOCKS = False
 ATTNBLOCKS_CONFIGS = {
     f"a{n},i{i}": {"attn_min_blocks": n, "attn_items": i} for n, i in ((1, 8), (7, 8), (8, 8), (1, 16), (8, 4))
 }
@@ -342,6 +330,16 @@ ROWSPLIT_CONFIGS = {
     "split-20": {"tensor_row_split_warps_per_sm": 20},
     "split-all": {"tensor_row_split_warps_per_sm": 10**6},
 }
+#: interleaved policy A/Bs by switch name (``--units`` …): each a dict of configs, run in
+#: this order; with --quick the run ends after them
+POLICY_SWITCHES = {
+    "units": UNITS_CONFIGS,
+    "xprep": XPREP_CONFIGS,
+    "minblocks": MINBLOCKS_CONFIGS,
+    "narrow": NARROW_CONFIGS,
+    "attnblocks": ATTNBLOCKS_CONFIGS,
+}
+POLICY_AB: set[str] = set()
 
 
 def ab_policies(
@@ -447,7 +445,6 @@ def attn_items_ab(b, model, cache, context: int, prompt, reps: int, rounds: int)
 
 #: session 6 (--gap): how much of a step is the host (Python, copies, sync) and not the GPU
 GAP = False
-UNITS = False
 
 
 def host_gap(b, model, cache, context: int, prompt, reps: int, rounds: int = 3) -> list[str]:
@@ -655,16 +652,17 @@ def main() -> int:
         "xprep": "interleaved A/B: x converted once per product from N rows",
         "minblocks": "interleaved A/B: resident tensor-product blocks per SM",
         "attnblocks": "interleaved A/B: resident attention blocks per SM",
+        "narrow": "interleaved A/B: narrow weights' K split 16 ways below 2 units per warp",
         "gap": "GPU idle time per decode step (host work)",
         "quick": "skip the split / columns / split-K sweeps",
     }
     for flag, text in switches.items():
         ap.add_argument(f"--{flag}", action="store_true", help=text)
     args = ap.parse_args()
-    global AB, QUICK, TC, ATTN, ROWSPLIT, GAP, UNITS, XPREP, MINBLOCKS, ATTNBLOCKS
+    global AB, QUICK, TC, ATTN, ROWSPLIT, GAP
     AB, QUICK, TC, ATTN, ROWSPLIT = args.ab, args.quick, args.tc, args.attn, args.rowsplit
-    GAP, UNITS, XPREP, MINBLOCKS = args.gap, args.units, args.xprep, args.minblocks
-    ATTNBLOCKS = args.attnblocks
+    GAP = args.gap
+    POLICY_AB.update(name for name in POLICY_SWITCHES if getattr(args, name))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ks = [int(k) for k in args.ks.split(",")]

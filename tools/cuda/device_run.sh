@@ -40,35 +40,19 @@ if [ "$1" = units ]; then  # session 6: tensor-product units in flight (bits, th
   timeout ${UNITS_BENCH:-300} python3 -m tools.cuda.bench_device --reps 30 --units --quick --ks ${UNITS_KS:-1,8,16} ${GAP_ARGS} > "$OUT/bench.log" 2>&1
   sed -n '/== summary ==/,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
 fi
-if [ "$1" = xprep ]; then  # session 15: x converted once per product (bits, then the A/B)
-  for q in "" q8_0 q6_k q5_0 q4_1 q4_k q5_0+q8_0 q4_k+q6_k q4_0 q5_1 q5_k q4_1+q8_0 q4_k+q8_0; do
-    timeout 200 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -5 &
+if [ "$1" = ab ]; then  # session 15: an interleaved policy A/B of bench_device (AB_FLAGS, e.g.
+  # --minblocks, --attnblocks, --xprep, --narrow): the modules it loads built in parallel first
+  # (AB_MODULES), then the tests named by AB_TESTS (pytest -k), then the bench on AB_MODELS
+  python3 -c "from echoline.kernels.cuda import load_module; load_module(None)" &
+  for q in ${AB_MODULES:-@a7 q8_0@b5 q5_0@b5 q4_k@b5 q6_k@b5 q4_1@b5 q5_0+q8_0@b5 q4_k+q6_k@b5 q4_1+q8_0@b5}; do
+    timeout 250 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1])" "$q" 2>&1 | tail -5 &
   done
-  wait
-  timeout ${XPREP_TESTS_S:-200} python3 -m pytest -q -x -p no:cacheprovider --durations=4 tests/test_cuda_backend.py tests/test_cuda_tuning.py -k "${XPREP_TESTS:-xprep}" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error|s call" | head -30
-  timeout ${XPREP_BENCH_S:-240} python3 -m tools.cuda.bench_device --reps 30 --xprep --quick --ks 1,8,16 --context 1024 --models ${XPREP_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
-  sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
-fi
-if [ "$1" = minb ]; then  # session 15: registers capped for more resident product blocks
-  for q in "" q8_0 q5_0 q4_k q6_k q5_0+q8_0 q4_k+q6_k; do
-    for b in ${MINB_LIST:-1 5 6 8}; do
-      sfx=; [ -n "$q" ] && [ "$b" != 1 ] && sfx="@b$b"
-      timeout 250 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q$sfx" 2>&1 | tail -5 &
-    done
-  done
-  wait
-  timeout ${MINB_TESTS_S:-120} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_tuning.py -k "${MINB_TESTS:-min_blocks}" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -20
-  timeout ${MINB_BENCH_S:-300} python3 -m tools.cuda.bench_device --reps 30 --minblocks --quick --ks 1,8,16 --context 1024 --models ${MINB_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
-  sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
-fi
-if [ "$1" = attnb ]; then  # session 15: registers capped for more resident attention blocks
-  for q in "" @a7 @a8 q8_0@b5 q5_0@b5 q4_k@b5 q6_k@b5 q5_0+q8_0@b5 q4_k+q6_k@b5; do
-    timeout 250 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -5 &
-  done
-  wait
-  timeout ${ATTNB_TESTS_S:-120} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_tuning.py -k "${ATTNB_TESTS:-min_blocks}" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -20
-  timeout ${ATTNB_BENCH_S:-300} python3 -m tools.cuda.bench_device --reps 30 --attnblocks --quick --ks 1,8,16 --context 1024 --models ${ATTNB_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
-  sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
+  wait; echo "compiled at $SECONDS s"
+  if [ -n "$AB_TESTS" ]; then
+    timeout ${AB_TESTS_S:-200} python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_tuning.py -k "$AB_TESTS" 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error" | head -20
+  fi
+  timeout ${AB_BENCH_S:-300} python3 -m tools.cuda.bench_device --reps 30 ${AB_FLAGS:---minblocks} --quick --ks 1,8,16 --context 1024 --models ${AB_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
+  echo "bench rc=$? at $SECONDS s"; sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
 fi
 if [ "$1" = suite ]; then  # every CUDA test, the modules they load compiled in parallel first
   mods="${SUITE_MODULES:-@a7 @a8 f32 f16 bf16 q4_0@b5 q4_1@b5 q5_0@b5 q5_1@b5 q8_0@b5 q4_k@b5 q5_k@b5 q6_k@b5 \

@@ -19,6 +19,13 @@ import numpy as np
 from tools.cuda.bench_device import random_blocks
 
 Q = gguf.GGMLQuantizationType
+VOCAB = 151936
+#: shape -> (hidden, feed-forward, k and v width each, types of (q|k, o, gate|up), v, down, head);
+#: the 0.5B's Q5_0 / Q8_0 / Q4_K mix (half its down projections are Q6_K) and the 1.5B's Q4_K_M
+SHAPES = {
+    "1.5b": (1536, 8960, 256, (Q.Q4_K, Q.Q6_K, Q.Q6_K, Q.Q6_K)),
+    "0.5b": (896, 4864, 128, (Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q8_0)),
+}
 
 
 def main() -> None:
@@ -29,7 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--rows", type=int, default=1)
-    ap.add_argument("--shape", choices=("1.5b", "0.5b"), default="1.5b")
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="1.5b")
     ap.add_argument("--ops", default="gate_up,down,qkv,o,head")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
@@ -39,20 +46,12 @@ def main() -> None:
         ts = [QuantTensor(f"t{i}", q, (r, c), random_blocks(rng, r, c, q)) for i, (r, c, q) in enumerate(parts)]
         return b.prepare_matrix(ts)
 
-    if args.shape == "1.5b":
-        d, ff, vocab = 1536, 8960, 151936
-        gate_up = w((ff, d, Q.Q4_K), (ff, d, Q.Q4_K))
-        down = w((d, ff, Q.Q6_K))
-        qkv = w((d + 256, d, Q.Q4_K), (256, d, Q.Q6_K))
-        wo = w((d, d, Q.Q4_K))
-        head = w((vocab, d, Q.Q6_K))
-    else:  # Qwen2.5-Coder-0.5B: Q5_0 almost everywhere, Q8_0 v and head
-        d, ff, vocab = 896, 4864, 151936
-        gate_up = w((ff, d, Q.Q5_0), (ff, d, Q.Q5_0))
-        down = w((d, ff, Q.Q4_K))
-        qkv = w((d + 128, d, Q.Q5_0), (128, d, Q.Q8_0))
-        wo = w((d, d, Q.Q5_0))
-        head = w((vocab, d, Q.Q8_0))
+    d, ff, kv, (q_main, q_v, q_down, q_head) = SHAPES[args.shape]
+    gate_up = w((ff, d, q_main), (ff, d, q_main))
+    down = w((d, ff, q_down))
+    qkv = w((d + kv, d, q_main), (kv, d, q_v))
+    wo = w((d, d, q_main))
+    head = w((VOCAB, d, q_head))
     n = args.rows
     x = cupy.asarray(rng.standard_normal((n, d)).astype(np.float32))
     h = cupy.asarray(rng.standard_normal((n, ff)).astype(np.float32))
