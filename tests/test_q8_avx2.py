@@ -7,8 +7,10 @@ runs the same q8 mode with the same replies. Checked here by building the kernel
 process for ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` (that CPU's own features: AVX2, no
 AVX-512; numba generates its code and caches it apart), and for ``alderlake`` (AVX-VNNI: ``vpdpbusd`` on 256-bit halves), and
 comparing every output bit with this process's kernels, over the weight
-layouts of 4, 5, 6 and 8 bits and 1 to 17 rows. Skips where this CPU cannot run AVX2 code or
-lacks VNNI to compare against.
+layouts of 4, 5, 6 and 8 bits and 1 to 17 rows, including weights whose every code is at its
+largest against activations all at +127 or -127 (where the AVX2 form's ``vpmaddubsw`` pair sums
+reach their bound). Skips where this CPU cannot run AVX2 code or lacks VNNI to compare
+against.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ pytestmark = pytest.mark.slow
 Q = gguf.GGMLQuantizationType
 TYPES = (Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q8_0, Q.Q4_0)
 ROWS = (1, 3, 17)
+#: type -> (block bytes, byte spans of its codes): Q4_K's nibbles; Q5_0's high bits and
+#: nibbles; Q6_K's low nibbles and high bits (scales and d stay as drawn)
+SATURATE = {Q.Q4_K: (144, [(16, 144)]), Q.Q5_0: (22, [(2, 22)]), Q.Q6_K: (210, [(0, 192)])}
 
 CHILD = r"""
 import json, sys
@@ -71,9 +76,17 @@ def test_avx2_products_equal_vnni_products(tmp_path):
         data, _ = encode_matrix(rng, 40, cols, q)
         arrays[q.name] = np.ascontiguousarray(data).reshape(40, -1).view(np.uint8)
         weights.append([q.name, [40, cols], int(q)])
+        if q in SATURATE:  # every code at its largest: the AVX2 form's pair sums at their bound
+            size, spans = SATURATE[q]
+            sat = arrays[q.name].copy().reshape(40, -1, size)
+            for a, b in spans:
+                sat[:, :, a:b] = 0xFF
+            arrays[f"{q.name}-sat"] = sat.reshape(40, -1)
+            weights.append([f"{q.name}-sat", [40, cols], int(q)])
     arrays["x"] = (rng.standard_normal((max(ROWS), cols)) * rng.choice([1e-3, 1.0, 40.0], (max(ROWS), 1))).astype(
         np.float32
     )
+    arrays["x"][0], arrays["x"][1] = 1.0, -1.0  # every activation at +127, then at -127
     np.savez(tmp_path / "data.npz", **arrays)
     (tmp_path / "child.py").write_text(CHILD)
     base = {**os.environ, "ECHOLINE_CPU_ACTIVATIONS": "q8"}
@@ -85,7 +98,7 @@ def test_avx2_products_equal_vnni_products(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps({**spec, "vnni": False}))
     for cpu in ("haswell", "alderlake"):  # AVX2; AVX-VNNI (256-bit vpdpbusd), no AVX-512
         other = _run(tmp_path, cpu, {**base, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": ""})
-        assert set(vnni) == set(other) and len(vnni) == len(TYPES) * len(ROWS)
+        assert set(vnni) == set(other) and len(vnni) == len(weights) * len(ROWS)
         for key, want in vnni.items():
             assert np.isfinite(want).all()
             assert np.array_equal(other[key], want), f"{key}: {cpu} and VNNI products differ"
