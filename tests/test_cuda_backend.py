@@ -1076,6 +1076,17 @@ def set_split(cb, monkeypatch, variant: str) -> None:
     assert cb._split_cluster(splits) == cluster
 
 
+def split_case(cb, monkeypatch, rng, qtype, variant: str, n: int) -> tuple:
+    """The split ``variant`` set, and a 72-column weight of 1,280 inputs (20 units) with ``n``
+    rows of x and of a residual."""
+    set_split(cb, monkeypatch, variant)
+    d, cols = 1280, 72
+    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
+    x = cupy.asarray(wide_range_x(rng, n, d))
+    res = cupy.asarray(rng.standard_normal((n, cols)).astype(np.float32))
+    return w, x, res
+
+
 def counters_zero(cb) -> bool:
     return not bool(cupy.any(cb._split_counters))
 
@@ -1136,11 +1147,7 @@ def test_tensor_split_batch_invariant(split_on, monkeypatch, rng, qtype, variant
     """Split-K products for every row count: 1, 2, 8, 16, 64 rows (odd counts, offsets, chunks
     of 7, the 9-17-row block split) bit-identical, plain and with a residual."""
     cb = split_on
-    set_split(cb, monkeypatch, variant)
-    d, cols = 1280, 72
-    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
-    x = cupy.asarray(wide_range_x(rng, 64, d))
-    res = cupy.asarray(rng.standard_normal((64, cols)).astype(np.float32))
+    w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 64)
     ops = {
         "plain": lambda s, e: cb.matmul(x[s:e], w),
         "add": lambda s, e: cb.matmul_add(x[s:e], w, res[s:e]),
@@ -1225,11 +1232,7 @@ def test_xprep_changes_no_bits(xprep_keep, tc_policy, rng, qtype, policy, d):
 def test_xprep_split_changes_no_bits(split_on, xprep_keep, monkeypatch, rng, qtype, variant):
     """The split-K kernels read the converted x with the same bits (plain and residual)."""
     cb = split_on
-    set_split(cb, monkeypatch, variant)
-    d, cols = 1280, 72
-    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
-    x = cupy.asarray(wide_range_x(rng, 40, d))
-    res = cupy.asarray(rng.standard_normal((40, cols)).astype(np.float32))
+    w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 40)
     for m in (1, 3, 16, 40):
         for op in (lambda m=m: cb.matmul(x[:m], w), lambda m=m: cb.matmul_add(x[:m], w, res[:m])):
             cb.tensor_xprep_min_rows = 0
