@@ -932,6 +932,18 @@ def wide_on(tensor_on):
     cb.drop_graphs()
 
 
+def wide_case(cb, rng, qtype, d: int, cols: int, n: int) -> tuple:
+    """A weight on the wide kernel (``cols`` x ``d``), a norm weight, a bias, and ``n`` rows of
+    x and of a residual."""
+    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
+    assert cb._tensor_wide(w)
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    bd = cb.prepare_vector(rng.standard_normal(cols).astype(np.float32))
+    x = cupy.asarray(wide_range_x(rng, n, d))
+    res = cupy.asarray(rng.standard_normal((n, cols)).astype(np.float32))
+    return w, gd, bd, x, res
+
+
 def set_wide(cb, variant: str) -> None:
     cb.tensor_wide_stages, cb.tensor_wide_persistent = WIDE_VARIANTS[variant]
 
@@ -983,13 +995,7 @@ def test_tensor_wide_batch_invariant(wide_on, rng, qtype, variant):
     chunkings) bit-identical, plain, with norm + bias and with a residual."""
     cb = wide_on
     set_wide(cb, variant)
-    d, cols = 256, 72  # four whole tiles and half of one
-    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
-    assert cb._tensor_wide(w)
-    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
-    bd = cb.prepare_vector(rng.standard_normal(cols).astype(np.float32))
-    x = cupy.asarray(wide_range_x(rng, 64, d))
-    res = cupy.asarray(rng.standard_normal((64, cols)).astype(np.float32))
+    w, gd, bd, x, res = wide_case(cb, rng, qtype, 256, 72, 64)  # four whole tiles and half of one
     ops = {  # rows [s, e) of x (and of the residual)
         "plain": lambda s, e: cb.matmul(x[s:e], w),
         "norm": lambda s, e: cb.norm_matmul(x[s:e], gd, 1e-5, w, bd),
@@ -1248,13 +1254,7 @@ def test_xprep_wide_changes_no_bits(wide_on, xprep_keep, rng, qtype):
     """The wide (head) kernel reads the converted x with the same bits: plain, fused norm
     with a bias, residual; every stage count and grid."""
     cb = wide_on
-    d, cols = 512, 200
-    w = cb.prepare_matrix([make_tensor(rng, cols, d, qtype)])
-    assert cb._tensor_wide(w)
-    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
-    bd = cb.prepare_vector(rng.standard_normal(cols).astype(np.float32))
-    x = cupy.asarray(wide_range_x(rng, 40, d))
-    res = cupy.asarray(rng.standard_normal((40, cols)).astype(np.float32))
+    w, gd, bd, x, res = wide_case(cb, rng, qtype, 512, 200, 40)
     for variant in WIDE_VARIANTS:
         set_wide(cb, variant)
         for m in (1, 3, 16, 40):
