@@ -90,9 +90,15 @@ def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
     if picked == "cpu":
         try:
             mode = cpu_activations_mode()
+            from echoline.kernels.cpu._env import target_has
             from echoline.kernels.cpu.q8act import q8_available, vnni_available
 
-            ints = "AVX-512 VNNI" if vnni_available() else "AVX2" if q8_available() else "none"
+            ints = (
+                "AVX-512 VNNI" if vnni_available()
+                else "AVX-VNNI" if target_has("avxvnni")
+                else "AVX2" if q8_available()
+                else "none"
+            )  # fmt: skip
             checks.append(_check("cpu activations", True, f"{mode} (int8 kernels: {ints})"))
         except EcholineError as exc:
             checks.append(_check("cpu activations", False, str(exc)))
