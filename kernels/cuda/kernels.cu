@@ -393,7 +393,8 @@ __device__ __forceinline__ u32 h2_pack(float lo, float hi) {
 
 // A lane's 16 elements of a (row, unit) scaled by the power of two that puts the unit's
 // largest |x| (mx, over the unit's 4 lanes) in [2^14, 2^15), rounded to f16 pairs in mma
-// slot order; returns the power's inverse. mt_body and xprep both call this: one rounding.
+// slot order; returns the power's inverse. The last step of x_lane_convert, which mt_body
+// and xprep both call: one rounding.
 __device__ __forceinline__ float x_scale_pack(const float (&xv)[16], float mx, u32 (&b)[4][2]) {
     int E = max((__float_as_int(mx) >> 23) & 0xFF, 15);
     float P = __int_as_float((268 - E) << 23);  // 2^(141 - E)
