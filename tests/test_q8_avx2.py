@@ -1,7 +1,7 @@
 """The int8 (q8) products built for an AVX2 or AVX-VNNI CPU give the bits they give with
 AVX-512 VNNI.
 
-The AVX2 form (kernels/cpu/q8act.py ``_avx2_dot``) takes the same integer dot with
+The AVX2 form (kernels/cpu/q8act.py ``_dot256``) takes the same integer dot with
 ``vpmaddubsw`` / ``vpmaddwd`` (and ``vpsignb`` for 8-bit weights), so a machine without VNNI
 runs the same q8 mode with the same replies. Checked here by building the kernels in a child
 process for ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` (that CPU's own features: AVX2, no

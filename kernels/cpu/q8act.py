@@ -91,7 +91,7 @@ def vnni_available() -> bool:
 
 def q8_available() -> bool:
     """True when the int8 kernels can run: with VNNI (``vpdpbusd``), or with AVX2 (the same
-    integer dot from ``vpmaddubsw`` and ``vpmaddwd``, ``_avx2_dot``: the same bits)."""
+    integer dot from ``vpmaddubsw`` and ``vpmaddwd``, ``_dot256``: the same bits)."""
     return vnni_available() or target_has("avx2")
 
 
@@ -218,47 +218,32 @@ def activation_terms(x: np.ndarray, with16: bool):
 # --------------------------------------------------------------------------- VNNI block dot
 
 
-def _avxvnni_dot(builder):
-    """``vpdpbusd``'s result from AVX-VNNI (the 256-bit VEX form on CPUs without AVX-512, such
-    as Intel's client cores from 2021 on): the same instruction on each half of the vectors,
-    so the same integer sums and bits."""
-    from llvmlite import ir
-    from numba.core import cgutils
+def _dot256(builder, bits: int, avxvnni: bool):
+    """``vpdpbusd``'s exact result on one 256-bit half (8 outputs): acc + Σ over each lane's 4
+    bytes of u8 weight × s8 activation. With AVX-VNNI it is ``vpdpbusd`` itself (the VEX form);
+    with AVX2 it is ``vpmaddubsw`` (byte pairs to i16) then ``vpmaddwd`` by ones (i16 pairs to
+    i32).
 
-    i32 = ir.IntType(32)
-    v8, v16 = ir.VectorType(i32, 8), ir.VectorType(i32, 16)
-    # the <8 x i32> operand form, auto-upgraded by newer LLVMs as the 512-bit one is
-    dot256 = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(v8, [v8, v8, v8]), "llvm.x86.avx512.vpdpbusd.256"
-    )
-
-    def half(vec, h: int):
-        return builder.shuffle_vector(vec, vec, ir.Constant(v8, list(range(8 * h, 8 * h + 8))))
-
-    def dot(acc, w, x):
-        parts = [builder.call(dot256, [half(acc, h), half(w, h), half(x, h)]) for h in (0, 1)]
-        return builder.shuffle_vector(parts[0], parts[1], ir.Constant(v16, list(range(16))))
-
-    return dot
-
-
-def _avx2_dot(builder, bits: int):
-    """``vpdpbusd``'s exact result with AVX2 instructions: acc + Σ over each lane's 4 bytes of
-    u8 weight × s8 activation, as two 256-bit halves of ``vpmaddubsw`` (byte pairs to i16)
-    then ``vpmaddwd`` by ones (i16 pairs to i32).
-
-    Why it is exact: ``vpmaddubsw`` saturates at ±32767, so the operands must keep every pair
-    sum below that. Activations are in [-127, 127]. Weights of 4-6 bits are ≤ 63 (pairs ≤
-    16,002). Weights of 8 bits are q + 128 (up to 255): for those the kernel takes |q| times x
-    with q's sign (``vpsignb``: pairs ≤ 2·128·127 = 32,512) and adds 128·Σx, which is Σ (q +
-    128)·x. Integer sums, so every output has the same bits as on a VNNI CPU."""
+    Why the AVX2 form is exact: ``vpmaddubsw`` saturates at ±32767, so the operands must keep
+    every pair sum below that. Activations are in [-127, 127]. Weights of 4-6 bits are ≤ 63
+    (pairs ≤ 16,002). Weights of 8 bits are q + 128 (up to 255): for those the kernel takes |q|
+    times x with q's sign (``vpsignb``: pairs ≤ 2·128·127 = 32,512) and adds 128·Σx, which is
+    Σ (q + 128)·x. Integer sums, so every output has the same bits as on an AVX-512 VNNI CPU.
+    """
     from llvmlite import ir
     from numba.core import cgutils
 
     i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
     b32, w16, d8 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
-    b64 = ir.VectorType(i8, 64)
     mod = builder.module
+    if avxvnni:
+        # the <8 x i32> operand form, auto-upgraded by newer LLVMs as the 512-bit one is
+        vpdpbusd = cgutils.get_or_insert_function(mod, ir.FunctionType(d8, [d8, d8, d8]), "llvm.x86.avx512.vpdpbusd.256")
+
+        def dot_vnni(acc, w, x):
+            return builder.call(vpdpbusd, [acc, builder.bitcast(w, d8), builder.bitcast(x, d8)])
+
+        return dot_vnni
     maddubs = cgutils.get_or_insert_function(mod, ir.FunctionType(w16, [b32, b32]), "llvm.x86.avx2.pmadd.ub.sw")
     maddwd = cgutils.get_or_insert_function(mod, ir.FunctionType(d8, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
     psign = cgutils.get_or_insert_function(mod, ir.FunctionType(b32, [b32, b32]), "llvm.x86.avx2.psign.b")
@@ -270,23 +255,33 @@ def _avx2_dot(builder, bits: int):
     def quads(a, b):  # Σ of each 4 bytes' u8·s8 products, 8 lanes
         return builder.call(maddwd, [builder.call(maddubs, [a, b]), ones16])
 
-    def half(vec, h: int):
-        return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(i32, 32), list(range(32 * h, 32 * h + 32))))
+    def dot(acc, w, x):
+        if bits < 8:
+            return builder.add(acc, quads(w, x))
+        q = builder.xor(w, flip)
+        qx = quads(builder.call(babs, [q, ir.Constant(ir.IntType(1), 0)]), builder.call(psign, [x, q]))
+        sx = quads(ones8, x)
+        return builder.add(acc, builder.add(qx, builder.shl(sx, ir.Constant(d8, [7] * 8))))
+
+    return dot
+
+
+def _halves(builder, dot256):
+    """A 16-output dot (<16 x i32> accumulator, 64 weight and activation bytes) from a 256-bit
+    one, applied to each half."""
+    from llvmlite import ir
+
+    i32 = ir.IntType(32)
+    v16 = ir.VectorType(i32, 16)
+    b64 = ir.VectorType(ir.IntType(8), 64)
+
+    def half(vec, lanes: int, h: int):
+        return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(i32, lanes), list(range(lanes * h, lanes * h + lanes))))
 
     def dot(acc, w, x):
         wb, xb = builder.bitcast(w, b64), builder.bitcast(x, b64)
-        parts = []
-        for h in (0, 1):
-            wh, xh = half(wb, h), half(xb, h)
-            if bits < 8:
-                parts.append(quads(wh, xh))
-            else:
-                q = builder.xor(wh, flip)
-                qx = quads(builder.call(babs, [q, ir.Constant(ir.IntType(1), 0)]), builder.call(psign, [xh, q]))
-                sx = quads(ones8, xh)
-                parts.append(builder.add(qx, builder.shl(sx, ir.Constant(d8, [7] * 8))))
-        both = builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(i32, 16), list(range(16))))
-        return builder.add(acc, both)
+        parts = [dot256(half(acc, 8, h), half(wb, 32, h), half(xb, 32, h)) for h in (0, 1)]
+        return builder.shuffle_vector(parts[0], parts[1], ir.Constant(v16, list(range(16))))
 
     return dot
 
@@ -325,10 +320,18 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     vnni = vnni_available()  # else the AVX-VNNI or AVX2 form of the same integer dot
     avxvnni = not vnni and target_has("avxvnni")
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+    # Lanes per IR vector: 16 (one 512-bit register with AVX-512, two 256-bit ones else), or
+    # 8 (one 256-bit register) for AVX2's tiles of several rows, which then take one register
+    # half at a time (the block loop below says why). Measured in one process, all layers'
+    # products, AMD EPYC as Haswell / Alder Lake (2026-12-03, ``docs/kernels-cpu.md``): AVX2 at
+    # 16 rows 0.80-0.88x the time (Qwen 0.5B and 1.5B), at one row 8-lane IR ran 7-13 %
+    # slower with the same instruction counts; AVX-VNNI (one instruction a dot, fewer live
+    # temporaries) ran 4 % slower at 16 rows with 8 lanes, so it keeps 16.
+    lanes = 16 if vnni or avxvnni or rows == 1 else 8
+    halves = 16 // lanes  # register vectors per 16-output vector
     v16 = ir.VectorType(i32, 16)
-    vf = ir.VectorType(f32, 16)
-    v64b = ir.VectorType(ir.IntType(8), 64)
-    splat = ir.Constant(v16, [0] * 16)
+    vi, vf = ir.VectorType(i32, lanes), ir.VectorType(f32, lanes)
+    vb = ir.VectorType(ir.IntType(8), 4 * lanes)
     shift = {32: 0, 16: 1}[block]  # activation-scale index = block >> shift
     if bits not in (4, 5, 6, 8) or (bits == 8) != (bias == 128):
         raise ValueError(f"unsupported weight storage: {bits} bits, bias {bias}")
@@ -364,67 +367,73 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
 
             def splat_of(vec_t, scalar):
                 z = ir.Constant(vec_t, None)
-                return builder.shuffle_vector(builder.insert_element(z, scalar, ir.Constant(i32, 0)), z, splat)
+                mask = ir.Constant(ir.VectorType(i32, vec_t.count), [0] * vec_t.count)
+                return builder.shuffle_vector(builder.insert_element(z, scalar, ir.Constant(i32, 0)), z, mask)
 
             def vload(ptr, idx, vec_t, align):
                 return builder.load(builder.bitcast(builder.gep(ptr, [idx]), vec_t.as_pointer()), align=align)
 
-            if avxvnni:
-                dot = _avxvnni_dot(builder)
-            elif vnni:
+            if vnni:
                 # The <16 x i32> operand form: LLVM 22 auto-upgrades it, older LLVMs only know it.
                 vpdpbusd = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(v16, [v16, v16, v16]), "llvm.x86.avx512.vpdpbusd.512"
                 )
 
                 def dot(acc_, w_, x_):
-                    return builder.call(vpdpbusd, [acc_, w_, x_])
+                    return builder.call(vpdpbusd, [acc_, builder.bitcast(w_, v16), builder.bitcast(x_, v16)])
+            elif lanes == 8:
+                dot = _dot256(builder, bits, avxvnni)
             else:
-                dot = _avx2_dot(builder, bits)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+                dot = _halves(builder, _dot256(builder, bits, avxvnni))
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), f"llvm.fma.v{lanes}f32")
             xrow = [builder.add(xbase_, builder.mul(xstride_, c64(r))) for r in range(rows)]
             arow = [builder.add(abase_, builder.mul(astride_, c64(r))) for r in range(rows)]
             drow = [builder.add(dbase_, builder.mul(dstride_, c64(r))) for r in range(rows)]
-            low4 = ir.Constant(v64b, [0x0F] * 64)
-            four = ir.Constant(v64b, [4] * 64)
-            nothing = ir.Constant(v64b, [0] * 64)
-            i1x64 = ir.VectorType(ir.IntType(1), 64)
+            low4 = ir.Constant(vb, [0x0F] * 4 * lanes)
+            four = ir.Constant(vb, [4] * 4 * lanes)
+            nothing = ir.Constant(vb, [0] * 4 * lanes)
+            word_t = ir.IntType(4 * lanes)  # one plane bit per weight byte of a register vector
+            mask_t = ir.VectorType(ir.IntType(1), 4 * lanes)
 
-            def weights(qb, pstride, j: int, v: int, nib: list):
-                """Step j's 64 weight bytes (4 inputs × 16 outputs) of vector v, as <16 x i32>."""
+            def weights(qb, pstride, j: int, unit: tuple[int, int], nib: dict):
+                """Step j's weight bytes (4 inputs × ``lanes`` outputs) of ``unit`` = (16-output
+                vector v, register half h), as 4·lanes bytes."""
+                v, h = unit
                 at = builder.mul(pstride, c64(v // iv))
                 if bits == 8:
-                    return builder.bitcast(vload(qb, builder.add(at, c64(64 * (iv * j + v % iv))), v64b, 1), v16)
+                    return vload(qb, builder.add(at, c64(64 * (iv * j + v % iv) + 4 * lanes * h)), vb, 1)
                 if j % 2 == 0:  # one load holds steps j (low nibbles) and j + 1 (high nibbles)
-                    nib[v] = vload(qb, builder.add(at, c64(64 * (iv * (j // 2) + v % iv))), v64b, 1)
-                    u = builder.and_(nib[v], low4)
+                    nib[unit] = vload(qb, builder.add(at, c64(64 * (iv * (j // 2) + v % iv) + 4 * lanes * h)), vb, 1)
+                    u = builder.and_(nib[unit], low4)
                 else:
-                    u = builder.lshr(nib[v], four)
+                    u = builder.lshr(nib[unit], four)
                 for pl in range(planes):  # bit 4 + pl of each byte, one bit per byte in a 64-bit word
-                    off = c64(nib_bytes + 8 * ((pl * (block // 4) + j) * iv + v % iv))
-                    word = builder.load(builder.bitcast(builder.gep(qb, [builder.add(at, off)]), i64.as_pointer()),
+                    off = c64(nib_bytes + 8 * ((pl * (block // 4) + j) * iv + v % iv) + lanes // 2 * h)
+                    word = builder.load(builder.bitcast(builder.gep(qb, [builder.add(at, off)]), word_t.as_pointer()),
                                         align=1)  # fmt: skip
-                    mask = builder.bitcast(word, i1x64)
-                    u = builder.or_(u, builder.select(mask, ir.Constant(v64b, [1 << (4 + pl)] * 64), nothing))
-                return builder.bitcast(u, v16)
+                    mask = builder.bitcast(word, mask_t)
+                    u = builder.or_(u, builder.select(mask, ir.Constant(vb, [1 << (4 + pl)] * 4 * lanes), nothing))
+                return u
 
-            def block_scale(vals, factors, sb, sup, v: int):
-                """The 16 float32 scales (or offsets) of vector v for this block, rebuilt exactly."""
-                at = builder.add(sb, c64(16 * v))
+            def block_scale(vals, factors, sb, sup, unit: tuple[int, int]):
+                """The float32 scales (or offsets) of ``unit``'s outputs for this block, rebuilt exactly."""
+                lane0 = c64(16 * unit[0] + lanes * unit[1])
+                at = builder.add(sb, lane0)
                 if codec == "f32":
                     return vload(vals, at, vf, 4)
                 if codec == "f16":  # float16 values widen exactly
-                    h = builder.load(builder.bitcast(builder.gep(vals, [at]), ir.VectorType(ir.HalfType(), 16).as_pointer()),
+                    h = builder.load(builder.bitcast(builder.gep(vals, [at]), ir.VectorType(ir.HalfType(), lanes).as_pointer()),
                                      align=2)  # fmt: skip
                     return builder.fpext(h, vf)
                 # "fac": a small integer per block times a float32 factor per superblock; the
                 # product is exact (scale_codec checks every one), so it is the stored scale
-                k = builder.load(builder.bitcast(builder.gep(vals, [at]), ir.VectorType(ir.IntType(8), 16).as_pointer()),
+                k = builder.load(builder.bitcast(builder.gep(vals, [at]), ir.VectorType(ir.IntType(8), lanes).as_pointer()),
                                  align=1)  # fmt: skip
-                f = vload(factors, builder.add(sup, c64(16 * v)), vf, 4)
+                f = vload(factors, builder.add(sup, lane0), vf, 4)
                 return builder.fmul(f, builder.sitofp(k, vf))
 
-            zero = ir.Constant(vf, [0.0] * 16)
+            units = [(v, h) for v in range(vecs) for h in range(halves)]
+            zero = ir.Constant(vf, [0.0] * lanes)
             pre = builder.basic_block
             loop = builder.append_basic_block("q8_blocks")
             done = builder.append_basic_block("q8_done")
@@ -432,9 +441,9 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
             builder.position_at_end(loop)
             b = builder.phi(i64)
             b.add_incoming(c64(0), pre)
-            acc = [[builder.phi(vf) for _ in range(vecs)] for _ in range(rows)]
+            acc = [{u: builder.phi(vf) for u in units} for _ in range(rows)]
             for row in acc:
-                for ph in row:
+                for ph in row.values():
                     ph.add_incoming(zero, pre)
             iv = INTERLEAVE
             pstride = builder.mul(nblocks_, c64(sb_bytes))  # bytes of one stream's blocks
@@ -456,42 +465,66 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
                 ai = builder.add(arow[r], b)
                 # start from -bias·Σxq: the sum of (q+bias)·xq then lands on Σ q·xq exactly
                 isum = builder.load(builder.gep(sump, [ai]))
-                start.append(splat_of(v16, builder.mul(isum, ir.Constant(i32, -bias))) if bias else splat)
+                start.append(splat_of(vi, builder.mul(isum, ir.Constant(i32, -bias))) if bias else ir.Constant(vi, [0] * lanes))
                 dr.append(splat_of(vf, builder.load(builder.gep(dp, [builder.add(drow[r], db)]))))
                 xdr.append(splat_of(vf, builder.load(builder.gep(xdp, [ai]))) if offset else None)
-            iacc = [[start[r]] * vecs for r in range(rows)]
-            nib = [None] * vecs
-            for j in range(block // 4):
-                w = [weights(qb, pstride, j, v, nib) for v in range(vecs)]
-                for r in range(rows):
-                    p = builder.gep(xp, [builder.add(xrow[r], builder.add(xb, c64(4 * j)))])
-                    xv = splat_of(v16, builder.load(builder.bitcast(p, i32.as_pointer()), align=1))
-                    for v in range(vecs):
-                        iacc[r][v] = dot(iacc[r][v], w[v], xv)
-            new = [[None] * vecs for _ in range(rows)]
+
+            def x_at(r: int, j: int):
+                """Row r's 4 activations of step j, repeated in every lane."""
+                p = builder.gep(xp, [builder.add(xrow[r], builder.add(xb, c64(4 * j)))])
+                return builder.bitcast(splat_of(vi, builder.load(builder.bitcast(p, i32.as_pointer()), align=1)), vb)
+
             sup = builder.add(sdbase_, builder.mul(builder.lshr(b, c64(sup_shift)), c64(GROUP)))
-            for v in range(vecs):
-                sv = block_scale(sp, sdp, sb, sup, v)
-                mv = block_scale(mp, mdp, sb, sup, v) if offset else None
+            new = [{} for _ in range(rows)]
+
+            def combine(unit, iacc_r: list):
+                sv = block_scale(sp, sdp, sb, sup, unit)
+                mv = block_scale(mp, mdp, sb, sup, unit) if offset else None
                 for r in range(rows):
-                    exact = builder.sitofp(iacc[r][v], vf)  # |value| < 2^24: exact
-                    t = builder.call(fma, [exact, builder.fmul(sv, dr[r]), acc[r][v]])
+                    exact = builder.sitofp(iacc_r[r], vf)  # |value| < 2^24: exact
+                    t = builder.call(fma, [exact, builder.fmul(sv, dr[r]), acc[r][unit]])
                     if offset:
                         t = builder.call(fma, [xdr[r], mv, t])
-                    new[r][v] = t
+                    new[r][unit] = t
+
+            nib: dict = {}
+            if lanes == 16:
+                # Steps outer: each step's weight vectors are loaded once for every row, and the
+                # 32 registers hold all rows' accumulators.
+                iacc = [{u: start[r] for u in units} for r in range(rows)]
+                for j in range(block // 4):
+                    w = {u: weights(qb, pstride, j, u, nib) for u in units}
+                    for r in range(rows):
+                        xv = x_at(r, j)
+                        for u in units:
+                            iacc[r][u] = dot(iacc[r][u], w[u], xv)
+                for u in units:
+                    combine(u, [iacc[r][u] for r in range(rows)])
+            else:
+                # Register halves outer, steps inner: with 16 registers, keeping every half's
+                # accumulators live through the steps (the order above) spilled most of them to
+                # the stack in every block (Qwen 1.5B's Q4_K one-row tile: 136 stack accesses
+                # per 64 dots); one half at a time needs rows accumulators and a weight vector.
+                for u in units:
+                    ia = list(start)
+                    for j in range(block // 4):
+                        w = weights(qb, pstride, j, u, nib)
+                        for r in range(rows):
+                            ia[r] = dot(ia[r], w, x_at(r, j))
+                    combine(u, ia)
             bn = builder.add(b, c64(1))
             end = builder.basic_block
             b.add_incoming(bn, end)
             for r in range(rows):
-                for v in range(vecs):
-                    acc[r][v].add_incoming(new[r][v], end)
+                for u in units:
+                    acc[r][u].add_incoming(new[r][u], end)
             builder.cbranch(builder.icmp_unsigned("<", bn, nblocks_), loop, done)
             builder.position_at_end(done)
             for r in range(rows):
                 orow = builder.add(obase_, builder.mul(ldo_, c64(r)))
-                for v in range(vecs):
-                    dst = builder.gep(op, [builder.add(orow, c64(16 * v))])
-                    builder.store(new[r][v], builder.bitcast(dst, vf.as_pointer()), align=4)
+                for v, h in units:
+                    dst = builder.gep(op, [builder.add(orow, c64(16 * v + lanes * h))])
+                    builder.store(new[r][(v, h)], builder.bitcast(dst, vf.as_pointer()), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
