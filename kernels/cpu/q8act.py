@@ -266,6 +266,37 @@ def _dot256(builder, bits: int, avxvnni: bool):
     return dot
 
 
+#: AVX2 (``_pair_sums``): steps of 4 inputs whose ``vpmaddubsw`` pair sums may add up in
+#: 16-bit lanes before widening, per weight width. A pair is at most 2·(2^bits − 1)·127
+#: (u = q + bias < 2^bits, |xq| ≤ 127): 3,810 for 4 bits (8 steps: 30,480), 7,874 for 5
+#: (4 steps: 31,496), 16,002 for 6 (2 steps: 32,004), each below 32,767, so every 16-bit sum
+#: is exact. 8-bit weights take the sign trick (``_dot256``) step by step.
+PAIR_RUN = {4: 8, 5: 4, 6: 2}
+
+
+def _pair_sums(builder):
+    """(pairs, widen) for AVX2: ``pairs(w, x)`` is ``vpmaddubsw`` (u8·s8 byte pairs summed to 16
+    lanes of i16), ``widen(s)`` is ``vpmaddwd`` by ones (i16 pairs to 8 lanes of i32). Summing
+    several steps' pairs with ``vpaddw`` before one widening costs 2 instructions a step
+    instead of 3, on the multiply ports that bound AVX2's int8 products."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    b32, w16, d8 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(16), 16), ir.VectorType(ir.IntType(32), 8)
+    mod = builder.module
+    maddubs = cgutils.get_or_insert_function(mod, ir.FunctionType(w16, [b32, b32]), "llvm.x86.avx2.pmadd.ub.sw")
+    maddwd = cgutils.get_or_insert_function(mod, ir.FunctionType(d8, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+    ones16 = ir.Constant(w16, [1] * 16)
+
+    def pairs(w, x):
+        return builder.call(maddubs, [w, x])
+
+    def widen(s):
+        return builder.call(maddwd, [s, ones16])
+
+    return pairs, widen
+
+
 def _halves(builder, dot256):
     """A 16-output dot (<16 x i32> accumulator, 64 weight and activation bytes) from a 256-bit
     one, applied to each half."""
@@ -383,6 +414,7 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
                     return builder.call(vpdpbusd, [acc_, builder.bitcast(w_, v16), builder.bitcast(x_, v16)])
             elif lanes == 8:
                 dot = _dot256(builder, bits, avxvnni)
+                pairs, widen = _pair_sums(builder)
             else:
                 dot = _halves(builder, _dot256(builder, bits, avxvnni))
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), f"llvm.fma.v{lanes}f32")
@@ -503,14 +535,25 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
             else:
                 # Register halves outer, steps inner: with 16 registers, keeping every half's
                 # accumulators live through the steps (the order above) spilled most of them to
-                # the stack in every block (Qwen 1.5B's Q4_K one-row tile: 136 stack accesses
-                # per 64 dots); one half at a time needs rows accumulators and a weight vector.
+                # the stack in every block (Qwen 1.5B's Q4_K 5-row tile: 365 stack accesses per
+                # 160 dots); one half at a time needs rows accumulators and a weight vector.
+                # Weights of 4-6 bits keep ``vpmaddubsw``'s pair sums in 16-bit lanes over
+                # ``run`` steps and widen them once (``_pair_sums``), exact below 32,767.
+                run = PAIR_RUN.get(bits, 1)
                 for u in units:
                     ia = list(start)
-                    for j in range(block // 4):
-                        w = weights(qb, pstride, j, u, nib)
-                        for r in range(rows):
-                            ia[r] = dot(ia[r], w, x_at(r, j))
+                    for j0 in range(0, block // 4, run):
+                        part = [None] * rows
+                        for j in range(j0, min(j0 + run, block // 4)):
+                            w = weights(qb, pstride, j, u, nib)
+                            for r in range(rows):
+                                if run == 1:
+                                    ia[r] = dot(ia[r], w, x_at(r, j))
+                                else:
+                                    pr = pairs(w, x_at(r, j))
+                                    part[r] = pr if part[r] is None else builder.add(part[r], pr)
+                        if run > 1:
+                            ia = [builder.add(ia[r], widen(part[r])) for r in range(rows)]
                     combine(u, ia)
             bn = builder.add(b, c64(1))
             end = builder.basic_block
