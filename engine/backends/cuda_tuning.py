@@ -61,9 +61,11 @@ class CudaTuning:
     #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
     tensor_min_warps_per_sm: int = 8
     #: ... or until a warp would get fewer than this many 64-weight units of a row (KW sets
-    #: the order of a row's sums, so this is by shape only). Env
-    #: ``ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP=1|2``
-    tensor_min_units_per_warp: int = 2
+    #: the order of a row's sums, so this is by shape only). 1 gives Qwen 0.5B's q|k|v and o
+    #: (896 inputs, 14 units) KW 16 instead of 8: H200, ``bench_device --narrow``, 2026-12-03,
+    #: synthetic Qwen 0.5B decode 1.134 -> 1.056 ms (x0.93), 16 rows 1.595 -> 1.588 ms; the
+    #: 1.5B (24 units) unchanged. Env ``ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP=1|2``
+    tensor_min_units_per_warp: int = 1
     #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
     #: that keeps it within this many warps per SM (0: never). A row's value does not depend
     #: on the block that computes it, so this is a speed choice per launch. Round 8:
