@@ -5,7 +5,7 @@
 #            NVRTC builds in parallel; every CUDA test; python3 -m tools.cuda.split_probe
 #   part   : copy the carried model part (.mdl/qwenpartNN) to /tmp/models; then BENCH=qwen|smol|
 #            q15 runs python3 -m tools.cuda.bench_device --reps 30 --quick --tc on that shape
-#   final  : join the parts; bench spec copy / edit (tools/cuda/spec_run.sh's JSON lines), the
+#   final  : join the parts; bench decode; bench spec copy / edit (tools/cuda/spec_run.sh's JSON lines), the
 #            real-file GPU tests, then python3 -m tools.versus_llamacpp against the CUDA build
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -54,6 +54,8 @@ final)
   fi
   M=/tmp/models/qwen.gguf
   [ -f $M ] || { echo "no model"; ls -l /tmp/models; exit 1; }
+  timeout ${DECODE_S:-90} python3 -m echoline bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"
+  stamp "decode rc=$?"; tail -8 "$OUT/decode.err"; tail -c 600 "$OUT/decode.json"; echo
   for t in copy edit; do
     timeout ${SPEC_S:-100} python3 -m echoline bench spec --backend cuda --model $M --traffic $t --rounds 3 --json > "$OUT/spec_$t.json" 2> "$OUT/spec_$t.err"
     stamp "spec $t rc=$?"; python3 - "$OUT/spec_$t.json" <<'PY'
