@@ -1,8 +1,8 @@
 #!/bin/bash
 # Device-side driver (issue 21, the split-K tensor products and the real-file figures), one
 # step per call on a warm machine:
-#   first  : wheels; start the llama.cpp CUDA build in the background (.lcpp/lcpp.tgz, setsid);
-#            NVRTC builds in parallel; every CUDA test; python3 -m tools.cuda.split_probe
+#   first  : wheels; NVRTC builds in parallel; every CUDA test; then the llama.cpp CUDA build in
+#            the background (.lcpp/lcpp.tgz, setsid); PROBE_S=N: python3 -m tools.cuda.split_probe
 #   part   : copy the carried model part (.mdl/qwenpartNN) to /tmp/models; then BENCH=qwen|smol|
 #            q15 runs python3 -m tools.cuda.bench_device --reps 30 --quick --tc on that shape
 #   final  : join the parts; bench decode; bench spec copy / edit (tools/cuda/spec_run.sh's JSON lines), the
@@ -17,26 +17,31 @@ for p in .mdl/*part*; do [ -f "$p" ] && cp "$p" /tmp/models/ && stamp "have $(ba
 BENCH_CMD="python3 -m tools.cuda.bench_device --reps 30 --quick --tc --ks 1,8,16 --context 1024"
 case "$1" in
 first)
-  if [ -f .lcpp/lcpp.tgz ]; then
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+  # the modules the tests load (device_run.sh suite's list), built before anything else runs:
+  # with the llama.cpp build beside them the NVRTC builds and the tests ran past their limits
+  for q in $(bash tools/cuda/device_run.sh modules); do
+    timeout 300 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -3 &
+  done
+  timeout 300 python3 -c "from echoline.kernels.cuda import load_module; load_module(None)" &
+  wait; stamp compiled
+  timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider --durations=6 tests/test_cuda_backend.py \
+    tests/test_cuda_tuning.py > "$OUT/tests.log" 2>&1
+  stamp "tests rc=$?"; grep -E "passed|failed|^E |Error|s call|^FAILED" "$OUT/tests.log" | head -40
+  if [ -f .lcpp/lcpp.tgz ]; then  # after the tests: it builds while the parts travel
     mkdir -p /tmp/lcpp && tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp
     setsid nohup bash -c 'cd /tmp/lcpp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
       -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
-      && cmake --build build -j 10 --target llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
+      && cmake --build build -j 12 --target llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
       > /dev/null 2>&1 < /dev/null &
     stamp "llama.cpp build started"
   fi
-  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-  for q in "" q8_0 q6_k q5_0 q4_1 q4_k q5_0+q8_0 q4_k+q6_k q4_0 q5_1 q5_k f32 f16 bf16 q4_1+q8_0 q4_k+q8_0; do
-    timeout 150 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -3 &
-  done
-  wait; stamp compiled
-  timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider --durations=6 tests/test_cuda_backend.py \
-    tests/test_cuda_tuning.py > "$OUT/tests.log" 2>&1
-  stamp "tests rc=$?"; grep -E "passed|failed|^E |Error|s call|^FAILED" "$OUT/tests.log" | head -40
-  timeout ${PROBE_S:-120} python3 -m tools.cuda.split_probe > "$OUT/probe.log" 2>&1
-  rc=$?; stamp "probe rc=$rc"; sed -n '/== split probe ==/,$p' "$OUT/probe.log"; [ $rc = 0 ] || tail -25 "$OUT/probe.log"
+  if [ "${PROBE_S:-0}" != 0 ]; then
+    timeout $PROBE_S python3 -m tools.cuda.split_probe > "$OUT/probe.log" 2>&1
+    rc=$?; stamp "probe rc=$rc"; sed -n '/== split probe ==/,$p' "$OUT/probe.log"; [ $rc = 0 ] || tail -25 "$OUT/probe.log"
+  fi
   ;;
 part)
   case "$BENCH" in
