@@ -22,9 +22,11 @@ import numpy as np
 import pytest
 from echoline.kernels.cpu.matmul import prepare
 from echoline.kernels.cpu.q8act import (
+    HIGH_LAYOUTS,
     QBLOCK,
     ROW_TILES,
     factor_scales,
+    high_for,
     kernel_asm,
     matmul_q8,
     prepare_q8,
@@ -129,6 +131,12 @@ def test_packed_storage_per_type_and_extremes(qtype) -> None:
     assert np.array_equal(y, matmul_q8(x, plain))
     for n in (1, 2, 3, 4, 5, 9):
         assert np.array_equal(matmul_q8(x[:n], packed), y[:n])
+    for high in HIGH_LAYOUTS:  # both ways of storing bits 4 and 5: same bytes, same bits
+        other = prepare_q8(pm, packed=True, high=high)
+        assert other.parts[0].qv.nbytes == packed.parts[0].qv.nbytes
+        assert other.parts[0].high == high_for(pm.parts[0].kind.block, bits, high)
+        for n in (1, 2, 5, 17):
+            assert np.array_equal(matmul_q8(x[:n], other), y[:n])
 
 
 def test_scales_that_do_not_factor_stay_float32() -> None:

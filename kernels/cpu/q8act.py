@@ -83,6 +83,33 @@ PACKED = os.environ.get("ECHOLINE_Q8_PACKED", "1") != "0"  # env: developer A/B 
 PREFETCH = int(os.environ.get("ECHOLINE_Q8_PREFETCH", "1024"))  # env: developer A/B only
 
 
+#: How the bits above 4 of 5- and 6-bit weights are stored (``pack_layout``): "planes" (one
+#: bit per weight and step in a 64-bit word, rebuilt with a mask register on AVX-512) or
+#: "sliced" (one byte per weight position holding that bit of 8 steps, or those 2 bits of 4:
+#: a shift and an and per step, for CPUs without mask registers). ``HIGH_BITS`` is the
+#: host's choice (``high_bits``).
+HIGH_LAYOUTS = ("planes", "sliced")
+
+
+def high_bits() -> str:
+    """"planes" where the kernels have AVX-512 VNNI, else "sliced" (why: ``pack_layout``);
+    ``ECHOLINE_Q8_HIGH=planes|sliced`` forces one (developer A/B; same bits either way)."""
+    forced = os.environ.get("ECHOLINE_Q8_HIGH", "")
+    if forced in HIGH_LAYOUTS:
+        return forced
+    return "planes" if vnni_available() else "sliced"
+
+
+def high_for(block: int, bits: int, high: str) -> str:
+    """The high-bit layout a part of ``bits``-bit weights in blocks of ``block`` inputs gets:
+    "sliced" only where a block's steps fill whole bytes (5 bits in blocks of 32, 6 bits in
+    blocks of 16 or 32), so it takes the planes' bytes; else "planes" (e.g. a Q6_K matrix
+    whose values fit 5 bits: 4 steps would fill half a byte)."""
+    if high == "sliced" and bits in (5, 6) and 8 // (bits - 4) <= block // 4:
+        return "sliced"
+    return "planes"
+
+
 def vnni_available() -> bool:
     """True when the code numba generates may use AVX-512 VNNI (and BW): the host CPU's
     features, or those of ``NUMBA_CPU_NAME`` when it names another."""
@@ -317,7 +344,8 @@ def _halves(builder, dot256):
     return dot
 
 
-def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32"):
+def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32",
+               high: str = "planes"):  # fmt: skip
     """An intrinsic computing ``rows`` rows × 16·``vecs`` outputs of one weight group, all blocks.
 
     ``bits``/``bias``: how the weights are stored (``pack_layout``): 8 is one byte per
@@ -325,7 +353,8 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     low nibbles per byte plus one bit plane per bit above 4. Either way the integer dot is
     Σ u·xq − bias·Σ xq = Σ q·xq exactly, so every layout gives the same bits.
     ``codec``: how the block scales (and offsets) are stored (``scale_codec``); each rebuilds
-    the float32 scale exactly, so again the same bits.
+    the float32 scale exactly, so again the same bits. ``high``: how the bits above 4 are
+    stored (``HIGH_LAYOUTS``), the same values either way.
 
     Arguments: qv, qbase (the first byte of the tile's first 16-output vector: per block
     (block/4, 16 outputs, 4 inputs) of q+128; the next vector nblocks·block·16 bytes on), xq, xbase (row r0's first input), xstride (inputs per row),
@@ -367,6 +396,11 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     if bits not in (4, 5, 6, 8) or (bits == 8) != (bias == 128):
         raise ValueError(f"unsupported weight storage: {bits} bits, bias {bias}")
     planes = bits - 4 if bits < 8 else 0
+    if high not in HIGH_LAYOUTS:
+        raise ValueError(f"unknown high-bit layout {high!r}")
+    if high != high_for(block, bits, high):
+        raise ValueError(f"no sliced layout for {bits}-bit weights in blocks of {block}")
+    run_h = 8 // planes if planes else 1  # "sliced": steps per high-bit byte
     sb_bytes = block * 16 * INTERLEAVE * bits // 8  # one stream's bytes per weight block
     nib_bytes = block * 16 * INTERLEAVE // 2  # of which nibbles (packed layouts)
     if codec not in CODECS:
@@ -439,6 +473,21 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
                     u = builder.and_(nib[unit], low4)
                 else:
                     u = builder.lshr(nib[unit], four)
+                if planes and high == "sliced":
+                    # byte k of the group's high vector holds bits 4.. of byte k of run_h steps,
+                    # step t's at bit t·planes: shift them to bit 4 and keep them (a 16-bit
+                    # shift on AVX2; the mask drops what crossed from the neighbouring byte)
+                    t = j % run_h
+                    if t == 0:
+                        off = c64(nib_bytes + 64 * ((j // run_h) * iv + v % iv) + 4 * lanes * h)
+                        nib[(unit, "high")] = vload(qb, builder.add(at, off), vb, 1)
+                    hv, sh = nib[(unit, "high")], t * planes
+                    if sh < 4:
+                        hv = builder.shl(hv, ir.Constant(vb, [4 - sh] * 4 * lanes))
+                    elif sh > 4:
+                        hv = builder.lshr(hv, ir.Constant(vb, [sh - 4] * 4 * lanes))
+                    keep = ((1 << planes) - 1) << 4
+                    return builder.or_(u, builder.and_(hv, ir.Constant(vb, [keep] * 4 * lanes)))
                 for pl in range(planes):  # bit 4 + pl of each byte, one bit per byte in a 64-bit word
                     off = c64(nib_bytes + 8 * ((pl * (block // 4) + j) * iv + v % iv) + lanes // 2 * h)
                     word = builder.load(builder.bitcast(builder.gep(qb, [builder.add(at, off)]), word_t.as_pointer()),
@@ -578,7 +627,7 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
 _ARGS = "qv, qb, sb, oc, r0, xq, xsum, xd, d, s, m, out, cols, ldo, nblocks, nbq, sd, md, sdb"
 
 
-def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32") -> str:
+def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32", high: str = "planes") -> str:
     """Python source of one (weight block, offset) kernel's module (``codegen.load_generated``).
 
     Why a module and not a closure: numba recompiled the closure over this process's
@@ -604,7 +653,7 @@ def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128, code
     stamp = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
     L = [
         "# generated by kernels/cpu/q8act.py; do not edit",
-        f"# q8act.py {stamp}, tiles {ROW_TILES}, absorbing {ABSORB_ROWS}, interleave {INTERLEAVE}, {bits} bits, bias {bias}, scales {codec}"
+        f"# q8act.py {stamp}, tiles {ROW_TILES}, absorbing {ABSORB_ROWS}, interleave {INTERLEAVE}, {bits} bits, bias {bias}, scales {codec}, high bits {high}"
         + (f", prefetch {PREFETCH}" if PREFETCH else ""),
         "from echoline.kernels.cpu._env import njit, prange",
         "from echoline.kernels.cpu.q8act import GROUP, QBLOCK, _make_tile",
@@ -612,7 +661,7 @@ def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128, code
     ]
     for rows, vecs in ROW_TILES:
         L += [
-            f"t{rows} = _make_tile({rows}, {vecs}, {block}, {offset}, {bits}, {bias}, {codec!r})",
+            f"t{rows} = _make_tile({rows}, {vecs}, {block}, {offset}, {bits}, {bias}, {codec!r}, {high!r})",
             "",
             "",
             '@njit(inline="always", nogil=True, boundscheck=False)',
@@ -649,34 +698,36 @@ def kernel_source(block: int, offset: bool, bits: int = 8, bias: int = 128, code
 
 #: The weight-block kinds with a kernel: (inputs per weight block, offset term).
 KINDS_Q8 = frozenset((bs, off) for bs in (32, 16) for off in (False, True))
-#: (weight block, offset, bits, bias, codec) → kernel, loaded on first use (``kernel_for``).
-KERNELS: dict[tuple[int, bool, int, int, str], Callable] = {}
+#: (weight block, offset, bits, bias, codec, high) → kernel, loaded on first use (``kernel_for``).
+KERNELS: dict[tuple[int, bool, int, int, str, str], Callable] = {}
 _DUMMY = np.zeros(1, np.float32)  # the offset arguments of kinds without an offset
 
 
-def kernel_asm(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32") -> str:
+def kernel_asm(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32", high: str = "planes") -> str:
     """Assembly of the kernel for every signature it has run with, compiled afresh.
 
     Why afresh: a kernel loaded from numba's disk cache has no assembly to show, so a check
     of the generated code (tests, ``bench_q8act``) compiles an uncached copy.
     """
-    kern = kernel_for(block, offset, bits, bias, codec)
+    kern = kernel_for(block, offset, bits, bias, codec, high)
     fresh = njit(parallel=True, nogil=True, boundscheck=False)(kern.py_func)
     for sig in kern.signatures:
         fresh.compile(sig)
     return "".join(fresh.inspect_asm(sig) for sig in kern.signatures)
 
 
-def kernel_for(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32") -> Callable:
+def kernel_for(block: int, offset: bool, bits: int = 8, bias: int = 128, codec: str = "f32", high: str = "planes") -> Callable:
     """The compiled kernel for a weight-block kind and storage (written, imported and cached
     on first use)."""
-    key = (block, bool(offset), bits, bias, codec)
+    high = high_for(block, bits, high)  # one kernel where the layouts coincide
+    key = (block, bool(offset), bits, bias, codec, high)
     fn = KERNELS.get(key)
     if fn is None:
         from echoline.kernels.cpu.codegen import load_generated
 
         name = f"echoline_q8_{block}_{int(offset)}_b{bits}_{bias}_{codec}" + (f"_pf{PREFETCH}" if PREFETCH else "")
-        fn = load_generated(name, lambda: kernel_source(block, bool(offset), bits, bias, codec))
+        name += "_sliced" if high == "sliced" else ""
+        fn = load_generated(name, lambda: kernel_source(block, bool(offset), bits, bias, codec, high))
         KERNELS[key] = fn
     return fn
 
@@ -700,6 +751,7 @@ class Q8Part:
     codec: str = "f32"  # how s and m are stored (scale_codec): float32, float16 bits (uint16), int8 factors
     sd: np.ndarray = field(default_factory=lambda: _DUMMY)  # "fac": float32 (ngroups, nblocks·block/SUPERBLOCK, GROUP) scale factors
     md: np.ndarray = field(default_factory=lambda: _DUMMY)  # the offsets' factors, likewise
+    high: str = "planes"  # how bits above 4 are stored (pack_layout, HIGH_LAYOUTS)
 
 
 @dataclass
@@ -748,7 +800,8 @@ def storage_for(q: np.ndarray) -> tuple[int, int]:
     return 8, 128
 
 
-def pack_layout(qv: np.ndarray, ngroups: int, nblocks: int, block: int, bits: int, bias: int) -> np.ndarray:
+def pack_layout(qv: np.ndarray, ngroups: int, nblocks: int, block: int, bits: int, bias: int,
+                high: str = "planes") -> np.ndarray:  # fmt: skip
     """The 8-bit VNNI layout (``vnni_layout``) → ``bits`` per weight, same streams and blocks.
 
     Why: one-row decode streams every weight once, so its speed is bytes over memory
@@ -759,6 +812,12 @@ def pack_layout(qv: np.ndarray, ngroups: int, nblocks: int, block: int, bits: in
     is byte k's bit. The kernel rebuilds each 64-byte step vector with an and/shift (and a
     masked or per plane) and takes the same integer dot: the bits of every output are the
     8-bit layout's.
+
+    ``high="sliced"`` stores the bits above 4 instead per group of 8 (5 bits) or 4 (6 bits)
+    steps and vector as 64 bytes, byte k holding bits 4.. of byte k of each step, step t's at
+    bit t·(bits − 4): the same bytes. Why: rebuilding a plane's 32 bytes without AVX-512's mask
+    registers took 5 instructions (broadcast, shuffle, and, compare, and); a sliced step takes
+    a shift and an and (``_make_tile``).
     """
     if bits == 8:
         return qv
@@ -767,6 +826,17 @@ def pack_layout(qv: np.ndarray, ngroups: int, nblocks: int, block: int, bits: in
     u = (qv.reshape(ngroups, 4 // iv, nblocks, steps, iv, 64).astype(np.int16) - 128 + bias).astype(np.uint8)
     nib = (u[:, :, :, 0::2] & 0x0F) | ((u[:, :, :, 1::2] & 0x0F) << 4)
     pieces = [nib.reshape(ngroups, 4 // iv, nblocks, -1)]
+    if high == "sliced":
+        planes = bits - 4
+        run = 8 // planes
+        if run > steps:
+            raise ValueError(f"no sliced layout for {bits}-bit weights in blocks of {block}")
+        hi = (u >> 4).reshape(ngroups, 4 // iv, nblocks, steps // run, run, iv, 64)
+        packed = np.zeros(hi.shape[:4] + hi.shape[5:], np.uint8)
+        for t in range(run):
+            packed |= hi[:, :, :, :, t] << np.uint8(t * planes)
+        pieces.append(packed.reshape(ngroups, 4 // iv, nblocks, -1))
+        return np.ascontiguousarray(np.concatenate(pieces, axis=-1)).reshape(-1)
     for pl in range(bits - 4):
         plane = np.packbits((u >> (4 + pl)) & 1, axis=-1, bitorder="little")  # (…, steps, iv, 8)
         pieces.append(plane.reshape(ngroups, 4 // iv, nblocks, -1))
@@ -834,11 +904,13 @@ def scale_codec(p) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     return "f32", p.s, p.m, _DUMMY, _DUMMY
 
 
-def prepare_q8(pm: PreparedMatrix, packed: bool | None = None) -> Q8Matrix:
+def prepare_q8(pm: PreparedMatrix, packed: bool | None = None, high: str | None = None) -> Q8Matrix:
     """Re-lay out an already prepared (int8) matrix for the VNNI kernels; scales are shared.
     ``packed``: store each part in the fewest bits that hold its values (``pack_layout``);
-    False keeps one byte per weight (the same results, more bytes); None: ``PACKED``."""
+    False keeps one byte per weight (the same results, more bytes); None: ``PACKED``.
+    ``high``: how bits above 4 are stored (``HIGH_LAYOUTS``); None: ``high_bits()``."""
     packed = PACKED if packed is None else packed
+    high = high_bits() if high is None else high
     parts = []
     for p in pm.parts:
         if p.kind.wdtype != "int8":
@@ -847,9 +919,10 @@ def prepare_q8(pm: PreparedMatrix, packed: bool | None = None) -> Q8Matrix:
             raise ValueError(f"prepare_q8: block {p.kind.block} unsupported")
         qv = vnni_layout(p.q, p.ngroups, p.nblocks, p.kind.block)
         bits, bias = storage_for(p.q) if packed else (8, 128)
-        qv = pack_layout(qv, p.ngroups, p.nblocks, p.kind.block, bits, bias)
+        hb = high_for(p.kind.block, bits, high)
+        qv = pack_layout(qv, p.ngroups, p.nblocks, p.kind.block, bits, bias, hb)
         codec, sv, mv, sd, md = scale_codec(p) if packed else ("f32", p.s, p.m, _DUMMY, _DUMMY)
-        parts.append(Q8Part(p.kind, qv, sv, mv, p.col0, p.ngroups, p.nblocks, bits, bias, codec, sd, md))
+        parts.append(Q8Part(p.kind, qv, sv, mv, p.col0, p.ngroups, p.nblocks, bits, bias, codec, sd, md, hb))
     return Q8Matrix(pm.in_features, pm.out_features, pm.padded_out, parts, pm.valid_cols)
 
 
@@ -857,23 +930,26 @@ def prepare_q8_cached(tensors: list) -> Q8Matrix:
     """``prepare_q8(prepare(tensors))``, stored in and read back from the weight cache.
 
     Why its own entry: re-laying the int8 weights out at every start cost 0.47 s of Gemma 3's
-    start. Keyed like the float32 layout's entries plus ("q8", INTERLEAVE); on a miss the
-    float32 layout is computed but not stored (a q8 process never reads it).
+    start. Keyed like the float32 layout's entries plus ("q8", INTERLEAVE, the packing and,
+    when sliced, the high-bit layout); on a miss the float32 layout is computed but not
+    stored (a q8 process never reads it).
     """
-    key = weight_cache.matrix_key(tensors, GROUP, ("q8", INTERLEAVE, "packed2" if PACKED else "bytes")) if weight_cache.enabled() else None
+    high = high_bits()
+    packing = ("packed2" + ("-sliced" if high == "sliced" else "")) if PACKED else "bytes"
+    key = weight_cache.matrix_key(tensors, GROUP, ("q8", INTERLEAVE, packing)) if weight_cache.enabled() else None
     meta = weight_cache.load(key) if key is not None else None
     if meta is not None:
         try:
             return _q8_from_cache(meta)
         except (KeyError, ValueError, TypeError):
             pass  # damaged entry: prepare again and overwrite it
-    qm = prepare_q8(prepare(tensors))
+    qm = prepare_q8(prepare(tensors), high=high)
     if key is not None:
         arrays = [a for p in qm.parts for a in (p.qv, p.s, p.m, p.sd, p.md)]
         if qm.valid_cols is not None:
             arrays.append(qm.valid_cols.astype(np.int64))
         parts = [{"kind": weight_cache.kind_to_json(p.kind), "col0": p.col0, "ngroups": p.ngroups,
-                  "nblocks": p.nblocks, "bits": p.bits, "bias": p.bias, "codec": p.codec,
+                  "nblocks": p.nblocks, "bits": p.bits, "bias": p.bias, "codec": p.codec, "high": p.high,
                   "dtypes": [str(p.s.dtype), str(p.m.dtype)],
                   "sizes": [int(p.qv.size), int(p.s.size), int(p.m.size), int(p.sd.size), int(p.md.size)]}
                  for p in qm.parts]  # fmt: skip
@@ -893,8 +969,11 @@ def _q8_from_cache(meta: dict) -> Q8Matrix:
             raise ValueError("cached q8 part has the wrong size or type")
         if [str(s.dtype), str(m.dtype)] != d["dtypes"] or d["codec"] not in CODECS:
             raise ValueError("cached q8 part has the wrong scale storage")
+        high = str(d.get("high", "planes"))
+        if high not in HIGH_LAYOUTS:
+            raise ValueError("cached q8 part has an unknown high-bit layout")
         parts.append(Q8Part(kind, qv, s, m, int(d["col0"]), int(d["ngroups"]), int(d["nblocks"]),
-                            int(d["bits"]), int(d["bias"]), str(d["codec"]), sd, md))  # fmt: skip
+                            int(d["bits"]), int(d["bias"]), str(d["codec"]), sd, md, high))  # fmt: skip
     valid = arrays[5 * len(parts)] if meta["has_valid"] else None
     return Q8Matrix(int(meta["in_features"]), int(meta["out_features"]), int(meta["padded_out"]), parts, valid)
 
@@ -918,7 +997,7 @@ def matmul_q8(x: np.ndarray, w: Q8Matrix, row_chunk: int = ROW_CHUNK, out: np.nd
         oc = out[r0:r1].reshape(-1)
         for p in w.parts:
             isum, xd = (i16, x16) if p.kind.block == 16 else (i32, x32)
-            kernel_for(p.kind.block, p.kind.offset, p.bits, p.bias, p.codec)(
+            kernel_for(p.kind.block, p.kind.offset, p.bits, p.bias, p.codec, p.high)(
                 xq, isum, xd if p.kind.offset else _DUMMY, d, p.qv, p.s, p.m if p.kind.offset else _DUMMY, oc,
                 r1 - r0, cols, w.padded_out, p.col0, p.nblocks, p.ngroups, p.sd, p.md,
             )  # fmt: skip
