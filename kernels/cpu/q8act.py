@@ -260,8 +260,7 @@ def _dot256(builder, bits: int, avxvnni: bool):
     from llvmlite import ir
     from numba.core import cgutils
 
-    i8, i16, i32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-    b32, w16, d8 = ir.VectorType(i8, 32), ir.VectorType(i16, 16), ir.VectorType(i32, 8)
+    b32, d8 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(ir.IntType(32), 8)
     mod = builder.module
     if avxvnni:
         # the <8 x i32> operand form, auto-upgraded by newer LLVMs as the 512-bit one is
@@ -271,16 +270,14 @@ def _dot256(builder, bits: int, avxvnni: bool):
             return builder.call(vpdpbusd, [acc, builder.bitcast(w, d8), builder.bitcast(x, d8)])
 
         return dot_vnni
-    maddubs = cgutils.get_or_insert_function(mod, ir.FunctionType(w16, [b32, b32]), "llvm.x86.avx2.pmadd.ub.sw")
-    maddwd = cgutils.get_or_insert_function(mod, ir.FunctionType(d8, [w16, w16]), "llvm.x86.avx2.pmadd.wd")
+    pairs, widen = _pair_sums(builder)
     psign = cgutils.get_or_insert_function(mod, ir.FunctionType(b32, [b32, b32]), "llvm.x86.avx2.psign.b")
     babs = cgutils.get_or_insert_function(mod, ir.FunctionType(b32, [b32, ir.IntType(1)]), "llvm.abs.v32i8")
-    ones16 = ir.Constant(w16, [1] * 16)
     ones8 = ir.Constant(b32, [1] * 32)
     flip = ir.Constant(b32, [-128] * 32)  # u XOR 0x80 = q (as a signed byte)
 
     def quads(a, b):  # Σ of each 4 bytes' u8·s8 products, 8 lanes
-        return builder.call(maddwd, [builder.call(maddubs, [a, b]), ones16])
+        return widen(pairs(a, b))
 
     def dot(acc, w, x):
         if bits < 8:
