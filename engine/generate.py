@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from echoline.engine.kvcache import KVCache
 from echoline.engine.models.base import Transformer
+from echoline.engine.step_chain import make_chain
 from echoline.engine.types import GenerationResult, GenerationStats, TokenEvent
 
 DRAFT_CONTEXT = 64  # context tokens handed to the n-gram lookup
@@ -233,6 +234,8 @@ def generate_tokens(
     push([pending], prev_text)
 
     speculate = index is not None and controller is not None
+    if not speculate and sampler is None:
+        return _plain_chain(model, cache, pending, reply, push, finish, cancel, stats)
     arm = getattr(controller, "arm", None) if speculate else None
     if arm is not None:
         arm.start()
@@ -313,3 +316,37 @@ def generate_tokens(
             arm.observe_plain(host)
         t_round = now
 
+
+
+def _plain_chain(model: Transformer, cache: KVCache, pending: int, reply: _Reply,
+                 push: Callable[[list[int], str], None], finish: Callable[..., GenerationResult],
+                 cancel: threading.Event | None, stats: GenerationStats) -> GenerationResult:
+    """Plain greedy decoding with the next step queued before this one's id is read.
+
+    At the top of each turn the step of the reply's last token is queued and its output
+    untaken, so the cache already holds prompt + reply: a cancel only drains. The step
+    queued before reading id t runs t through the model, which the trailing-token rule
+    needs whenever t ends the reply (engine/step_chain.py says why this is exact).
+    """
+    chain = make_chain(model, cache, lambda tok: run_rows(model, cache, [tok]))
+    chain.push(pending)
+    t_round = time.perf_counter()
+    while True:
+        if cancel is not None and cancel.is_set():
+            chain.drain()
+            return finish("cancelled")
+        chain.push(None)
+        t0 = time.perf_counter()
+        tok = chain.take()
+        dt = time.perf_counter() - t0
+        stats.forward_s += dt
+        stats.rounds += 1
+        prev_text = reply.text
+        if reply.emit(tok):
+            chain.drain()
+            push([tok], prev_text)
+            return finish()
+        push([tok], prev_text)
+        now = time.perf_counter()
+        stats.host_s += now - t_round - dt
+        t_round = now

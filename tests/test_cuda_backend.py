@@ -646,6 +646,55 @@ def test_graph_forwards_queued_without_reads_stay_ordered(models, rng):
         assert np.array_equal(rows(k), want), f"{k} rows after a queued prefix"
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_chained_decode_equals_stepwise(models, arch, rng):
+    """Plain decoding with steps chained on the device (engine/step_chain.py: the graph feeds
+    its own argmax to its next replay) == each step waiting for its id: ids, finish reason
+    and every cache row, with stop ids, the budget, cache growth mid-reply and a cancel."""
+    import threading
+
+    from echoline.engine.generate import StopRules, generate_tokens
+    from echoline.engine.types import GenerationStats
+
+    gpu, _ = models[arch]
+    b = gpu.backend
+
+    def gen(prompt, rules, capacity, chain, cancel_after=None):
+        b.graph_chain = chain
+        cache = gpu.new_cache(capacity)
+        cancel = threading.Event()
+        seen = []
+
+        def on_token(ev):
+            seen.extend(ev.new_ids)
+            if cancel_after is not None and len(seen) >= cancel_after:
+                cancel.set()
+
+        try:
+            res = generate_tokens(gpu, cache, prompt, decode=lambda ids: "", rules=rules, cancel=cancel,
+                                  on_token=on_token, stats=GenerationStats())
+        finally:
+            del b.graph_chain
+        n = cache.length
+        rows = [b.to_host(k[:n]) for k in cache.k] + [b.to_host(v[:n]) for v in cache.v]
+        return res, n, rows
+
+    for trial in range(6):
+        prompt = [int(t) for t in rng.integers(0, 300, size=int(rng.integers(1, 30)))]
+        free, _, _ = gen(prompt, StopRules(max_tokens=40), 256, False)
+        stop = frozenset({free.token_ids[int(rng.integers(0, 40))]}) if trial % 2 else frozenset()
+        rules = StopRules(max_tokens=int(rng.integers(1, 41)), stop_ids=stop)
+        capacity = 8 if trial % 3 == 0 else 256  # 8: the cache grows mid-reply
+        want = gen(prompt, rules, capacity, False)
+        got = gen(prompt, rules, capacity, True)
+        assert got[0].token_ids == want[0].token_ids and got[0].finish_reason == want[0].finish_reason
+        assert got[1] == want[1] == len(prompt) + len(want[0].token_ids)
+        assert all(np.array_equal(x, y) for x, y in zip(got[2], want[2], strict=True))
+    cut = gen(prompt, StopRules(max_tokens=40), 256, True, cancel_after=7)
+    assert cut[0].finish_reason == "cancelled" and cut[0].token_ids == free.token_ids[:7]
+    assert cut[1] == len(prompt) + 7
+
+
 # ---- tensor-core products (round 6: CupyBackend.tensor_products, kernels.cu mt_body) ----
 TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 

@@ -40,6 +40,10 @@ class Backend(ABC):
     #: ``Transformer.forward`` replays a captured graph (``run_graph``) for up to this many
     #: rows; 0: never.
     graph_max_rows: int = 0
+    #: Plain decode steps can be queued back to back, each fed by the previous one's argmax
+    #: on the device (``run_graph(held=True)``, ``chain_feed``, ``copy_to_host_async``):
+    #: engine/step_chain.py. False: every step waits for its id on the host.
+    graph_chain: bool = False
 
     @property
     def padded_rows(self) -> int:

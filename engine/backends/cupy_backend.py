@@ -89,6 +89,27 @@ class CapturedGraph:
     stream: Any
 
 
+#: Pinned host slots for ``copy_to_host_async``: a chain holds at most two copies in flight,
+#: and a slot is reused only after SLOTS more copies, long after its value was read.
+_PINNED_SLOT = 16
+_PINNED_SLOTS = 16
+
+
+class HostCopy:
+    """A device → pinned-host copy in flight; ``value`` waits for it (once) and keeps it."""
+
+    def __init__(self, event: Any, view: np.ndarray) -> None:
+        self._event = event
+        self._view = view
+        self._value: np.ndarray | None = None
+
+    def value(self) -> np.ndarray:
+        if self._value is None:
+            self._event.synchronize()
+            self._value = self._view.astype(np.int64)
+        return self._value
+
+
 def _raw_bytes(t: QuantTensor) -> np.ndarray:
     data = np.ascontiguousarray(np.asarray(t.data))
     return data.view(np.uint8).reshape(t.rows, -1)
@@ -176,6 +197,9 @@ class CupyBackend(Backend):
     linear_cache_only = True
     #: Transformer.forward replays a graph for up to this many rows (decode and verify)
     graph_max_rows = 17
+    #: decode steps can feed each other on the device (``chain_feed``: engine/step_chain.py);
+    #: not while graphs are captured late (ECHOLINE_GRAPH_AFTER), which runs steps eagerly
+    graph_chain = GRAPH_AFTER == 1
     # Speed choices (tensor_products, attn_split, …): fields of ``self.tuning``
     # (engine/backends/cuda_tuning.py), readable and writable here as attributes.
 
@@ -185,6 +209,8 @@ class CupyBackend(Backend):
         self._mod = load_module()
         self.tuning = CudaTuning.from_env()  # environment overrides: A/B on real models
         self._fn: dict[tuple[str, str | None, int, int, int], Any] = {}
+        self._pinned: tuple[Any, np.ndarray] | None = None  # copy_to_host_async's slots
+        self._pinned_next = 0
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
         self._cc_major = int(props.get("major", 0))  # thread-block clusters from 9 (Hopper)
@@ -987,9 +1013,10 @@ class CupyBackend(Backend):
         self,
         key: Any,
         fn: Callable[..., Any],
-        inputs: Sequence[np.ndarray],
+        inputs: Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]],
         owner: Any = None,
         generation: Hashable = None,
+        held: bool = False,
     ) -> Any:
         """fn(*device_inputs) → device array, replayed as a CUDA graph cached under ``key``.
 
@@ -1006,6 +1033,11 @@ class CupyBackend(Backend):
         Growing or replacing a KV cache invalidates graphs: call ``drop_graphs``, or
         pass ``owner`` (the cache: its graphs die with it) and ``generation`` (what
         identifies its buffers, e.g. capacity): a new generation drops the old graphs.
+
+        ``held``: the graph's static inputs already hold this call's inputs (the previous
+        replay of this key wrote them on the device: ``chain_feed``), so a replay copies
+        nothing and never waits for the host. ``inputs`` may then be a callable, asked only
+        when the graph must first be captured (and so run eagerly from host inputs).
         """
         store = self._graphs
         if owner is not None:
@@ -1017,6 +1049,11 @@ class CupyBackend(Backend):
                 self._owned[owner] = held
             store = held[1]
         cached = store.get(key)
+        if cached is not None and held:
+            cached.graph.launch(stream=cupy.cuda.get_current_stream())
+            return cached.output
+        if callable(inputs):
+            inputs = inputs()
         if cached is None and GRAPH_AFTER > 1:
             # Capture only a shape that comes back: a capture costs about an eager run
             # more, and a speculative round's row count is often used once per cache
@@ -1080,6 +1117,41 @@ class CupyBackend(Backend):
         finally:
             graph = stream.end_capture()
         return graph, output
+
+    def has_graph(self, key: Any, owner: Any = None, generation: Hashable = None) -> bool:
+        """Whether ``run_graph(key, …, owner, generation)`` would replay a captured graph."""
+        if owner is None:
+            return key in self._graphs
+        held = self._owned.get(owner)
+        return held is not None and held[0] == generation and key in held[1]
+
+    @staticmethod
+    def chain_feed(ids_dev: Any, pos_dev: Any, next_ids: Any) -> None:
+        """Make a one-row graph's static inputs the next decode step's: its argmax becomes
+        the id, and the position moves on by one. Stream-ordered device work, so it can be
+        captured at the end of the graph and the next replay needs nothing from the host."""
+        ids_dev[...] = next_ids[-1:]
+        pos_dev += 1
+
+    def copy_to_host_async(self, x: Any) -> HostCopy:
+        """Start copying a small int32 device array to pinned host memory; ``HostCopy.value``
+        waits for it. Why: a decode step's id can travel while the next step already runs."""
+        n = int(x.size)
+        if n > _PINNED_SLOT:
+            raise ValueError(f"copy_to_host_async takes at most {_PINNED_SLOT} values, not {n}")
+        if self._pinned is None:
+            mem = cupy.cuda.alloc_pinned_memory(4 * _PINNED_SLOT * _PINNED_SLOTS)
+            self._pinned = (mem, np.frombuffer(mem, np.int32, _PINNED_SLOT * _PINNED_SLOTS))
+        slot = self._pinned_next
+        self._pinned_next = (slot + 1) % _PINNED_SLOTS
+        view = self._pinned[1][slot * _PINNED_SLOT : slot * _PINNED_SLOT + n]
+        stream = cupy.cuda.get_current_stream()
+        x = cupy.ascontiguousarray(x, dtype=cupy.int32)
+        cupy.cuda.runtime.memcpyAsync(view.ctypes.data, x.data.ptr, 4 * n,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return HostCopy(event, view)
 
     def drop_graphs(self) -> None:
         """Forget captured graphs (after a cache grows or weights change)."""

@@ -127,9 +127,25 @@ class Transformer:
         inputs, so every step (decode, verify) replays it. The logits it returns are
         a static buffer: read them before the next forward with the same row count.
         """
-        b, c = self.backend, self.config
+        b = self.backend
         n, start = len(ids), cache.length
         cache.ensure(start + n)
+        step = self.graph_step(cache, n, all_logits)
+        positions = np.arange(start, start + n, dtype=np.int32)
+        logits = b.run_graph(("forward", n, all_logits), step, [ids, positions], owner=cache,
+                             generation=self.graph_generation(cache))
+        cache.advance(start, n)
+        return logits
+
+    @staticmethod
+    def graph_generation(cache: KVCache) -> tuple[int, int]:
+        """What identifies a cache's buffers to its captured graphs (growth replaces them)."""
+        return (cache.capacity, id(cache.k[0]))
+
+    def graph_step(self, cache: KVCache, n: int, all_logits: bool) -> Any:
+        """The forward of ``n`` rows as a function of device ids and positions: what a
+        graph captures (``_forward_graph``; the chained decode steps of engine/step_chain.py)."""
+        b, c = self.backend, self.config
 
         def step(ids_dev: Any, pos_dev: Any) -> Any:
             x = b.embed(self.embedding, ids_dev)
@@ -141,11 +157,7 @@ class Transformer:
                 x = x[n - 1 :]
             return b.norm_matmul(x, self.output_norm, c.rms_eps, self.output)
 
-        positions = np.arange(start, start + n, dtype=np.int32)
-        generation = (cache.capacity, id(cache.k[0]))
-        logits = b.run_graph(("forward", n, all_logits), step, [ids, positions], owner=cache, generation=generation)
-        cache.advance(start, n)
-        return logits
+        return step
 
     def _block(self, x: Any, li: int, lw: LayerWeights, cache: KVCache, start: int, positions: np.ndarray) -> Any:
         b, c = self.backend, self.config
