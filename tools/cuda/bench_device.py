@@ -197,6 +197,8 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
             f"  graph verify k={k:<3d}{timings[k] * 1e3:8.3f} ms  ratio {timings[k] / t1:5.2f}"
         )
     b.drop_graphs()
+    if CHAIN:
+        lines += chain_ab(b, model, cache, context, prompt)
     if AB:
         lines += ab_decode(b, model, cache, context, prompt, reps)
     if TC:
@@ -220,8 +222,34 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     return lines
 
 
+def chain_ab(b, model, cache, context: int, prompt, rounds: int = 7, n: int = 64) -> list[str]:
+    """Plain generation (engine/generate.py's loop, ``n`` tokens after ``context``) with its
+    steps chained on the device vs each step waiting for its id, interleaved; medians."""
+    from echoline.engine.generate import StopRules, generate_tokens
+    from echoline.engine.types import GenerationStats
+
+    ids = [int(t) for t in prompt] + [int(prompt[-1])]
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    replies: dict[bool, list[int]] = {}
+    try:
+        for r in range(rounds):
+            for chain in ((True, False) if r % 2 == 0 else (False, True)):
+                b.graph_chain = chain
+                cache.truncate(context)
+                res = generate_tokens(model, cache, ids, decode=lambda _ids: "",
+                                      rules=StopRules(max_tokens=n), stats=GenerationStats())
+                rates[chain].append((len(res.token_ids) - 1) / res.stats.decode_s)
+                replies.setdefault(chain, res.token_ids)
+    finally:
+        del b.graph_chain
+    on, off = statistics.median(rates[True]), statistics.median(rates[False])
+    return [f"  plain loop chained  {on:8.1f} tok/s  stepwise {off:8.1f} tok/s  x{on / off:.3f}  "
+            f"same ids: {replies[True] == replies[False]}"]
+
+
 #: round-5 A/B (--ab): graph decode with each product policy, interleaved
 AB = False
+CHAIN = False
 QUICK = False
 AB_CONFIGS = {  # name: (factored_max_cols, fuse_segment_pairs); 0 = never factored
     "plain,2-launch": (0, False),  # = round 4's kernels
@@ -654,6 +682,7 @@ def main() -> int:
         "attnblocks": "interleaved A/B: resident attention blocks per SM",
         "narrow": "interleaved A/B: narrow weights' K split 16 ways below 2 units per warp",
         "gap": "GPU idle time per decode step (host work)",
+        "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
     }
     for flag, text in switches.items():
@@ -662,6 +691,8 @@ def main() -> int:
     global AB, QUICK, TC, ATTN, ROWSPLIT, GAP
     AB, QUICK, TC, ATTN, ROWSPLIT = args.ab, args.quick, args.tc, args.attn, args.rowsplit
     GAP = args.gap
+    global CHAIN
+    CHAIN = args.chain
     POLICY_AB.update(name for name in POLICY_SWITCHES if getattr(args, name))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,11 @@
 #   first  : wheels; NVRTC builds in parallel; every CUDA test; then the llama.cpp CUDA build in
 #            the background (.lcpp/lcpp.tgz, setsid); PROBE_S=N: python3 -m tools.cuda.split_probe
 #   part   : copy the carried model part (.mdl/qwenpartNN) to /tmp/models; then BENCH=qwen|smol|
-#            q15 runs python3 -m tools.cuda.bench_device --reps 30 --quick --tc on that shape
-#   final  : join the parts; bench decode; bench spec copy / edit (tools/cuda/spec_run.sh's JSON lines), the
-#            real-file GPU tests, then python3 -m tools.versus_llamacpp against the CUDA build
+#            q15 runs python3 -m tools.cuda.bench_device --reps 30 --quick --chain --gap on that shape
+#            (BENCH_FLAGS replaces --chain --gap, e.g. --tc)
+#   final  : join the parts; bench decode (chained vs stepwise plain); bench spec for each of
+#            TRAFFIC (default copy edit); the real-file GPU tests; then, where the llama.cpp build
+#            finished, python3 -m tools.versus_llamacpp against it
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -14,7 +16,7 @@ t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
 mkdir -p /tmp/models
 for p in .mdl/*part*; do [ -f "$p" ] && cp "$p" /tmp/models/ && stamp "have $(basename "$p")"; done
-BENCH_CMD="python3 -m tools.cuda.bench_device --reps 30 --quick --tc --ks 1,8,16 --context 1024"
+BENCH_CMD="python3 -m tools.cuda.bench_device --reps 30 --quick ${BENCH_FLAGS:---chain --gap} --ks 1,8,16 --context 1024"
 case "$1" in
 first)
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
@@ -61,7 +63,7 @@ final)
   [ -f $M ] || { echo "no model"; ls -l /tmp/models; exit 1; }
   timeout ${DECODE_S:-90} python3 -m echoline bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"
   stamp "decode rc=$?"; tail -8 "$OUT/decode.err"; tail -c 600 "$OUT/decode.json"; echo
-  for t in copy edit; do
+  for t in ${TRAFFIC:-copy edit}; do
     timeout ${SPEC_S:-100} python3 -m echoline bench spec --backend cuda --model $M --traffic $t --rounds 3 --json > "$OUT/spec_$t.json" 2> "$OUT/spec_$t.err"
     stamp "spec $t rc=$?"; python3 - "$OUT/spec_$t.json" <<'PY'
 import json, sys
