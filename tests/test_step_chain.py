@@ -3,7 +3,7 @@
 The GPU's chain replays one captured graph that feeds itself on the device. Here a numpy
 backend stands in for the device: ``run_graph`` keeps each key's static inputs and the
 function first given for it (a capture), replays it on those statics, and with
-``held=True`` copies nothing, so a step reads only what the previous step's
+``fed=True`` copies nothing, so a step reads only what the previous step's
 ``chain_feed`` wrote. If the chain read a stale id or position, skipped the trailing
 step, or lost a row on a cancel, the ids or the cache rows below would differ.
 The same loop on the real device: tests/test_cuda_backend.py (skipped without a GPU).
@@ -58,10 +58,10 @@ class ChainedNumpy(NumpyBackend):
     def has_graph(self, key, owner=None, generation=None) -> bool:
         return key in self._store(owner, generation)
 
-    def run_graph(self, key, fn, inputs, owner=None, generation=None, held=False):
+    def run_graph(self, key, fn, inputs, owner=None, generation=None, fed=False):
         store = self._store(owner, generation)
         got = store.get(key)
-        if got is not None and held:
+        if got is not None and fed:
             self.replays_held += 1
             return got[0](*got[1])
         inputs = inputs() if callable(inputs) else inputs

@@ -1016,7 +1016,7 @@ class CupyBackend(Backend):
         inputs: Sequence[np.ndarray] | Callable[[], Sequence[np.ndarray]],
         owner: Any = None,
         generation: Hashable = None,
-        held: bool = False,
+        fed: bool = False,
     ) -> Any:
         """fn(*device_inputs) → device array, replayed as a CUDA graph cached under ``key``.
 
@@ -1034,7 +1034,7 @@ class CupyBackend(Backend):
         pass ``owner`` (the cache: its graphs die with it) and ``generation`` (what
         identifies its buffers, e.g. capacity): a new generation drops the old graphs.
 
-        ``held``: the graph's static inputs already hold this call's inputs (the previous
+        ``fed``: the graph's static inputs already hold this call's inputs (the previous
         replay of this key wrote them on the device: ``chain_feed``), so a replay copies
         nothing and never waits for the host. ``inputs`` may then be a callable, asked only
         when the graph must first be captured (and so run eagerly from host inputs).
@@ -1049,7 +1049,7 @@ class CupyBackend(Backend):
                 self._owned[owner] = held
             store = held[1]
         cached = store.get(key)
-        if cached is not None and held:
+        if cached is not None and fed:
             cached.graph.launch(stream=cupy.cuda.get_current_stream())
             return cached.output
         if callable(inputs):
