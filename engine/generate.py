@@ -252,6 +252,21 @@ def generate_tokens(
             return finish("cancelled")
         drafts: list[int] = []
         look = speculate and (arm is None or arm.look())
+        run_plain = arm.plain_run() if not look and arm is not None and sampler is None else 0
+        if run_plain > 1:
+            # The plain arm's rounds until its next probe, chained: on a GPU the host's work
+            # between them overlaps the next step, as in plain decoding.
+            t_seg = time.perf_counter()
+            base = cache.length
+            pending, end = _chained_steps(model, cache, pending, reply, push, cancel, stats, run_plain)
+            if end is not None:
+                return finish("cancelled" if end == "cancelled" else None)
+            per_step = (time.perf_counter() - t_seg) / run_plain
+            t1 = controller.cost.t1(base)
+            for _ in range(run_plain):
+                arm.observe_plain(max(0.0, per_step - t1))
+            t_round = time.perf_counter()
+            continue
         if look:
             t_look = time.perf_counter()
             index_reply()
@@ -321,21 +336,36 @@ def generate_tokens(
 def _plain_chain(model: Transformer, cache: KVCache, pending: int, reply: _Reply,
                  push: Callable[[list[int], str], None], finish: Callable[..., GenerationResult],
                  cancel: threading.Event | None, stats: GenerationStats) -> GenerationResult:
-    """Plain greedy decoding with the next step queued before this one's id is read.
+    """Plain greedy decoding, every step chained (``_chained_steps``) until the reply ends."""
+    _, end = _chained_steps(model, cache, pending, reply, push, cancel, stats, None)
+    return finish("cancelled" if end == "cancelled" else None)
+
+
+def _chained_steps(model: Transformer, cache: KVCache, pending: int, reply: _Reply,
+                   push: Callable[[list[int], str], None], cancel: threading.Event | None,
+                   stats: GenerationStats, steps: int | None) -> tuple[int, str | None]:
+    """Up to ``steps`` plain steps (None: until the reply ends), each queued before the
+    previous one's id is read (engine/step_chain.py says why this is exact).
 
     At the top of each turn the step of the reply's last token is queued and its output
     untaken, so the cache already holds prompt + reply: a cancel only drains. The step
     queued before reading id t runs t through the model, which the trailing-token rule
-    needs whenever t ends the reply (engine/step_chain.py says why this is exact).
+    needs whenever t ends the reply. The last of ``steps`` queues nothing ahead, so the
+    caller resumes as after a plain round: ``pending`` (returned) not yet in the cache.
+    Returns (pending, None) after ``steps``, or (last token, "end" | "cancelled").
     """
     chain = make_chain(model, cache, lambda tok: run_rows(model, cache, [tok]))
     chain.push(pending)
     t_round = time.perf_counter()
+    done = 0
     while True:
         if cancel is not None and cancel.is_set():
             chain.drain()
-            return finish("cancelled")
-        chain.push(None)
+            return pending, "cancelled"
+        done += 1
+        last = steps is not None and done >= steps
+        if not last:
+            chain.push(None)
         t0 = time.perf_counter()
         tok = chain.take()
         dt = time.perf_counter() - t0
@@ -343,10 +373,15 @@ def _plain_chain(model: Transformer, cache: KVCache, pending: int, reply: _Reply
         stats.rounds += 1
         prev_text = reply.text
         if reply.emit(tok):
+            if last:
+                chain.push(None)  # the trailing-token rule: tok through the model
             chain.drain()
             push([tok], prev_text)
-            return finish()
+            return tok, "end"
         push([tok], prev_text)
+        pending = tok
         now = time.perf_counter()
         stats.host_s += now - t_round - dt
         t_round = now
+        if last:
+            return pending, None

@@ -172,11 +172,15 @@ def decode(ids: list[int]) -> str:
     return "".join(chr(ord("a") + t % 26) for t in ids)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen2-chained"])
 def tiny(request, tmp_path_factory):
-    path = write_model(Path(tmp_path_factory.mktemp("m")) / f"{request.param}.gguf", request.param,
-                       vocab=40, seed=7)
-    _, model = load_model(path, NumpyBackend())
+    """``-chained``: the numpy reference behind the emulated device chain of
+    tests/test_step_chain.py, so the plain arm's rounds run as chained segments."""
+    from tests.test_step_chain import ChainedNumpy
+
+    arch, _, chained = request.param.partition("-")
+    path = write_model(Path(tmp_path_factory.mktemp("m")) / f"{arch}.gguf", arch, vocab=40, seed=7)
+    _, model = load_model(path, ChainedNumpy() if chained else NumpyBackend())
     return model
 
 
@@ -187,11 +191,21 @@ class ScriptedArm(PlainArm):
         super().__init__()
         self.pattern = pattern
         self.i = 0
+        self.chained_runs: list[int] = []
 
     def look(self) -> bool:
         out = self.pattern[self.i % len(self.pattern)]
         self.i += 1
         return out
+
+    def plain_run(self) -> int:
+        """This plain round and the script's plain rounds right after it (run chained)."""
+        n = 1
+        while not self.pattern[self.i % len(self.pattern)] and n < 64:
+            self.i += 1
+            n += 1
+        self.chained_runs.append(n)
+        return n
 
 
 def run(model, prompt, rules, controller=None):
@@ -221,6 +235,7 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 def test_replies_identical_whatever_the_arm_does(tiny, pattern) -> None:
     """Many prompts, max_tokens ending mid-round, EOS and stop strings inside accepted runs."""
     accepted = 0
+    runs: list[int] = []
     for i, prompt in enumerate(prompts(12, seed=len(pattern))):
         free, _ = run(tiny, prompt, StopRules(max_tokens=24))
         for rules in (
@@ -235,7 +250,10 @@ def test_replies_identical_whatever_the_arm_does(tiny, pattern) -> None:
             assert spec.finish_reason == plain.finish_reason
             assert spec.text == plain.text
             accepted += spec.stats.accepted
+            runs += ctl.arm.chained_runs
     assert accepted > 0  # drafts were verified and taken, not only plain steps
+    if pattern.count(False) > 1:  # consecutive plain rounds ran as chained segments
+        assert max(runs) > 1
 
 
 def test_skipped_rounds_still_reach_the_index(tiny) -> None:

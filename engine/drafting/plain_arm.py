@@ -75,6 +75,13 @@ class PlainArm:
         self._countdown -= 1
         return False
 
+    def plain_run(self) -> int:
+        """Called when ``look`` said no: the plain rounds to run in a row from this one up
+        to the next probe, all taken now (the loop chains them: engine/step_chain.py)."""
+        n = 1 + max(0, self._countdown)
+        self._countdown = 0
+        return n
+
     def observe_plain(self, host_s: float) -> None:
         """A round without a lookup: its host seconds are what a plain round costs."""
         self.plain_rounds += 1
