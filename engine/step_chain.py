@@ -73,7 +73,7 @@ class HostChain:
 
 class GraphChain:
     """Steps replayed as one captured graph that feeds itself: forward, argmax, and the
-    argmax written into the graph's own input with the position moved on (``chain_feed``).
+    argmax written into the graph's own input with the position moved on (``argmax_feed``).
     Each launch starts an asynchronous copy of its id to pinned host memory."""
 
     def __init__(self, model: Any, cache: KVCache) -> None:
@@ -88,9 +88,7 @@ class GraphChain:
         b = self._b
 
         def fn(ids_dev: Any, pos_dev: Any) -> Any:
-            nxt = b.argmax_device(step(ids_dev, pos_dev))
-            b.chain_feed(ids_dev, pos_dev, nxt)
-            return nxt
+            return b.argmax_feed(step(ids_dev, pos_dev), ids_dev, pos_dev)
 
         return fn
 

@@ -522,6 +522,33 @@ def test_argmax_ties_to_lowest(cb, rng):
     assert got[2] == 7 and got[4] == 30999
 
 
+def test_argmax_parts_equal_one_block(cb, rng, monkeypatch):
+    """The two-launch argmax of long rows (parts of ARGMAX_CHUNK ids) == the one-block kernel
+    == numpy: ties inside a part and across parts (lowest id), NaN skipped, -inf rows; and
+    its feed writes the last row's id and moves the position on."""
+    from echoline.engine.backends import cupy_backend
+
+    v = 151936
+    logits = rng.standard_normal((7, v)).astype(np.float32)
+    chunk = cupy_backend.ARGMAX_CHUNK
+    logits[1, [chunk - 1, chunk, 5 * chunk + 3]] = 80.0  # a tie across a part boundary
+    logits[2, [v - 1, v - 2]] = 60.0  # in the last, partial part
+    logits[3, ::7] = np.nan
+    logits[3, 9999] = 70.0
+    logits[4, :] = -np.inf
+    logits[5, 123] = np.inf
+    want = np.array([0 if np.all(np.isnan(r) | (r == -np.inf)) else int(np.nanargmax(r)) for r in logits])
+    got = cb.argmax(cupy.asarray(logits))
+    np.testing.assert_array_equal(got, want)
+    monkeypatch.setattr(cupy_backend, "ARGMAX_ONE_BLOCK_MAX", 1 << 30)
+    np.testing.assert_array_equal(cb.argmax(cupy.asarray(logits)), want)
+    monkeypatch.undo()
+    ids, pos = cupy.array([5], dtype=cupy.int32), cupy.array([41], dtype=cupy.int32)
+    out = cb.argmax_feed(cupy.asarray(logits), ids, pos)
+    np.testing.assert_array_equal(out.get(), want)
+    assert int(ids.get()[0]) == want[-1] and int(pos.get()[0]) == 42
+
+
 # ---- whole model ---------------------------------------------------------------------------
 
 

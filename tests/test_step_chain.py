@@ -4,7 +4,7 @@ The GPU's chain replays one captured graph that feeds itself on the device. Here
 backend stands in for the device: ``run_graph`` keeps each key's static inputs and the
 function first given for it (a capture), replays it on those statics, and with
 ``fed=True`` copies nothing, so a step reads only what the previous step's
-``chain_feed`` wrote. If the chain read a stale id or position, skipped the trailing
+``argmax_feed`` wrote. If the chain read a stale id or position, skipped the trailing
 step, or lost a row on a cancel, the ids or the cache rows below would differ.
 The same loop on the real device: tests/test_cuda_backend.py (skipped without a GPU).
 """
@@ -80,10 +80,11 @@ class ChainedNumpy(NumpyBackend):
     def argmax_device(self, logits):
         return np.argmax(np.asarray(logits), axis=-1).astype(np.int32)
 
-    @staticmethod
-    def chain_feed(ids_dev, pos_dev, next_ids) -> None:
-        ids_dev[...] = next_ids[-1:]
+    def argmax_feed(self, logits, ids_dev, pos_dev):
+        nxt = self.argmax_device(logits)
+        ids_dev[...] = nxt[-1:]
         pos_dev += 1
+        return nxt
 
     def copy_to_host_async(self, x):
         return _Copy(x)

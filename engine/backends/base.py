@@ -41,7 +41,7 @@ class Backend(ABC):
     #: rows; 0: never.
     graph_max_rows: int = 0
     #: Plain decode steps can be queued back to back, each fed by the previous one's argmax
-    #: on the device (``run_graph(fed=True)``, ``chain_feed``, ``copy_to_host_async``):
+    #: on the device (``run_graph(fed=True)``, ``argmax_feed``, ``copy_to_host_async``):
     #: engine/step_chain.py. False: every step waits for its id on the host.
     graph_chain: bool = False
 

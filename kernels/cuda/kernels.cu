@@ -1793,4 +1793,67 @@ extern "C" __global__ void argmax_rows(const float* X, int ldx, int V, int* out)
     if (threadIdx.x == 0) out[blockIdx.x] = bi[0] == 0x7fffffff ? 0 : bi[0];
 }
 
+// The same argmax in two launches, for long rows (a 151,936-id vocabulary took one block
+// 12.9 us): blocks of 256 threads reduce `chunk` ids each to (max, lowest id of it), then
+// one warp per row reduces the parts in order. Both keep the lowest id among equal maxima
+// and skip NaN, so the id is argmax_rows' for every row. With `feed`, the last row's id
+// is also written to feed_ids[0] and feed_pos[0] moves on by one: a chained decode step's
+// graph hands the next replay its input (engine/step_chain.py) without a host round trip.
+__device__ __forceinline__ void argmax_pick(float& bv, int& bi, float v2, int i2) {
+    if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+}
+
+extern "C" __global__ void argmax_part(const float* X, int ldx, int V, int chunk, float* PV,
+                                       int* PI) {
+    __shared__ float bv[256];
+    __shared__ int bi[256];
+    const float* x = X + (long long)blockIdx.y * ldx;
+    int k0 = blockIdx.x * chunk, k1 = min(V, k0 + chunk);
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int k = k0 + threadIdx.x; k < k1; k += 256) {
+        float v = x[k];
+        if (v > best) { best = v; idx = k; }
+    }
+    bv[threadIdx.x] = best;
+    bi[threadIdx.x] = idx;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if (threadIdx.x < o) {
+            float b = bv[threadIdx.x];
+            int i = bi[threadIdx.x];
+            argmax_pick(b, i, bv[threadIdx.x + o], bi[threadIdx.x + o]);
+            bv[threadIdx.x] = b;
+            bi[threadIdx.x] = i;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        PV[(long long)blockIdx.y * gridDim.x + blockIdx.x] = bv[0];
+        PI[(long long)blockIdx.y * gridDim.x + blockIdx.x] = bi[0];
+    }
+}
+
+extern "C" __global__ void argmax_final(const float* PV, const int* PI, int parts, int* out,
+                                        int feed, int* feed_ids, int* feed_pos) {
+    int row = blockIdx.x, lane = threadIdx.x;
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int c = lane; c < parts; c += 32)
+        argmax_pick(best, idx, PV[(long long)row * parts + c], PI[(long long)row * parts + c]);
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_down_sync(0xffffffffu, best, o);
+        int i2 = __shfl_down_sync(0xffffffffu, idx, o);
+        argmax_pick(best, idx, v2, i2);
+    }
+    if (lane == 0) {
+        int id = idx == 0x7fffffff ? 0 : idx;
+        out[row] = id;
+        if (feed && row == gridDim.x - 1) {
+            feed_ids[0] = id;
+            feed_pos[0] += 1;
+        }
+    }
+}
+
 #endif  // ECHOLINE_COMMON
