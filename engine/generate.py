@@ -245,8 +245,15 @@ def generate_tokens(
     # ECHOLINE_DRAFT_WIDTHS=all / pow2 forces either way (A/B runs).
     widths = os.environ.get("ECHOLINE_DRAFT_WIDTHS", "")
     pow2 = speculate and (widths == "pow2" or (widths != "all" and getattr(backend, "graph_max_rows", 0) > 0))
+    # Where a forward returns before the device finishes (CUDA graphs), the next round's
+    # lookup is made while the verify runs, for the outcome the drafts predict (all taken,
+    # then the draft's next token); the next round uses it when that came true.
+    overlap = speculate and getattr(backend, "graph_chain", False)
+    ahead: tuple[list[int], object] | None = None
+    last_ids: list[int] = []
     t_round = time.perf_counter()
     while True:
+        pre, ahead = ahead, None  # a lookup made ahead serves the very next round only
         if cancel is not None and cancel.is_set():
             run_rows(model, cache, [pending])  # the reply so far is complete in the cache
             return finish("cancelled")
@@ -270,7 +277,11 @@ def generate_tokens(
         if look:
             t_look = time.perf_counter()
             index_reply()
-            draft = index.draft(context[-DRAFT_CONTEXT:], controller.max_draft)
+            if pre is not None and pre[0] == last_ids:
+                draft = pre[1]
+                stats.lookups_ahead += 1
+            else:
+                draft = index.draft(context[-DRAFT_CONTEXT:], controller.max_draft)
             remaining = rules.max_tokens - len(reply.ids)
             k = controller.choose(draft, cache.length, remaining) if draft.tokens else 0
             if pow2 and k:
@@ -283,6 +294,9 @@ def generate_tokens(
         rows = [pending] + drafts
         t0 = time.perf_counter()
         logits = run_rows(model, cache, rows)
+        if overlap and look and len(draft.tokens) > len(drafts) > 0:
+            guess = drafts + [draft.tokens[len(drafts)]]
+            ahead = (guess, index.draft(context[len(guess) - DRAFT_CONTEXT :] + guess, controller.max_draft))
         if sampler is None:
             best = backend.argmax(logits)
         else:  # sampling runs plain decoding only (no drafts), one row per step
@@ -318,6 +332,7 @@ def generate_tokens(
                 return finish()
         push(new_ids, prev_text)
         pending = new_ids[-1]
+        last_ids = new_ids
         now = time.perf_counter()
         host = now - t_round - dt
         stats.host_s += host

@@ -34,6 +34,7 @@ class GenerationStats:
     #: Rounds that looked up drafts (the rest were plain-arm rounds) and the host seconds
     #: those lookups took (drafting and the controller's choice; part of ``host_s``).
     lookups: int = 0
+    lookups_ahead: int = 0  # lookups made while the previous verify ran (CUDA), then used
     lookup_s: float = 0.0
 
     @property

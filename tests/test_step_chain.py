@@ -187,3 +187,32 @@ def test_later_turn_on_the_reused_cache(models):
     second_g, gc = run(chained, turn2, rules, cache=gc)
     assert second_g.token_ids == second_w.token_ids
     same_cache(wc, gc, len(turn2) + len(second_w.token_ids))
+
+
+def test_speculation_with_lookups_made_ahead(models):
+    """On a backend whose forwards run ahead of the host, the next round's lookup is made
+    while the verify runs (for the outcome the drafts predict) and used when it came true:
+    replies stay the plain ones, and some rounds did use a lookup made ahead."""
+    from echoline.engine.drafting.controller import DraftController, VerifyCost
+    from echoline.engine.drafting.ngram_index import NgramIndex
+
+    plain, chained = models
+    rng = np.random.default_rng(4)
+    ahead = 0
+    for _ in range(8):
+        unit = [int(t) for t in rng.integers(0, 50, size=int(rng.integers(3, 8)))]
+        prompt = (unit * 6)[: int(rng.integers(8, 40))]
+        rules = StopRules(max_tokens=int(rng.integers(5, 30)))
+        want, wc = run(plain, prompt, rules)
+        index = NgramIndex()
+        index.set_source("prompt", prompt)
+        index.set_source("reply", [])
+        ctl = DraftController(VerifyCost.from_ratios([1.0] * 17, 1e-3), max_draft=8)
+        ctl.arm = None
+        cache = chained.new_cache(64)
+        got = generate_tokens(chained, cache, prompt, decode=decode, rules=rules, index=index,
+                              controller=ctl, prefill_chunk=4, stats=GenerationStats())
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+        same_cache(wc, cache, len(prompt) + len(want.token_ids))
+        ahead += got.stats.lookups_ahead
+    assert ahead > 0

@@ -214,6 +214,8 @@ def run(args) -> dict:
         "round_split_ms": {"plain": _split_ms(plain_stats, "round"), "spec": _split_ms(stats, "round")},
         "token_split_ms": {"plain": _split_ms(plain_stats, "token"), "spec": _split_ms(stats, "token")},
         "lookup_share": round(sum(s.lookups for s in stats) / rounds_total, 4) if rounds_total else 0.0,
+        # Of those lookups, the share made while the previous verify ran (CUDA) and used.
+        "lookups_ahead_share": round(sum(s.lookups_ahead for s in stats) / max(1, sum(s.lookups for s in stats)), 4),
     }
     print_table(
         f"bench spec: {engine.model_name} on {engine.backend_variant}, {kind} traffic, {rounds} interleaved rounds",

@@ -69,7 +69,7 @@ final)
 import json, sys
 r = json.load(open(sys.argv[1]))
 keep = ("plain_tok_s", "spec_tok_s", "ratio", "identical", "acceptance", "tokens_per_round",
-        "round_split_ms", "verify_cost", "oracle_ratio", "limit_ratio")
+        "round_split_ms", "verify_cost", "oracle_ratio", "limit_ratio", "lookups_ahead_share")
 print(json.dumps({k: r.get(k) for k in keep}))
 PY
   done
