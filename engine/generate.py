@@ -248,7 +248,9 @@ def generate_tokens(
     # Where a forward returns before the device finishes (CUDA graphs), the next round's
     # lookup is made while the verify runs, for the outcome the drafts predict (all taken,
     # then the draft's next token); the next round uses it when that came true.
-    overlap = speculate and getattr(backend, "graph_chain", False)
+    # ECHOLINE_LOOKUP_AHEAD=0 turns it off (A/B runs).
+    overlap = (speculate and getattr(backend, "graph_chain", False)
+               and os.environ.get("ECHOLINE_LOOKUP_AHEAD", "1") != "0")
     ahead: tuple[list[int], object] | None = None
     last_ids: list[int] = []
     t_round = time.perf_counter()

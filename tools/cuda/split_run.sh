@@ -63,9 +63,11 @@ final)
   [ -f $M ] || { echo "no model"; ls -l /tmp/models; exit 1; }
   timeout ${DECODE_S:-90} python3 -m echoline bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"
   stamp "decode rc=$?"; tail -8 "$OUT/decode.err"; tail -c 600 "$OUT/decode.json"; echo
-  for t in ${TRAFFIC:-copy edit}; do
-    timeout ${SPEC_S:-100} python3 -m echoline bench spec --backend cuda --model $M --traffic $t --rounds 3 --json > "$OUT/spec_$t.json" 2> "$OUT/spec_$t.err"
-    stamp "spec $t rc=$?"; python3 - "$OUT/spec_$t.json" <<'PY'
+  for t in ${TRAFFIC:-copy edit}; do  # t: a traffic, or traffic:ENV=VALUE for an A/B arm
+    tr=${t%%:*}; f=spec_${t//[:=]/_}; [ "$t" = "$tr" ] || export "${t#*:}"
+    timeout ${SPEC_S:-100} python3 -m echoline bench spec --backend cuda --model $M --traffic $tr --rounds 3 --json > "$OUT/$f.json" 2> "$OUT/$f.err"
+    stamp "spec $t rc=$?"; [ "$t" = "$tr" ] || unset "$(echo "${t#*:}" | cut -d= -f1)"
+    python3 - "$OUT/$f.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 keep = ("plain_tok_s", "spec_tok_s", "ratio", "identical", "acceptance", "tokens_per_round",
