@@ -239,6 +239,7 @@ def generate_tokens(
     arm = getattr(controller, "arm", None) if speculate else None
     if arm is not None:
         arm.start()
+        arm.plain_chained = bool(getattr(backend, "graph_chain", False)) and sampler is None
     observe_overhead = getattr(controller, "observe_overhead", None)
     # On a backend that replays a captured graph per (row count, cache), every new width on a
     # new cache pays a capture (several ms): verify only 2, 4, 8 or 16 rows there.
@@ -274,6 +275,7 @@ def generate_tokens(
             t1 = controller.cost.t1(base)
             for _ in range(run_plain):
                 arm.observe_plain(max(0.0, per_step - t1))
+            arm.observe_chained(per_step)
             t_round = time.perf_counter()
             continue
         if look:

@@ -165,6 +165,20 @@ def test_round_value_charges_forward_and_host() -> None:
     assert arm.round_value(0, 0.0, 70e-6, 1e-3) == pytest.approx(-50e-6)
 
 
+def test_round_value_against_chained_plain_steps() -> None:
+    """Where plain steps are chained their host time is hidden: a plain token costs one row's
+    forward until chained runs were measured, then their seconds per step."""
+    arm = PlainArm()
+    arm.plain_chained = True
+    arm.observe_plain(20e-6)  # a stepwise round's host time no longer credits a lookup round
+    assert arm.round_value(2, 0.3e-3, 80e-6, 1e-3) == pytest.approx(2 * 1e-3 - 0.3e-3 - 80e-6)
+    arm.observe_chained(0.9e-3)  # chained steps measured faster than a lone forward
+    assert arm.round_value(2, 0.3e-3, 80e-6, 1e-3) == pytest.approx(3 * 0.9e-3 - 1.3e-3 - 80e-6)
+    # a round that drafted nothing loses its host time and what a lone forward costs over a
+    # chained step
+    assert arm.round_value(0, 0.0, 70e-6, 1e-3) == pytest.approx(0.9e-3 - 1e-3 - 70e-6)
+
+
 # ----- exactness through the real loop -------------------------------------------------------
 
 

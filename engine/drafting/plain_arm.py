@@ -57,6 +57,11 @@ class PlainArm:
         self.drafting = True  # False: the plain arm (rounds skip the lookup)
         self.value_s = 0.0  # decayed average value of a lookup round, seconds
         self.h_plain_s: float | None = None  # host seconds of a plain round (EMA)
+        # Where plain steps are chained (CUDA: engine/step_chain.py) their host work overlaps
+        # the next step, so plain decoding costs a step's own time: ``chained_step_s``, the
+        # measured seconds per step of chained runs (EMA), else one row's forward alone.
+        self.plain_chained = False
+        self.chained_step_s: float | None = None
         self.skip = min_skip
         self._countdown = 0  # plain rounds left before the next probe
         self.lookups = 0
@@ -90,8 +95,21 @@ class PlainArm:
         h = self.h_plain_s
         self.h_plain_s = host_s if h is None else h + self.weight * (host_s - h)
 
+    def observe_chained(self, step_s: float) -> None:
+        """A chained run of plain steps: its seconds per step (what a plain token costs)."""
+        c = self.chained_step_s
+        self.chained_step_s = step_s if c is None else c + self.weight * (step_s - c)
+
     def round_value(self, accepted: int, extra_forward_s: float, host_s: float, t1_s: float) -> float:
-        """Seconds this lookup round saved against plain decoding (negative: it lost)."""
+        """Seconds this lookup round saved against plain decoding (negative: it lost).
+
+        The round made accepted + 1 tokens for its forward (t1 + extra) and host time;
+        plain decoding would have paid a plain step for each: t1 plus a plain round's host
+        time, or, where plain steps are chained, the chained step's measured time (t1 with
+        no host time until one was measured)."""
+        if self.plain_chained:
+            step = self.chained_step_s if self.chained_step_s is not None else t1_s
+            return (accepted + 1) * step - (t1_s + max(0.0, extra_forward_s)) - host_s
         h = self.h_plain_s or 0.0
         return accepted * (t1_s + h) - max(0.0, extra_forward_s) - (host_s - h)
 
