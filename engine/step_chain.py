@@ -82,15 +82,13 @@ class GraphChain:
         self._b = model.backend
         self._copies: deque[Any] = deque()
         self._fed = False  # the graph's inputs hold the next step's (its last replay fed them)
-
-    def _fn(self) -> Callable[[Any, Any], Any]:
-        step = self._model.graph_step(self._cache, 1, True)
+        step = model.graph_step(cache, 1, True)
         b = self._b
 
-        def fn(ids_dev: Any, pos_dev: Any) -> Any:
+        def fn(ids_dev: Any, pos_dev: Any) -> Any:  # what the graph captures (once per cache)
             return b.argmax_feed(step(ids_dev, pos_dev), ids_dev, pos_dev)
 
-        return fn
+        self._fn = fn
 
     def push(self, token: int | None) -> None:
         cache, b = self._cache, self._b
@@ -105,7 +103,7 @@ class GraphChain:
         def inputs() -> list[np.ndarray]:
             return [np.array([token], np.int32), np.array([start], np.int32)]
 
-        out = b.run_graph(_KEY, self._fn(), inputs, owner=cache, generation=generation, fed=fed)
+        out = b.run_graph(_KEY, self._fn, inputs, owner=cache, generation=generation, fed=fed)
         self._fed = True
         self._copies.append(b.copy_to_host_async(out))
         cache.advance(start, 1)
