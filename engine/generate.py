@@ -234,8 +234,9 @@ def generate_tokens(
     push([pending], prev_text)
 
     speculate = index is not None and controller is not None
-    if not speculate and sampler is None:
-        return _plain_chain(model, cache, pending, reply, push, finish, cancel, stats)
+    if not speculate and sampler is None:  # plain greedy: every step chained to the end
+        _, end = _chained_steps(model, cache, pending, reply, push, cancel, stats, None)
+        return finish("cancelled" if end == "cancelled" else None)
     arm = getattr(controller, "arm", None) if speculate else None
     if arm is not None:
         arm.start()
@@ -350,14 +351,6 @@ def generate_tokens(
             arm.observe_plain(host)
         t_round = now
 
-
-
-def _plain_chain(model: Transformer, cache: KVCache, pending: int, reply: _Reply,
-                 push: Callable[[list[int], str], None], finish: Callable[..., GenerationResult],
-                 cancel: threading.Event | None, stats: GenerationStats) -> GenerationResult:
-    """Plain greedy decoding, every step chained (``_chained_steps``) until the reply ends."""
-    _, end = _chained_steps(model, cache, pending, reply, push, cancel, stats, None)
-    return finish("cancelled" if end == "cancelled" else None)
 
 
 def _chained_steps(model: Transformer, cache: KVCache, pending: int, reply: _Reply,
