@@ -10,7 +10,9 @@ that did its true cost, in seconds, against what plain decoding would have spent
 
 ``accepted`` drafts are plain steps saved (each a one-row forward T(1) plus a plain round's
 host time ``h_plain``); the forward's extra over one row and the host time over a plain
-round's are what the round paid for them. A round with no draft is worth −(its lookup and
+round's are what the round paid for them. Where plain steps are chained (CUDA:
+engine/step_chain.py) their host time is hidden, so a plain token costs one chained step's
+measured time instead: value = (accepted + 1) × step − forward − host. A round with no draft is worth −(its lookup and
 choice). While a decayed average of the value stays positive, every round looks up. Once it
 falls to zero or below, the loop decodes plainly and probes with one lookup after ``skip``
 plain rounds: a probe that gets drafts accepted and pays switches drafting back on; one that
