@@ -342,15 +342,18 @@ def _fill_cache(cb, ref, rng, cap, kvh, hd, length):
     return kc, vc, kr, vr
 
 
-@pytest.fixture(params=["tensor", "cuda-core"])
+@pytest.fixture(params=["tensor", "cuda-core", "cuda-core-g2", "cuda-core-g4"])
 def attn(cb, request):
     """The backend with one attention kernel family: tensor-core (3xTF32 mma tiles; off by
-    default) or CUDA-core (a warp per item, the default). Each must match numpy and be
-    batch-invariant; they need not give each other's bits."""
-    keep = cb.tensor_attention, cb.attn_split
+    default) or CUDA-core (a warp per item, the default; "-gN": from 2 rows a warp takes N
+    items at once, while one-row calls keep one, so decode == verify checks the grouped
+    kernel against the plain one). Each must match numpy and be batch-invariant; the two
+    families need not give each other's bits."""
+    keep = cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp
     cb.tensor_attention = request.param == "tensor"
+    cb.attn_items_per_warp = int(request.param[-1]) if "-g" in request.param else 1
     yield cb
-    cb.tensor_attention, cb.attn_split = keep
+    cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp = keep
 
 
 @pytest.mark.parametrize(
@@ -454,20 +457,22 @@ def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, 
     qh = rng.standard_normal((k, heads, hd)).astype(np.float32)
     q = cupy.asarray(qh)
     scale = 1.0 / math.sqrt(hd)
-    keep = cb.attn_items, cb.tensor_attention
+    keep = cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp
     cb.tensor_attention = False
     try:
         out = {}
-        for items in (8, 1, 5, 16, 24, 48, 64):
-            cb.attn_items = items
-            poison()
-            out[items] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
-            assert np.array_equal(out[items], out[8]), f"{items} items per block differ"
-            one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
-            assert np.array_equal(one[0], out[8][3])
-        assert rel_err(out[8], ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
+        for ipw in (1, 2, 4):  # items a warp takes at once (the grouped kernels)
+            cb.attn_items_per_warp = ipw
+            for items in (8, 1, 5, 16, 24, 48, 64):
+                cb.attn_items = items
+                poison()
+                out[ipw, items] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
+                assert np.array_equal(out[ipw, items], out[1, 8]), f"{ipw}x{items} items differ"
+                one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
+                assert np.array_equal(one[0], out[1, 8][3])
+        assert rel_err(out[1, 8], ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
     finally:
-        cb.attn_items, cb.tensor_attention = keep
+        cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp = keep
 
 
 def test_rms_norm_rope_and_elementwise(cb, ref, rng):
@@ -1375,17 +1380,25 @@ def test_attention_min_blocks_change_no_bits(cb, rng, heads, kvh, hd, window):
     positions = np.arange(length - k, length)
     q = cupy.asarray(rng.standard_normal((k, heads, hd)).astype(np.float32))
     scale = 1.0 / math.sqrt(hd)
-    keep = cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows
+    keep = (
+        cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows,
+        cb.attn_items_per_warp, cb.attn_group_min_blocks,
+    )  # fmt: skip
     cb.tensor_attention, cb.attn_min_blocks_min_rows = False, 2
     try:
         out = {}
-        for blocks in (1, 7, 8):
-            cb.attn_min_blocks = blocks
-            poison()
-            out[blocks] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
-            one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
-            assert np.array_equal(one[0], out[blocks][3])
-        assert np.isfinite(out[1]).all()
-        assert np.array_equal(out[7], out[1]) and np.array_equal(out[8], out[1])
+        for ipw, field in ((1, "attn_min_blocks"), (2, "attn_group_min_blocks"), (4, "attn_group_min_blocks")):
+            cb.attn_items_per_warp = ipw
+            for blocks in (1, 3, 4, 7, 8):
+                setattr(cb, field, blocks)
+                poison()
+                out[ipw, blocks] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
+                one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
+                assert np.array_equal(one[0], out[ipw, blocks][3])
+                assert np.array_equal(out[ipw, blocks], out[1, 1]), f"{ipw} items, {blocks} blocks"
+        assert np.isfinite(out[1, 1]).all()
     finally:
-        cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows = keep
+        (
+            cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows,
+            cb.attn_items_per_warp, cb.attn_group_min_blocks,
+        ) = keep  # fmt: skip

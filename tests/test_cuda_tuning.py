@@ -99,3 +99,16 @@ def test_min_units_per_warp_override() -> None:
     got = CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP": "1"})
     assert got.tensor_min_units_per_warp == 1
     assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP": "3"}) == CudaTuning()
+
+
+def test_attention_items_per_warp_override() -> None:
+    """Items per warp of the grouped attention kernels: 1, 2 or 4 (kernels built for those),
+    anything else keeps the default; its resident blocks are a digit 1-8."""
+    for value in ("1", "2", "4"):
+        t = CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP": value})
+        assert t.attn_items_per_warp == int(value)
+    for odd in ("3", "8", "two", ""):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP": odd}) == CudaTuning()
+    t = CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS": "2"})
+    assert t.attn_group_min_blocks == 2
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS": "9"}) == CudaTuning()

@@ -152,6 +152,16 @@ class CudaTuning:
     #: 3.121. Env ``ECHOLINE_CUDA_ATTN_MIN_BLOCKS=1..8``
     attn_min_blocks: int = 7
     attn_min_blocks_min_rows: int = 2
+    #: (row, head) items a warp of the CUDA-core attention takes at once (1, 2 or 4;
+    #: kernels.cu attn_partial_d<n>_g<IPW>) in launches of at least
+    #: ``attn_items_per_warp_min_rows`` rows: a lane then reads each K and V element from
+    #: shared memory once for all of them. A speed choice, the same bits (session 18).
+    #: Env ``ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP=1|2|4``
+    attn_items_per_warp: int = 1
+    attn_items_per_warp_min_rows: int = 2
+    #: resident blocks per SM asked of the register allocator for those grouped kernels
+    #: (their items' registers: ATTN_MINB 7 would spill). Env ``ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS``
+    attn_group_min_blocks: int = 4
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split: int = 32
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's (row,
@@ -182,6 +192,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_SPLIT_UNITS", "tensor_split_units", ("1", "2")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER", "tensor_split_cluster", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
+            ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
         ):
             value = env.get(name)
             if value in ok:
@@ -190,6 +201,7 @@ class CudaTuning:
         for name, field in (
             ("ECHOLINE_CUDA_TENSOR_MIN_BLOCKS", "tensor_min_blocks"),
             ("ECHOLINE_CUDA_ATTN_MIN_BLOCKS", "attn_min_blocks"),
+            ("ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS", "attn_group_min_blocks"),
         ):
             blocks = env.get(name, "")
             if blocks in tuple("12345678"):

@@ -900,22 +900,33 @@ class CupyBackend(Backend):
         self._attention_pass(f"attn_tc_d{c.hd // 32}", c, (items + 63) // 64, 128, smem)
 
     def _attention_cc(self, c: _AttnCall) -> None:
-        """Pass 1 on the CUDA cores: a warp per (row, head) item, one key per lane."""
+        """Pass 1 on the CUDA cores: a warp per (row, head) item, one key per lane; from
+        ``attn_items_per_warp_min_rows`` rows a warp takes ``attn_items_per_warp`` items
+        at once (kernels ``_g2`` / ``_g4``: K and V read once for all of them; splits of 32
+        keys only). The same bits either way, so the choice follows the row count."""
         items = c.n * (c.heads // c.kvh)
-        per_block = self.attn_items
+        ipw = self.attn_items_per_warp
+        if ipw not in (2, 4) or c.n < self.attn_items_per_warp_min_rows or c.split != 32:
+            ipw = 1
+        per_block = self.attn_items * ipw
         chunks = (items + per_block - 1) // per_block
         smem = (c.split * (2 * c.hd + 1) + min(items, per_block) * c.hd) * 4
-        self._attention_pass(f"attn_partial_d{c.hd // 32}", c, chunks, 256, smem, per_block)
-
-    def _attention_pass(
-        self, name: str, c: _AttnCall, chunks: int, threads: int, smem: int, per_block: int = 0
-    ) -> None:
-        """Launch pass 1 ``name`` over (splits, kv heads, item chunks). The CUDA-core kernel
-        (``per_block`` > 0) also takes the split size and its items per block; the
-        tensor-core one has both built in."""
         # fewer registers for more resident blocks pays from 2 rows on and costs one-row
         # decode ~1 %: the same bits either way (kernels.cu ATTN_MINB), so it may follow n
-        blocks = self.attn_min_blocks if per_block and c.n >= self.attn_min_blocks_min_rows else 1
+        if ipw > 1:
+            blocks = self.attn_group_min_blocks
+        else:
+            blocks = self.attn_min_blocks if c.n >= self.attn_min_blocks_min_rows else 1
+        name = f"attn_partial_d{c.hd // 32}" + (f"_g{ipw}" if ipw > 1 else "")
+        self._attention_pass(name, c, chunks, 256, smem, per_block, blocks)
+
+    def _attention_pass(
+        self, name: str, c: _AttnCall, chunks: int, threads: int, smem: int, per_block: int = 0,
+        blocks: int = 1,
+    ) -> None:  # fmt: skip
+        """Launch pass 1 ``name`` over (splits, kv heads, item chunks). The CUDA-core kernel
+        (``per_block`` > 0) also takes the split size and its items per block, and is built
+        for ``blocks`` resident blocks per SM; the tensor-core one has all three built in."""
         part = self._k(name, attn_blocks=blocks)
         if part.max_dynamic_shared_size_bytes < smem:
             part.max_dynamic_shared_size_bytes = smem

@@ -1179,9 +1179,14 @@ extern "C" __global__ void write_cache(float* cache, const float* rows, int ldr,
 // Shared: K tile S x (hd+1) (padded: lanes read different keys), V tile S x hd, q per_block x hd.
 // DPL = hd / 32 dims per lane, a compile-time constant (no predicated-off work).
 // A block stages one split's K/V for up to `per_block` (row, head) items of one GQA group
-// (chosen by the backend); its 8 warps take items w, w + 8, ... Each item's arithmetic is
-// the same whichever block or warp runs it, so per_block changes no bits.
-template <int DPL>
+// (chosen by the backend). Its 8 warps take IPW consecutive items at a time (warp w items
+// w * IPW .. + IPW - 1, then 8 * IPW further on): a lane reads each K and V element from
+// shared memory once for all IPW items, which is what bounds a many-row launch (every item
+// re-read the split's K and V: ~144 shared loads per item at hd 64). Each item's arithmetic
+// is the same sequence whichever block, warp or IPW runs it, so per_block and IPW change no
+// bits: keys outside an item's range take no multiply-add at all (as with IPW = 1), so a
+// non-finite V there is never seen.
+template <int DPL, int IPW, int KPL>
 __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const float* Kc,
                                                   const float* Vc, const int* pos, int n, int H,
                                                   int KVH, int S, int window, float scale,
@@ -1221,87 +1226,142 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
     }
     __syncthreads();
     int lane = threadIdx.x & 31;
-    for (int w = threadIdx.x >> 5; w < items; w += 8) {
-        int item = item0 + w;
-        int i = item / group, h = g * group + item % group;
-        int p = pos[i];
-        int lo = window > 0 ? max(0, p - window + 1) : 0;
-        if (j0 > p || j0 + S <= lo) continue;  // this split is outside row i's range
-        const float* q = Qs + w * hd;
-        int kpl = S >> 5;  // keys per lane, <= 4
-        float sc[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        float m = -INFINITY;
+    // keys per lane, <= 4: KPL when built in (the grouped kernels: splits of 32 keys, fewer
+    // registers), else S / 32
+    constexpr int NS = KPL ? KPL : 4;
+    int kpl = KPL ? KPL : S >> 5;
+    for (int w0 = (threadIdx.x >> 5) * IPW; w0 < items; w0 += 8 * IPW) {
+        // this warp's items; a slot past the block's last item repeats it and writes nothing
+        int p[IPW], lo[IPW], first[IPW], last[IPW];
+        long long base[IPW];
+        bool on[IPW];
+        bool any = false;
+#pragma unroll
+        for (int k = 0; k < IPW; ++k) {
+            int item = item0 + min(w0 + k, items - 1);
+            int i = item / group, h = g * group + item % group;
+            p[k] = pos[i];
+            lo[k] = window > 0 ? max(0, p[k] - window + 1) : 0;
+            on[k] = w0 + k < items && j0 <= p[k] && j0 + S > lo[k];  // else outside the split
+            any = any || on[k];
+            first[k] = max(0, lo[k] - j0);
+            last[k] = min(jn, p[k] + 1 - j0);
+            base[k] = ((long long)i * H + h) * nsplit + s;
+        }
+        if (!any) continue;
+        const float* q = Qs + w0 * hd;
+        float sc[IPW][NS], m[IPW];
+#pragma unroll
+        for (int k = 0; k < IPW; ++k) {
+            m[k] = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < NS; ++u) sc[k][u] = -INFINITY;
+        }
     #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < NS; ++u) {
             if (u >= kpl) break;
             int jj = lane + 32 * u, j = j0 + jj;
-            float v = -INFINITY;
-            if (j >= lo && j <= p) {
-                // four independent chains (dims d % 4), summed in a fixed order
-                const float* kr = Ks + jj * (hd + 1);
-                const float4* q4 = reinterpret_cast<const float4*>(q);
-                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+            // four independent chains per item (dims d % 4), summed in a fixed order
+            const float* kr = Ks + jj * (hd + 1);
+            float d0[IPW], d1[IPW], d2[IPW], d3[IPW];
+#pragma unroll
+            for (int k = 0; k < IPW; ++k) d0[k] = d1[k] = d2[k] = d3[k] = 0.0f;
     #pragma unroll 8
-                for (int e = 0; e < hd4; ++e) {
-                    float4 qq = q4[e];
-                    d0 = fmaf(qq.x, kr[4 * e], d0);
-                    d1 = fmaf(qq.y, kr[4 * e + 1], d1);
-                    d2 = fmaf(qq.z, kr[4 * e + 2], d2);
-                    d3 = fmaf(qq.w, kr[4 * e + 3], d3);
+            for (int e = 0; e < hd4; ++e) {
+                float k0 = kr[4 * e], k1 = kr[4 * e + 1], k2 = kr[4 * e + 2], k3 = kr[4 * e + 3];
+#pragma unroll
+                for (int k = 0; k < IPW; ++k) {
+                    float4 qq = reinterpret_cast<const float4*>(q + min(k, items - 1 - w0) * hd)[e];
+                    d0[k] = fmaf(qq.x, k0, d0[k]);
+                    d1[k] = fmaf(qq.y, k1, d1[k]);
+                    d2[k] = fmaf(qq.z, k2, d2[k]);
+                    d3[k] = fmaf(qq.w, k3, d3[k]);
                 }
-                float dot = __fadd_rn(__fadd_rn(d0, d1), __fadd_rn(d2, d3));
-                v = __fmul_rn(dot, scale);
             }
-            sc[u] = v;
-            m = fmaxf(m, v);
+#pragma unroll
+            for (int k = 0; k < IPW; ++k) {
+                float dot = __fadd_rn(__fadd_rn(d0[k], d1[k]), __fadd_rn(d2[k], d3[k]));
+                // a key outside [lo, p] (or past the staged keys) is -inf, its dot unused
+                float v = j >= lo[k] && j <= p[k] ? __fmul_rn(dot, scale) : -INFINITY;
+                sc[k][u] = v;
+                m[k] = fmaxf(m[k], v);
+            }
         }
-        m = warp_max(m);
-        float l = 0.0f;
-    #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            if (u >= kpl) break;
-            sc[u] = sc[u] == -INFINITY ? 0.0f : expf(__fsub_rn(sc[u], m));
-            l = __fadd_rn(l, sc[u]);
+        float l[IPW];
+#pragma unroll
+        for (int k = 0; k < IPW; ++k) {
+            m[k] = warp_max(m[k]);
+            l[k] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < NS; ++u) {
+                if (u >= kpl) break;
+                sc[k][u] = sc[k][u] == -INFINITY ? 0.0f : expf(__fsub_rn(sc[k][u], m[k]));
+                l[k] = __fadd_rn(l[k], sc[k][u]);
+            }
+            l[k] = warp_sum(l[k]);
         }
-        l = warp_sum(l);
-        long long base = ((long long)i * H + h) * nsplit + s;
-        float acc[DPL];
-    #pragma unroll
-        for (int e = 0; e < DPL; ++e) acc[e] = 0.0f;
-        int jlast = min(jn, p + 1 - j0);
+        float acc[IPW][DPL];
+#pragma unroll
+        for (int k = 0; k < IPW; ++k)
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) acc[k][e] = 0.0f;
+        int jfirst = jn, jend = 0;  // the union of the warp's items' key ranges
+#pragma unroll
+        for (int k = 0; k < IPW; ++k) {
+            if (on[k]) {
+                jfirst = min(jfirst, first[k]);
+                jend = max(jend, last[k]);
+            }
+        }
     #pragma unroll 4
-        for (int jj = max(0, lo - j0); jj < jlast; ++jj) {
+        for (int jj = jfirst; jj < jend; ++jj) {
             // weight of key jj lives in lane jj % 32, slot jj / 32 (no dynamic register index)
             int slot = jj >> 5;
-            float mine = slot == 0 ? sc[0] : slot == 1 ? sc[1] : slot == 2 ? sc[2] : sc[3];
-            float pj = __shfl_sync(0xffffffffu, mine, jj & 31);
             const float* vr = Vs + jj * hd + lane;
-    #pragma unroll
-            for (int e = 0; e < DPL; ++e) acc[e] = fmaf(pj, vr[32 * e], acc[e]);
+            float v[DPL];
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) v[e] = vr[32 * e];
+#pragma unroll
+            for (int k = 0; k < IPW; ++k) {
+                float mine = sc[k][0];
+#pragma unroll
+                for (int u = 1; u < NS; ++u) mine = slot == u ? sc[k][u] : mine;
+                float pj = __shfl_sync(0xffffffffu, mine, jj & 31);
+                if (jj >= first[k] && jj < last[k]) {  // warp-uniform
+#pragma unroll
+                    for (int e = 0; e < DPL; ++e) acc[k][e] = fmaf(pj, v[e], acc[k][e]);
+                }
+            }
         }
-    #pragma unroll
-        for (int e = 0; e < DPL; ++e) Opart[base * hd + lane + 32 * e] = acc[e];
-        if (lane == 0) {
-            Mpart[base] = m;
-            Lpart[base] = l;
+#pragma unroll
+        for (int k = 0; k < IPW; ++k) {
+            if (!on[k]) continue;
+#pragma unroll
+            for (int e = 0; e < DPL; ++e) Opart[base[k] * hd + lane + 32 * e] = acc[k][e];
+            if (lane == 0) {
+                Mpart[base[k]] = m[k];
+                Lpart[base[k]] = l[k];
+            }
         }
     }  // items
 }
 
 // Blocks per SM the CUDA-core attention asks the register allocator for (a speed choice,
-// the same bits: backend setting attn_min_blocks, module "@aN"). At 39 registers 6 blocks
-// fit: Qwen 0.5B's 16-row launch (952 blocks) ran 1.2 waves (ncu).
+// the same bits: backend settings attn_min_blocks / attn_group_min_blocks, module "@aN").
+// At 39 registers 6 blocks fit: Qwen 0.5B's 16-row launch (952 blocks) ran 1.2 waves (ncu).
 #ifndef ATTN_MINB
 #define ATTN_MINB 1
 #endif
-#define ATTN_PARTIAL(DPL)                                                                        \
-    extern "C" __global__ void __launch_bounds__(256, ATTN_MINB) attn_partial_d##DPL(           \
+#define ATTN_PARTIAL_G(DPL, IPW, KPL, SUFFIX)                                                         \
+    extern "C" __global__ void __launch_bounds__(256, ATTN_MINB) attn_partial_d##DPL##SUFFIX(   \
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int S, int window, float scale, int nsplit, float* Opart, float* Mpart,         \
         float* Lpart, int per_block) {                                                           \
-        attn_partial_body<DPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, S, window, scale, nsplit, Opart,  \
-                               Mpart, Lpart, per_block);                                         \
+        attn_partial_body<DPL, IPW, KPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, S, window, scale, nsplit,    \
+                                    Opart, Mpart, Lpart, per_block);                             \
     }
+#define ATTN_PARTIAL(DPL) \
+    ATTN_PARTIAL_G(DPL, 1, 0, ) ATTN_PARTIAL_G(DPL, 2, 1, _g2) ATTN_PARTIAL_G(DPL, 4, 1, _g4)
 ATTN_PARTIAL(1) ATTN_PARTIAL(2) ATTN_PARTIAL(3) ATTN_PARTIAL(4)
 ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 

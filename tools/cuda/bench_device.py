@@ -353,6 +353,12 @@ NARROW_CONFIGS = {f"units>={n}": {"tensor_min_units_per_warp": n} for n in (2, 1
 ATTNBLOCKS_CONFIGS = {
     f"a{n},i{i}": {"attn_min_blocks": n, "attn_items": i} for n, i in ((1, 8), (7, 8), (8, 8), (1, 16), (8, 4))
 }
+#: session 18 (--attngroup): (row, head) items a warp of the CUDA-core attention takes at
+#: once from 2 rows, and the resident blocks asked for those grouped kernels
+ATTNGROUP_CONFIGS = {"g1": {"attn_items_per_warp": 1}} | {
+    f"g{g},b{n}": {"attn_items_per_warp": g, "attn_group_min_blocks": n}
+    for g, n in ((2, 2), (2, 4), (4, 2), (4, 3))
+}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
@@ -366,6 +372,7 @@ POLICY_SWITCHES = {
     "minblocks": MINBLOCKS_CONFIGS,
     "narrow": NARROW_CONFIGS,
     "attnblocks": ATTNBLOCKS_CONFIGS,
+    "attngroup": ATTNGROUP_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
