@@ -688,6 +688,7 @@ def main() -> int:
         "minblocks": "interleaved A/B: resident tensor-product blocks per SM",
         "attnblocks": "interleaved A/B: resident attention blocks per SM",
         "narrow": "interleaved A/B: narrow weights' K split 16 ways below 2 units per warp",
+        "attngroup": "interleaved A/B: attention items per warp (and their resident blocks)",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
