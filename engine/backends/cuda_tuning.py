@@ -155,9 +155,11 @@ class CudaTuning:
     #: (row, head) items a warp of the CUDA-core attention takes at once (1, 2 or 4;
     #: kernels.cu attn_partial_d<n>_g<IPW>) in launches of at least
     #: ``attn_items_per_warp_min_rows`` rows: a lane then reads each K and V element from
-    #: shared memory once for all of them. A speed choice, the same bits (session 18).
+    #: shared memory once for all of them. A speed choice, the same bits (session 18). H200,
+    #: Qwen 0.5B shape, context 1024, ms at 8 / 16 rows: 1 item 1.203 / 1.595; 2 items (4
+    #: blocks) 1.160 / 1.481; 4 items (2 blocks) 1.212 / 1.473 (one row 1.03 in all).
     #: Env ``ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP=1|2|4``
-    attn_items_per_warp: int = 1
+    attn_items_per_warp: int = 2
     attn_items_per_warp_min_rows: int = 2
     #: resident blocks per SM asked of the register allocator for those grouped kernels
     #: (their items' registers: ATTN_MINB 7 would spill). Env ``ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS``
