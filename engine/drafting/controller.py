@@ -389,15 +389,18 @@ class DraftController:
         return self.expected_tokens(k, source, match_len) / self.cost.ratio(k + 1, context_len)
 
     @staticmethod
-    def _best(probs: Sequence[float], ratios: Sequence[float]) -> tuple[int, float]:
-        """argmax_k E[tokens | k] / (T(k+1)/T(1)); (0, 1.0) when nothing beats plain decode."""
+    def _best(probs: Sequence[float], ratios: Sequence[float], share: float = 0.0) -> tuple[int, float]:
+        """argmax_k E[tokens | k] / (T(k+1)/T(1)); (0, 1.0) when nothing beats plain decode.
+        ``share``: the round's overhead share of a plain round, which every round pays (the
+        ratios become r × (1 − share) + share, computed only as far as the scan goes)."""
         best_k, best_s = 0, 1.0
         run = acc = 1.0
         k = 1
+        keep = 1.0 - share
         for p in probs:
             run *= p
             acc += run
-            s = acc / ratios[k + 1]
+            s = acc / (ratios[k + 1] * keep + share)
             if s > best_s:
                 best_k, best_s = k, s
             elif run < 1e-3:  # later positions add almost nothing and cost more
@@ -413,25 +416,29 @@ class DraftController:
             self.last_speedup = 1.0
             return 0
         ratios = self.cost.ratios(kmax + 1, context_len)
+        share = 0.0
         if self.overhead_s > 0.0:
             t1 = self.cost.t1(context_len)
             share = self.overhead_s / (t1 + self.overhead_s)
-            ratios = [0.0] + [r * (1.0 - share) + share for r in ratios[1:]]
         probs = self.acceptance.position_probs(draft.source, draft.match_len, kmax)
-        k, s = self._best(probs, ratios)
+        k, s = self._best(probs, ratios, share)
         if k > 0 and s > 1.0 + self.min_gain:
             self.last_speedup = s
             return k
+
+        def extra(rows: int) -> float:  # a verify's cost over a plain round, in plain rounds
+            return (ratios[rows] - 1.0) * (1.0 - share)
+
         # The model says no. Bank a little exploration credit; probe when it pays for one.
         self._credit = min(self._credit + self.explore_budget, _MAX_CREDIT)
-        if self._credit < ratios[2] - 1.0:  # not even a 1-token probe is affordable yet
+        if self._credit < extra(2):  # not even a 1-token probe is affordable yet
             self.last_speedup = 1.0
             return 0
-        pk, ps = self._best(self.acceptance.prior_probs(draft.match_len, kmax), ratios)
-        while pk > 1 and ratios[pk + 1] - 1.0 > _MAX_CREDIT:  # keep a probe affordable
+        pk, ps = self._best(self.acceptance.prior_probs(draft.match_len, kmax), ratios, share)
+        while pk > 1 and extra(pk + 1) > _MAX_CREDIT:  # keep a probe affordable
             pk -= 1
         if pk > 0 and ps > 1.0 + self.min_gain:
-            price = max(ratios[pk + 1] - 1.0, 1e-3)
+            price = max(extra(pk + 1), 1e-3)
             if self._credit >= price:
                 self._credit -= price
                 self.probes += 1
