@@ -359,6 +359,11 @@ ATTNGROUP_CONFIGS = {"g1": {"attn_items_per_warp": 1}} | {
     f"g{g},b{n}": {"attn_items_per_warp": g, "attn_group_min_blocks": n}
     for g, n in ((2, 2), (2, 4), (4, 2), (4, 3))
 }
+#: ... and around the default (--attngroup2): blocks per SM and items per block
+ATTNGROUP2_CONFIGS = {
+    f"g2,b{n},i{i}": {"attn_items_per_warp": 2, "attn_group_min_blocks": n, "attn_items": i}
+    for n, i in ((4, 8), (3, 8), (5, 8), (4, 16), (4, 4))
+}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
@@ -373,6 +378,7 @@ POLICY_SWITCHES = {
     "narrow": NARROW_CONFIGS,
     "attnblocks": ATTNBLOCKS_CONFIGS,
     "attngroup": ATTNGROUP_CONFIGS,
+    "attngroup2": ATTNGROUP2_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
@@ -689,6 +695,7 @@ def main() -> int:
         "attnblocks": "interleaved A/B: resident attention blocks per SM",
         "narrow": "interleaved A/B: narrow weights' K split 16 ways below 2 units per warp",
         "attngroup": "interleaved A/B: attention items per warp (and their resident blocks)",
+        "attngroup2": "interleaved A/B: two items per warp, resident blocks and items per block",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
