@@ -26,6 +26,7 @@ from echoline.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from echoline.engine.gguf_file import QuantTensor  # noqa: E402
 from echoline.kernels.cuda.reference import tc_round  # noqa: E402
 
+from tests import cancelling  # noqa: E402
 from tests.synth import encode_matrix  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -683,7 +684,6 @@ def test_chained_decode_equals_stepwise(models, arch, rng):
     """Plain decoding with steps chained on the device (engine/step_chain.py: the graph feeds
     its own argmax to its next replay) == each step waiting for its id: ids, finish reason
     and every cache row, with stop ids, the budget, cache growth mid-reply and a cancel."""
-    import threading
 
     from echoline.engine.generate import StopRules, generate_tokens
     from echoline.engine.types import GenerationStats
@@ -694,14 +694,7 @@ def test_chained_decode_equals_stepwise(models, arch, rng):
     def gen(prompt, rules, capacity, chain, cancel_after=None):
         b.graph_chain = chain
         cache = gpu.new_cache(capacity)
-        cancel = threading.Event()
-        seen = []
-
-        def on_token(ev):
-            seen.extend(ev.new_ids)
-            if cancel_after is not None and len(seen) >= cancel_after:
-                cancel.set()
-
+        cancel, on_token = cancelling.cancel_after(cancel_after)
         try:
             res = generate_tokens(gpu, cache, prompt, decode=lambda ids: "", rules=rules, cancel=cancel,
                                   on_token=on_token, stats=GenerationStats())

@@ -7,7 +7,6 @@ n-gram index's own tests cover how drafts are found.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from echoline.engine.types import GenerationStats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.cancelling import cancel_after
 from tests.synth import write_model
 
 
@@ -182,14 +182,7 @@ def test_cancel_mid_generation_leaves_prefix_and_full_cache(tiny_model):
     prompt = [2, 4, 6, 8]
     rules = StopRules(max_tokens=20)
     plain, _ = run(tiny_model, prompt, rules)
-    cancel = threading.Event()
-    seen = []
-
-    def on_token(event):
-        seen.extend(event.new_ids)
-        if len(seen) >= 5:
-            cancel.set()
-
+    cancel, on_token = cancel_after(5)
     index = ScriptedIndex(plain.token_ids, len(prompt), "mixed", np.random.default_rng(1))
     spec, cache = run(tiny_model, prompt, rules, index=index, k=3, cancel=cancel, on_token=on_token)
     assert spec.finish_reason == "cancelled"

@@ -11,6 +11,7 @@ from echoline.engine.api import Engine
 from echoline.engine.errors import EcholineError
 from echoline.engine.kvcache import KVCache
 
+from tests.cancelling import cancel_after
 from tests.synth import write_model
 
 VOCAB = 64
@@ -85,14 +86,7 @@ def test_follow_up_turn_reuses_prompt_and_reply(llama_path):
     assert warm.stats.reused_tokens == len(prompt) + len(first.token_ids)
     assert warm.token_ids == cold.generate(turn2, max_tokens=9).token_ids
 
-    cancel = threading.Event()
-    seen: list[int] = []
-
-    def stop_soon(event) -> None:
-        seen.extend(event.new_ids)
-        if len(seen) >= 3:
-            cancel.set()
-
+    cancel, stop_soon = cancel_after(3)
     turn3 = turn2 + warm.token_ids + buffer(4, 4)
     partial = eng.generate(turn3, max_tokens=30, session="chat", on_token=stop_soon, cancel=cancel)
     assert partial.finish_reason == "cancelled"

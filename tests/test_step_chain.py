@@ -11,7 +11,6 @@ The same loop on the real device: tests/test_cuda_backend.py (skipped without a 
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from echoline.engine.types import GenerationStats
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.cancelling import cancel_after
 from tests.synth import write_model
 
 
@@ -160,14 +160,7 @@ def test_stop_string_and_cancel(models):
     assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason == "stop"
     same_cache(wc, gc, len(prompt) + len(want.token_ids))
 
-    cancel = threading.Event()
-    seen: list[int] = []
-
-    def on_token(event) -> None:
-        seen.extend(event.new_ids)
-        if len(seen) >= 5:
-            cancel.set()
-
+    cancel, on_token = cancel_after(5)
     got, gc = run(chained, prompt, StopRules(max_tokens=14), cancel=cancel, on_token=on_token)
     assert got.finish_reason == "cancelled"
     assert got.token_ids == free.token_ids[: len(got.token_ids)] and len(got.token_ids) == 5
