@@ -352,7 +352,6 @@ def generate_tokens(
         t_round = now
 
 
-
 def _chained_steps(model: Transformer, cache: KVCache, pending: int, reply: _Reply,
                    push: Callable[[list[int], str], None], cancel: threading.Event | None,
                    stats: GenerationStats, steps: int | None) -> tuple[int, str | None]:
