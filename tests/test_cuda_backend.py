@@ -720,6 +720,50 @@ def test_chained_decode_equals_stepwise(models, arch, rng):
     assert cut[1] == len(prompt) + 7
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_programmatic_launch_changes_no_bits(models, arch, rng):
+    """Kernels launched to overlap the one before them (kernels/cuda/launch.py) give the
+    plain launches' bits: an eager prefill, graph decode steps and verify rows, and a
+    chained plain reply with every cache row."""
+    from echoline.engine.generate import StopRules, generate_tokens
+    from echoline.engine.types import GenerationStats
+    from echoline.kernels.cuda.launch import ProgrammaticKernel
+
+    gpu, _ = models[arch]
+    b = gpu.backend
+    if b._cc_major < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    ids = rng.integers(0, 300, size=60)
+    prompt = [int(t) for t in ids[:19]]
+
+    def run(pdl: bool):
+        keep = b.programmatic_launch
+        b.programmatic_launch = pdl
+        b.drop_graphs()  # graphs captured with the other launches must not be replayed
+        try:
+            assert isinstance(b._k("rms_norm"), ProgrammaticKernel) == pdl
+            cache = gpu.new_cache(128)
+            rows = [b.to_host(gpu.forward(ids[:24], cache))]  # past graph_max_rows: eager
+            for s in range(24, 30):  # one row at a time: graph replays
+                rows.append(b.to_host(gpu.forward(ids[s : s + 1], cache)))
+            rows.append(b.to_host(gpu.forward(ids[30:46], cache)))  # a 16-row verify
+            rows.append(b.to_host(gpu.forward(ids[46:60], cache)))
+            reply_cache = gpu.new_cache(128)
+            reply = generate_tokens(gpu, reply_cache, prompt, decode=lambda t: "",
+                                    rules=StopRules(max_tokens=30), stats=GenerationStats())
+            n = reply_cache.length
+            kv = [b.to_host(k[:n]) for k in reply_cache.k] + [b.to_host(v[:n]) for v in reply_cache.v]
+            return np.concatenate(rows), reply.token_ids, kv
+        finally:
+            b.programmatic_launch = keep
+            b.drop_graphs()
+
+    plain, on = run(False), run(True)
+    assert np.array_equal(on[0], plain[0])
+    assert on[1] == plain[1] and len(on[1]) == 30
+    assert all(np.array_equal(x, y) for x, y in zip(on[2], plain[2], strict=True))
+
+
 # ---- tensor-core products (round 6: CupyBackend.tensor_products, kernels.cu mt_body) ----
 TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 

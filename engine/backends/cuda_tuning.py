@@ -173,6 +173,12 @@ class CudaTuning:
     #: 128), for 3-5 % more speculative tok/s on copy traffic (rounds 7-9). Splits of 32 keys
     #: only. Env ``ECHOLINE_CUDA_TENSOR_ATTENTION=0|1`` (A/B on real models)
     tensor_attention: bool = False
+    #: launch every kernel with programmatic stream serialization (PDL, sm_90 and later;
+    #: kernels/cuda/launch.py): a kernel's blocks are scheduled while the one before it
+    #: runs and wait at ``griddepcontrol.wait`` for its results, so the gaps of a chain of
+    #: ~200 small launches per step overlap. The same bits (every kernel waits before its
+    #: first global access). Env ``ECHOLINE_CUDA_PDL=0|1``
+    programmatic_launch: bool = False
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> CudaTuning:
@@ -195,6 +201,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER", "tensor_split_cluster", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
             ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
+            ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
         ):
             value = env.get(name)
             if value in ok:

@@ -29,6 +29,7 @@ from echoline.engine.backends.cuda_tuning import CudaTuning, install_tuned_attri
 from echoline.engine.errors import EcholineError
 from echoline.engine.gguf_file import QuantTensor
 from echoline.kernels.cuda import FACTORED, TENSOR, load_module
+from echoline.kernels.cuda.launch import ProgrammaticKernel
 
 Q = gguf.GGMLQuantizationType
 _KERNEL_NAMES: dict[Q, str] = {
@@ -213,7 +214,7 @@ class CupyBackend(Backend):
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
         self.tuning = CudaTuning.from_env()  # environment overrides: A/B on real models
-        self._fn: dict[tuple[str, str | None, int, int, int], Any] = {}
+        self._fn: dict[tuple[str, str | None, int, int, int, bool], Any] = {}
         self._pinned: tuple[Any, np.ndarray] | None = None  # copy_to_host_async's slots
         self._pinned_next = 0
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
@@ -241,7 +242,8 @@ class CupyBackend(Backend):
     def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use);
         ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
-        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks)
+        pdl = self.programmatic_launch and self._cc_major >= 9
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks, pdl)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
@@ -253,6 +255,8 @@ class CupyBackend(Backend):
                 qtype = f"@a{attn_blocks}"
             mod = self._mod if qtype is None else load_module(qtype)
             fn = mod.get_function(name)
+            if pdl:  # the same kernel, launched to overlap the one before it
+                fn = ProgrammaticKernel(fn)
             self._fn[key] = fn
         return fn
 

@@ -29,6 +29,20 @@
 
 #define MM_WARPS 4
 
+// Programmatic dependent launch (Hopper and later; backend setting programmatic_launch).
+// Every kernel starts with this: wait until the grids it depends on have completed and
+// their writes are visible, then let the next launch in the stream start its blocks, which
+// sit at their own wait while this grid runs. The block scheduling and launch latency of a
+// chain of small kernels then overlap the previous kernel instead of following it. Nothing
+// is read or written before the wait, so no result can change; launched without the
+// attribute both instructions are no-ops.
+__device__ __forceinline__ void grid_dependency() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -311,6 +325,7 @@ __device__ __forceinline__ void mm_body(int bid, const u8* __restrict__ W, long 
                                 const float* X, int ldx, int n, float* Y, int ldy,             \
                                 const float* G, float eps, const float* Res, int ldr, int act, \
                                 int half, int ksplit) {                                        \
+        grid_dependency();                                                                     \
         mm_body<QT, R, C, F>(blockIdx.x, W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps,  \
                              Res, ldr, act, half, ksplit);                                     \
     }
@@ -326,6 +341,7 @@ __device__ __forceinline__ void mm_body(int bid, const u8* __restrict__ W, long 
             const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,  \
             int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
             const float* G, float eps, const float* Ra, const float* Rb, int ldr, int ksplit) { \
+        grid_dependency();                                                                      \
         if ((int)blockIdx.x < nblk_a)                                                          \
             mm_body<QA, R, C, F>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, Ra, \
                                  ldr, 0, rows_a, ksplit);                                      \
@@ -857,6 +873,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
                                           const float* G, float eps, const float* Res, int ldr, \
                                           int act, int half, const u32* Xh, const float* Xs,   \
                                           const float* Xss) {                                  \
+        grid_dependency();                                                                     \
         __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
         int row0;                                                                              \
         if (!mt_rows<NT>(n, row0)) return;                                                     \
@@ -877,6 +894,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
                                    const float* X, int ldx, int n, float* Y, int ldy,          \
                                    const float* Res, int ldr, float* part, int* cnt,           \
                                    const u32* Xh, const float* Xs, const float* Xss) {         \
+        grid_dependency();                                                                     \
         __shared__ float smem[MT_SMEM(NT, 1, 1)];                                              \
         long long pstride = (long long)n * out_rows;                                           \
         int row0;                                                                              \
@@ -896,6 +914,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
                                            int K, const float* X, int ldx, int n, float* Y,    \
                                            int ldy, const float* Res, int ldr, const u32* Xh,  \
                                            const float* Xs, const float* Xss) {                \
+        grid_dependency();                                                                     \
         __shared__ __align__(16) float smem[KW * NT * 8 * 16];                                 \
         int row0;                                                                              \
         if (!mt_rows<NT>(n, row0)) return;                                                     \
@@ -923,6 +942,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
             int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
             const float* G, float eps, const float* Ra, const float* Rb, int ldr,              \
             const u32* Xh, const float* Xs, const float* Xss) {                                \
+        grid_dependency();                                                                     \
         __shared__ float smem[MT_SMEM(NT, MT, KW)];                                            \
         int row0;                                                                              \
         if (!mt_rows<NT>(n, row0)) return;                                                     \
@@ -1030,6 +1050,7 @@ __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row
                                    const float* X, int ldx, int n, float* Y, int ldy,          \
                                    const float* G, float eps, const float* Res, int ldr,       \
                                    const u32* Xh, const float* Xs, const float* Xss) {         \
+        grid_dependency();                                                                     \
         extern __shared__ __align__(16) u8 mtw_tiles[];                                        \
         __shared__ float red[MT_SMEM(NT, 1, 1)];                                               \
         mtw_body<QT, NT, ST>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps, Res, ldr,   \
@@ -1056,6 +1077,7 @@ __device__ __forceinline__ void embed_body(const u8* table, long long row_bytes,
 #define EMBED_KERNEL(NAME, QT)                                                                   \
     extern "C" __global__ void embed_##NAME(const u8* table, long long row_bytes, int K,         \
                                             const int* ids, float* out) {                         \
+        grid_dependency();                                                                        \
         embed_body<QT>(table, row_bytes, K, ids, out);                                          \
     }
 
@@ -1066,6 +1088,7 @@ __device__ __forceinline__ void embed_body(const u8* table, long long row_bytes,
 // RMSNorm of each row (row stride ldx), times weight; one block of 256 threads per row.
 extern "C" __global__ void rms_norm(const float* X, int ldx, const float* weight, int d, float eps,
                                     float* out) {
+    grid_dependency();
     __shared__ float red[256];
     const float* x = X + (long long)blockIdx.x * ldx;
     float s = 0.0f;
@@ -1099,6 +1122,7 @@ __device__ __forceinline__ void rope_pair(const float* x, float* y, int k, int h
 // RoPE on x (n, H, hd) with row stride ldx; out contiguous.
 extern "C" __global__ void rope(const float* X, int ldx, const int* pos, int n, int H, int hd,
                                 double base, int neox, float* out) {
+    grid_dependency();
     int half = hd >> 1;
     long long total = (long long)n * H * half;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
@@ -1119,6 +1143,7 @@ extern "C" __global__ void rope_store(const float* Qx, int ldq, const float* Kx,
                                       const float* Vx, int ldv, const int* pos, int n, int H,
                                       int KVH, int hd, double base, int neox, float* qout,
                                       float* kc, float* vc) {
+    grid_dependency();
     int half = hd >> 1;
     long long nq = (long long)n * H * half, nk = (long long)n * KVH * half;
     long long vw = (long long)KVH * hd;
@@ -1151,6 +1176,7 @@ extern "C" __global__ void rope_store(const float* Qx, int ldq, const float* Kx,
 // up in different quant types); same arithmetic as the fused epilogue.
 extern "C" __global__ void glu_act(const float* Gt, int ldg, const float* U, int ldu, int n,
                                    int width, int act, float* out) {
+    grid_dependency();
     long long total = (long long)n * width;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
          t += (long long)gridDim.x * blockDim.x) {
@@ -1162,6 +1188,7 @@ extern "C" __global__ void glu_act(const float* Gt, int ldg, const float* U, int
 // cache[dst_i] = rows[i] with dst_i = dst ? dst[i] : start + i; rows have row stride ldr.
 extern "C" __global__ void write_cache(float* cache, const float* rows, int ldr, int n, int width,
                                        const int* dst, int start) {
+    grid_dependency();
     long long total = (long long)n * width;
     for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < total;
          t += (long long)gridDim.x * blockDim.x) {
@@ -1357,6 +1384,7 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int S, int window, float scale, int nsplit, float* Opart, float* Mpart,         \
         float* Lpart, int per_block) {                                                           \
+        grid_dependency();                                                                       \
         attn_partial_body<DPL, IPW, KPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, S, window, scale, nsplit,    \
                                     Opart, Mpart, Lpart, per_block);                             \
     }
@@ -1692,6 +1720,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int window, float scale, int nsplit, float* Opart, float* Mpart,               \
         float* Lpart) {                                                                          \
+        grid_dependency();                                                                       \
         attn_tc_body<DPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit, Opart, Mpart,  \
                           Lpart);                                                                \
     }
@@ -1717,6 +1746,7 @@ __device__ __forceinline__ void softmax_merge(float& M, float& L, float& o, floa
 extern "C" __global__ void __launch_bounds__(256)
     attn_combine(const float* Opart, const float* Mpart, const float* Lpart, const int* pos, int H,
                  int hd, int S, int window, int nsplit, float* out) {
+    grid_dependency();
     __shared__ float so[256], sm[8], sl[8];
     int h = blockIdx.x, i = blockIdx.y;
     int G = blockDim.x / hd;
@@ -1774,6 +1804,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // Grid (n); block: 4 threads per unit, a multiple of 32, at most 1024 (larger K loops).
 extern "C" __global__ void xprep(const float* X, int ldx, int n, int K, const float* G, int kwg,
                                  u32* H, float* S, float* SS) {
+    grid_dependency();
     int row = blockIdx.x, nunits = K >> 6;
     const float* x = X + (long long)row * ldx;
     for (int base = 0; base < 4 * nunits; base += blockDim.x) {
@@ -1827,6 +1858,7 @@ extern "C" __global__ void xprep(const float* X, int ldx, int n, int K, const fl
 
 // Greedy pick per row: largest logit, ties to the lowest id; block of 1024 per row.
 extern "C" __global__ void argmax_rows(const float* X, int ldx, int V, int* out) {
+    grid_dependency();
     __shared__ float bv[1024];
     __shared__ int bi[1024];
     const float* x = X + (long long)blockIdx.x * ldx;
@@ -1865,6 +1897,7 @@ __device__ __forceinline__ void argmax_pick(float& bv, int& bi, float v2, int i2
 
 extern "C" __global__ void argmax_part(const float* X, int ldx, int V, int chunk, float* PV,
                                        int* PI) {
+    grid_dependency();
     __shared__ float bv[256];
     __shared__ int bi[256];
     const float* x = X + (long long)blockIdx.y * ldx;
@@ -1896,6 +1929,7 @@ extern "C" __global__ void argmax_part(const float* X, int ldx, int V, int chunk
 
 extern "C" __global__ void argmax_final(const float* PV, const int* PI, int parts, int* out,
                                         int feed, int* feed_ids, int* feed_pos) {
+    grid_dependency();
     int row = blockIdx.x, lane = threadIdx.x;
     float best = -INFINITY;
     int idx = 0x7fffffff;

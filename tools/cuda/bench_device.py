@@ -199,6 +199,8 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     b.drop_graphs()
     if CHAIN:
         lines += chain_ab(b, model, cache, context, prompt)
+    if "pdl" in POLICY_AB:
+        lines += pdl_loop_ab(b, model, cache, context, prompt)
     if AB:
         lines += ab_decode(b, model, cache, context, prompt, reps)
     if TC:
@@ -222,29 +224,48 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     return lines
 
 
-def chain_ab(b, model, cache, context: int, prompt, rounds: int = 7, n: int = 64) -> list[str]:
-    """Plain generation (engine/generate.py's loop, ``n`` tokens after ``context``) with its
-    steps chained on the device vs each step waiting for its id, interleaved; medians."""
+def loop_ab(
+    b, model, cache, context: int, prompt, attr: str, labels: dict, rounds: int = 7, n: int = 64
+) -> list[str]:
+    """Plain generation (engine/generate.py's loop, ``n`` tokens after ``context``) with the
+    backend attribute ``attr`` at each of the two values ``labels`` names, interleaved (the
+    order alternates per round); median tok/s of each and whether their ids agree."""
     from echoline.engine.generate import StopRules, generate_tokens
     from echoline.engine.types import GenerationStats
 
     ids = [int(t) for t in prompt] + [int(prompt[-1])]
-    rates: dict[bool, list[float]] = {True: [], False: []}
-    replies: dict[bool, list[int]] = {}
+    values = list(labels)
+    rates: dict[object, list[float]] = {v: [] for v in values}
+    replies: dict[object, list[int]] = {}
+    keep = getattr(b, attr)
     try:
         for r in range(rounds):
-            for chain in ((True, False) if r % 2 == 0 else (False, True)):
-                b.graph_chain = chain
-                cache.truncate(context)
-                res = generate_tokens(model, cache, ids, decode=lambda _ids: "",
-                                      rules=StopRules(max_tokens=n), stats=GenerationStats())
-                rates[chain].append((len(res.token_ids) - 1) / res.stats.decode_s)
-                replies.setdefault(chain, res.token_ids)
+            for value in values if r % 2 == 0 else values[::-1]:
+                setattr(b, attr, value)
+                b.drop_graphs()
+                for budget in (4, n):  # the first run captures this setting's graphs
+                    cache.truncate(context)
+                    res = generate_tokens(model, cache, ids, decode=lambda _ids: "",
+                                          rules=StopRules(max_tokens=budget), stats=GenerationStats())
+                rates[value].append((len(res.token_ids) - 1) / res.stats.decode_s)
+                replies.setdefault(value, res.token_ids)
     finally:
-        del b.graph_chain
-    on, off = statistics.median(rates[True]), statistics.median(rates[False])
-    return [f"  plain loop chained  {on:8.1f} tok/s  stepwise {off:8.1f} tok/s  x{on / off:.3f}  "
-            f"same ids: {replies[True] == replies[False]}"]
+        setattr(b, attr, keep)
+        b.drop_graphs()
+    (a, a_name), (c, c_name) = labels.items()
+    ra, rc = statistics.median(rates[a]), statistics.median(rates[c])
+    return [f"  plain loop {a_name} {ra:8.1f} tok/s  {c_name} {rc:8.1f} tok/s  x{ra / rc:.3f}  "
+            f"same ids: {replies[a] == replies[c]}"]
+
+
+def chain_ab(b, model, cache, context: int, prompt) -> list[str]:
+    """The plain loop with its steps chained on the device vs each step waiting for its id."""
+    return loop_ab(b, model, cache, context, prompt, "graph_chain", {True: "chained", False: "stepwise"})
+
+
+def pdl_loop_ab(b, model, cache, context: int, prompt) -> list[str]:
+    """The chained plain loop with every kernel launched programmatically (PDL) or not."""
+    return loop_ab(b, model, cache, context, prompt, "programmatic_launch", {True: "pdl", False: "plain"})
 
 
 #: round-5 A/B (--ab): graph decode with each product policy, interleaved
@@ -364,6 +385,9 @@ ATTNGROUP2_CONFIGS = {
     f"g2,b{n},i{i}": {"attn_items_per_warp": 2, "attn_group_min_blocks": n, "attn_items": i}
     for n, i in ((4, 8), (3, 8), (5, 8), (4, 16), (4, 4))
 }
+#: session 19 (--pdl): every kernel launched with programmatic stream serialization
+#: (kernels/cuda/launch.py) or with CuPy's plain launch; the same bits in both
+PDL_CONFIGS = {"plain": {"programmatic_launch": False}, "pdl": {"programmatic_launch": True}}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
@@ -379,6 +403,7 @@ POLICY_SWITCHES = {
     "attnblocks": ATTNBLOCKS_CONFIGS,
     "attngroup": ATTNGROUP_CONFIGS,
     "attngroup2": ATTNGROUP2_CONFIGS,
+    "pdl": PDL_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
@@ -696,6 +721,7 @@ def main() -> int:
         "narrow": "interleaved A/B: narrow weights' K split 16 ways below 2 units per warp",
         "attngroup": "interleaved A/B: attention items per warp (and their resident blocks)",
         "attngroup2": "interleaved A/B: two items per warp, resident blocks and items per block",
+        "pdl": "interleaved A/B: programmatic dependent launch of every kernel or not",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
