@@ -720,8 +720,9 @@ def test_chained_decode_equals_stepwise(models, arch, rng):
     assert cut[1] == len(prompt) + 7
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["release-at-exit", "release-at-start"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-def test_programmatic_launch_changes_no_bits(models, arch, rng):
+def test_programmatic_launch_changes_no_bits(models, arch, early, rng):
     """Kernels launched to overlap the one before them (kernels/cuda/launch.py) give the
     plain launches' bits: an eager prefill, graph decode steps and verify rows, and a
     chained plain reply with every cache row."""
@@ -737,8 +738,8 @@ def test_programmatic_launch_changes_no_bits(models, arch, rng):
     prompt = [int(t) for t in ids[:19]]
 
     def run(pdl: bool):
-        keep = b.programmatic_launch
-        b.programmatic_launch = pdl
+        keep = b.programmatic_launch, b.programmatic_early
+        b.programmatic_launch, b.programmatic_early = pdl, early
         b.drop_graphs()  # graphs captured with the other launches must not be replayed
         try:
             assert isinstance(b._k("rms_norm"), ProgrammaticKernel) == pdl
@@ -755,7 +756,7 @@ def test_programmatic_launch_changes_no_bits(models, arch, rng):
             kv = [b.to_host(k[:n]) for k in reply_cache.k] + [b.to_host(v[:n]) for v in reply_cache.v]
             return np.concatenate(rows), reply.token_ids, kv
         finally:
-            b.programmatic_launch = keep
+            b.programmatic_launch, b.programmatic_early = keep
             b.drop_graphs()
 
     plain, on = run(False), run(True)

@@ -107,3 +107,14 @@ def test_environment_switches_programmatic_launch() -> None:
     assert CudaTuning.from_env({"ECHOLINE_CUDA_PDL": "1"}).programmatic_launch is True
     assert CudaTuning.from_env({"ECHOLINE_CUDA_PDL": "0"}).programmatic_launch is False
     assert CudaTuning.from_env({"ECHOLINE_CUDA_PDL": "yes"}) == CudaTuning()
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_PDL_EARLY": "1"}).programmatic_early is True
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_PDL_EARLY": "2"}) == CudaTuning()
+
+
+def test_early_release_is_a_module_build() -> None:
+    """"@p1" builds every kernel with PDL_EARLY: the trigger follows the wait."""
+    from echoline.kernels.cuda import kernel_source
+
+    src = kernel_source("q4_k@b5@p1")
+    assert src.startswith("#define MT_MINB 5\n#define PDL_EARLY 1\n")
+    assert "#define PDL_EARLY 1" not in kernel_source("q4_k@b5")

@@ -179,6 +179,10 @@ class CudaTuning:
     #: ~200 small launches per step overlap. The same bits (every kernel waits before its
     #: first global access). Env ``ECHOLINE_CUDA_PDL=0|1``
     programmatic_launch: bool = False
+    #: ... and each kernel releasing the next one's blocks at its start (kernels.cu
+    #: PDL_EARLY, module suffix "@p1") rather than as its own blocks exit.
+    #: Env ``ECHOLINE_CUDA_PDL_EARLY=0|1``
+    programmatic_early: bool = False
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> CudaTuning:
@@ -202,6 +206,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
             ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
+            ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
         ):
             value = env.get(name)
             if value in ok:

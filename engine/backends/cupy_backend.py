@@ -214,7 +214,7 @@ class CupyBackend(Backend):
             raise EcholineError("no CUDA device visible to CuPy")
         self._mod = load_module()
         self.tuning = CudaTuning.from_env()  # environment overrides: A/B on real models
-        self._fn: dict[tuple[str, str | None, int, int, int, bool], Any] = {}
+        self._fn: dict[tuple[str, str | None, int, int, int, bool, bool], Any] = {}
         self._pinned: tuple[Any, np.ndarray] | None = None  # copy_to_host_async's slots
         self._pinned_next = 0
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
@@ -243,7 +243,8 @@ class CupyBackend(Backend):
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use);
         ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
         pdl = self.programmatic_launch and self._cc_major >= 9
-        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks, pdl)
+        early = pdl and self.programmatic_early
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks, pdl, early)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
@@ -253,6 +254,8 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@b{self.tensor_min_blocks}"
             if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
                 qtype = f"@a{attn_blocks}"
+            if early:  # every module: each kernel releases the next one at its start
+                qtype = f"{qtype or ''}@p1"
             mod = self._mod if qtype is None else load_module(qtype)
             fn = mod.get_function(name)
             if pdl:  # the same kernel, launched to overlap the one before it

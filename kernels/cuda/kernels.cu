@@ -31,15 +31,22 @@
 
 // Programmatic dependent launch (Hopper and later; backend setting programmatic_launch).
 // Every kernel starts with this: wait until the grids it depends on have completed and
-// their writes are visible, then let the next launch in the stream start its blocks, which
-// sit at their own wait while this grid runs. The block scheduling and launch latency of a
-// chain of small kernels then overlap the previous kernel instead of following it. Nothing
-// is read or written before the wait, so no result can change; launched without the
-// attribute both instructions are no-ops.
+// their writes are visible. Launched with the attribute, the next kernel in the stream is
+// then set up while this one runs, and its blocks sit at their own wait: the launch gap of
+// a chain of small kernels overlaps the kernel before it. Nothing is read or written before
+// the wait, so no result can change; launched without the attribute it is a no-op.
+// PDL_EARLY (module suffix "@p1", setting programmatic_early) also releases the next
+// kernel's blocks at once instead of when this grid's blocks exit: more overlap, but the
+// waiting blocks take SM slots wherever one is free, which can pack a grid onto few SMs.
+#ifndef PDL_EARLY
+#define PDL_EARLY 0
+#endif
 __device__ __forceinline__ void grid_dependency() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#if PDL_EARLY
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 #endif
 }
 

@@ -200,7 +200,7 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     if CHAIN:
         lines += chain_ab(b, model, cache, context, prompt)
     if "pdl" in POLICY_AB:
-        lines += pdl_loop_ab(b, model, cache, context, prompt)
+        lines += loop_ab(b, model, cache, context, prompt, PDL_CONFIGS)
     if AB:
         lines += ab_decode(b, model, cache, context, prompt, reps)
     if TC:
@@ -224,48 +224,45 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     return lines
 
 
-def loop_ab(
-    b, model, cache, context: int, prompt, attr: str, labels: dict, rounds: int = 7, n: int = 64
-) -> list[str]:
-    """Plain generation (engine/generate.py's loop, ``n`` tokens after ``context``) with the
-    backend attribute ``attr`` at each of the two values ``labels`` names, interleaved (the
-    order alternates per round); median tok/s of each and whether their ids agree."""
+def loop_ab(b, model, cache, context: int, prompt, configs: dict, rounds: int = 7, n: int = 64) -> list[str]:
+    """Plain generation (engine/generate.py's loop, ``n`` tokens after ``context``) under each
+    config (a dict of backend attributes), interleaved (the order reverses every other round);
+    median tok/s of each against the first, and whether every config's ids agree."""
     from echoline.engine.generate import StopRules, generate_tokens
     from echoline.engine.types import GenerationStats
 
     ids = [int(t) for t in prompt] + [int(prompt[-1])]
-    values = list(labels)
-    rates: dict[object, list[float]] = {v: [] for v in values}
-    replies: dict[object, list[int]] = {}
-    keep = getattr(b, attr)
+    names = list(configs)
+    rates: dict[str, list[float]] = {c: [] for c in names}
+    replies: dict[str, list[int]] = {}
+    keep = {a: getattr(b, a) for cfg in configs.values() for a in cfg}
     try:
         for r in range(rounds):
-            for value in values if r % 2 == 0 else values[::-1]:
-                setattr(b, attr, value)
+            for name in names if r % 2 == 0 else names[::-1]:
+                for a, v in configs[name].items():
+                    setattr(b, a, v)
                 b.drop_graphs()
-                for budget in (4, n):  # the first run captures this setting's graphs
+                for budget in (4, n):  # the first run captures this config's graphs
                     cache.truncate(context)
                     res = generate_tokens(model, cache, ids, decode=lambda _ids: "",
                                           rules=StopRules(max_tokens=budget), stats=GenerationStats())
-                rates[value].append((len(res.token_ids) - 1) / res.stats.decode_s)
-                replies.setdefault(value, res.token_ids)
+                rates[name].append((len(res.token_ids) - 1) / res.stats.decode_s)
+                replies.setdefault(name, res.token_ids)
     finally:
-        setattr(b, attr, keep)
+        for a, v in keep.items():
+            setattr(b, a, v)
         b.drop_graphs()
-    (a, a_name), (c, c_name) = labels.items()
-    ra, rc = statistics.median(rates[a]), statistics.median(rates[c])
-    return [f"  plain loop {a_name} {ra:8.1f} tok/s  {c_name} {rc:8.1f} tok/s  x{ra / rc:.3f}  "
-            f"same ids: {replies[a] == replies[c]}"]
+    base = statistics.median(rates[names[0]])
+    same = all(replies[c] == replies[names[0]] for c in names)
+    parts = [f"{c} {statistics.median(rates[c]):8.1f} tok/s x{statistics.median(rates[c]) / base:.3f}"
+             for c in names]
+    return ["  plain loop " + "  ".join(parts) + f"  same ids: {same}"]
 
 
 def chain_ab(b, model, cache, context: int, prompt) -> list[str]:
     """The plain loop with its steps chained on the device vs each step waiting for its id."""
-    return loop_ab(b, model, cache, context, prompt, "graph_chain", {True: "chained", False: "stepwise"})
-
-
-def pdl_loop_ab(b, model, cache, context: int, prompt) -> list[str]:
-    """The chained plain loop with every kernel launched programmatically (PDL) or not."""
-    return loop_ab(b, model, cache, context, prompt, "programmatic_launch", {True: "pdl", False: "plain"})
+    configs = {"stepwise": {"graph_chain": False}, "chained": {"graph_chain": True}}
+    return loop_ab(b, model, cache, context, prompt, configs)
 
 
 #: round-5 A/B (--ab): graph decode with each product policy, interleaved
@@ -386,8 +383,13 @@ ATTNGROUP2_CONFIGS = {
     for n, i in ((4, 8), (3, 8), (5, 8), (4, 16), (4, 4))
 }
 #: session 19 (--pdl): every kernel launched with programmatic stream serialization
-#: (kernels/cuda/launch.py) or with CuPy's plain launch; the same bits in both
-PDL_CONFIGS = {"plain": {"programmatic_launch": False}, "pdl": {"programmatic_launch": True}}
+#: (kernels/cuda/launch.py), its dependents released at its start or at its blocks' exit,
+#: or with CuPy's plain launch; the same bits in all
+PDL_CONFIGS = {
+    "plain": {"programmatic_launch": False},
+    "pdl-exit": {"programmatic_launch": True, "programmatic_early": False},
+    "pdl-start": {"programmatic_launch": True, "programmatic_early": True},
+}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
