@@ -174,14 +174,19 @@ class CudaTuning:
     #: only. Env ``ECHOLINE_CUDA_TENSOR_ATTENTION=0|1`` (A/B on real models)
     tensor_attention: bool = False
     #: launch every kernel with programmatic stream serialization (PDL, sm_90 and later;
-    #: kernels/cuda/launch.py): a kernel's blocks are scheduled while the one before it
-    #: runs and wait at ``griddepcontrol.wait`` for its results, so the gaps of a chain of
-    #: ~200 small launches per step overlap. The same bits (every kernel waits before its
-    #: first global access). Env ``ECHOLINE_CUDA_PDL=0|1``
-    programmatic_launch: bool = False
+    #: kernels/cuda/launch.py): the next kernel is set up while one runs, and its blocks
+    #: wait at ``griddepcontrol.wait`` for its results, so the gaps of a chain of ~200
+    #: small launches per step overlap. The same bits (every kernel waits before its first
+    #: global access). H200, synthetic shapes, context 1024, session 19 (``bench_device
+    #: --pdl``): the chained plain loop, tok/s plain / released at exit / at start: Qwen
+    #: 1.5B 490.1 / **510.6** / 453.3, Qwen 0.5B 986.5 / **1003.2** / 974.8, SmolLM2
+    #: 1147.3 / **1196.9** / 1188.9; 16 rows (ms) 3.199 / 3.104, 1.624 / 1.571, 1.299 /
+    #: 1.189 plain / at exit. Env ``ECHOLINE_CUDA_PDL=0|1``
+    programmatic_launch: bool = True
     #: ... and each kernel releasing the next one's blocks at its start (kernels.cu
-    #: PDL_EARLY, module suffix "@p1") rather than as its own blocks exit.
-    #: Env ``ECHOLINE_CUDA_PDL_EARLY=0|1``
+    #: PDL_EARLY, module suffix "@p1") rather than as its own blocks exit: slower on the
+    #: larger shapes above (the waiting blocks take the first free SM slots, so a grid can
+    #: pack onto few SMs). Env ``ECHOLINE_CUDA_PDL_EARLY=0|1``
     programmatic_early: bool = False
 
     @classmethod
