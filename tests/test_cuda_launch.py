@@ -15,8 +15,9 @@ from echoline.kernels.cuda.launch import (
     PROGRAMMATIC_STREAM_SERIALIZATION,
     LaunchAttribute,
     LaunchConfig,
-    kernel_param,
+    ParamBlock,
     launch_config,
+    param_codes,
     programmatic_attribute,
 )
 
@@ -60,23 +61,45 @@ class _FakeDeviceArray:
     data = _Mem()
 
 
+def _slots(args) -> list[bytes]:
+    """The 8-byte parameter slots ParamBlock fills for ``args``, read back through the
+    pointer array the driver is given."""
+    fmt, values = param_codes(args)
+    block = ParamBlock(fmt)
+    pointers = block.fill(values)
+    return [ctypes.string_at(pointers[i], 8) for i in range(len(args))]
+
+
 def test_kernel_params_take_the_c_types_cupy_would() -> None:
-    i32 = kernel_param(np.int32(-5))
-    assert isinstance(i32, ctypes.c_int32) and i32.value == -5
-    i64 = kernel_param(np.int64(1 << 40))
-    assert ctypes.sizeof(i64) == 8 and i64.value == 1 << 40
-    f32 = kernel_param(np.float32(0.1))
-    assert isinstance(f32, ctypes.c_float) and np.float32(f32.value) == np.float32(0.1)
-    f64 = kernel_param(np.float64(10000.5))
-    assert isinstance(f64, ctypes.c_double) and f64.value == 10000.5
-    assert kernel_param(_FakeDeviceArray()).value == 0x7F0000001000
-    assert kernel_param(None).value is None  # a null pointer
+    """Each argument as the C value of its parameter, at the address the driver reads."""
+    slots = _slots(
+        [np.int32(-5), np.int64(1 << 40), np.float32(0.1), np.float64(10000.5),
+         _FakeDeviceArray(), None, np.uint32(7)]
+    )
+    assert slots[0][:4] == np.int32(-5).tobytes()
+    assert slots[1] == np.int64(1 << 40).tobytes()
+    assert slots[2][:4] == np.float32(0.1).tobytes()
+    assert slots[3] == np.float64(10000.5).tobytes()
+    assert slots[4] == (0x7F0000001000).to_bytes(8, "little")
+    assert slots[5] == bytes(8)  # a null pointer
+    assert slots[6][:4] == np.uint32(7).tobytes()
+
+
+def test_param_block_is_reused_and_rewritten() -> None:
+    """A launch's values overwrite the previous launch's in the same slots."""
+    fmt, values = param_codes([np.int32(1), _FakeDeviceArray()])
+    block = ParamBlock(fmt)
+    first = block.fill(values)
+    again = block.fill(param_codes([np.int32(2), None])[1])
+    assert ctypes.addressof(first) == ctypes.addressof(again)
+    assert ctypes.string_at(again[0], 4) == np.int32(2).tobytes()
+    assert ctypes.string_at(again[1], 8) == bytes(8)
 
 
 @pytest.mark.parametrize("arg", [3, 2.5, "x", np.zeros(3)])
 def test_kernel_params_refuse_what_has_no_fixed_c_type(arg) -> None:
     with pytest.raises(TypeError, match="kernel argument"):
-        kernel_param(arg)
+        param_codes([np.int32(0), arg])
 
 
 def _kernel_bodies(src: str) -> list[tuple[str, str]]:

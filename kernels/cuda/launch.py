@@ -17,6 +17,8 @@ runs a kernel); CuPy supplies the compiled function, the stream and the device p
 from __future__ import annotations
 
 import ctypes
+import struct
+import threading
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
@@ -58,24 +60,66 @@ def programmatic_attribute() -> LaunchAttribute:
     return attr
 
 
-def kernel_param(arg: Any) -> ctypes._SimpleCData:
-    """One kernel argument as the C value the kernel's parameter holds.
+#: struct codes of the scalar kernel arguments, each in an 8-byte slot (pointers: "Q")
+_SCALAR_CODES = {
+    np.int32: "i4x",
+    np.uint32: "I4x",
+    np.float32: "f4x",
+    np.int64: "q",
+    np.uint64: "Q",
+    np.float64: "d",
+}
+
+
+def param_codes(args: Sequence[Any]) -> tuple[str, list[Any]]:
+    """The struct format of ``args`` as kernel parameters, one 8-byte slot each, and the
+    values to pack into it.
 
     The same mapping CuPy applies to the arguments the backend passes: a device array is
     its pointer, a NumPy scalar its C type, None a null pointer. Anything else is refused:
     a Python int or float has no fixed C width, and guessing one would misalign the rest.
+    Each parameter is read by the driver from its own address, so a slot only has to hold
+    the value at its start (little-endian, as every CUDA host is).
     """
-    if arg is None:
-        return ctypes.c_void_p(0)
-    if isinstance(arg, np.generic):
-        return np.ctypeslib.as_ctypes_type(arg.dtype)(arg.item())
-    data = getattr(arg, "data", None)
-    ptr = getattr(data, "ptr", None)
-    if isinstance(ptr, int):
-        return ctypes.c_void_p(ptr)
-    raise TypeError(
-        f"kernel argument of type {type(arg).__name__}: pass a device array or a NumPy scalar"
-    )
+    codes = ["<"]
+    values: list[Any] = []
+    for arg in args:
+        code = _SCALAR_CODES.get(type(arg))
+        if code is not None:
+            codes.append(code)
+            values.append(arg)
+            continue
+        if arg is None:
+            codes.append("Q")
+            values.append(0)
+            continue
+        ptr = getattr(getattr(arg, "data", None), "ptr", None)
+        if not isinstance(ptr, int):
+            kind = type(arg).__name__
+            raise TypeError(
+                f"kernel argument of type {kind}: pass a device array or a NumPy scalar"
+            )
+        codes.append("Q")
+        values.append(ptr)
+    return "".join(codes), values
+
+
+class ParamBlock:
+    """A reusable parameter area for one argument signature: ``len(codes)`` 8-byte slots
+    and the array of their addresses that ``cuLaunchKernelEx`` takes. The driver copies the
+    values at the launch (or into the graph node), so the next launch may overwrite them."""
+
+    def __init__(self, fmt: str) -> None:
+        self.struct = struct.Struct(fmt)
+        n = self.struct.size // 8
+        self.buffer = ctypes.create_string_buffer(max(8, self.struct.size))
+        base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(1, n))(*(base + 8 * i for i in range(n)))
+
+    def fill(self, values: Sequence[Any]) -> Any:
+        """Pack ``values`` into the slots; the pointer array to pass as kernelParams."""
+        self.struct.pack_into(self.buffer, 0, *values)
+        return self.pointers
 
 
 def launch_config(
@@ -116,6 +160,9 @@ class ProgrammaticKernel:
         self.kernel = kernel
         self._fn = getattr(kernel, "kernel", kernel).ptr  # RawKernel -> its CUfunction
         self._attr = programmatic_attribute()
+        self._cfg = launch_config((1,), (1,), 0, 0, self._attr)
+        self._blocks: dict[str, ParamBlock] = {}  # one per argument signature
+        self._lock = threading.Lock()  # the config and parameter areas are reused
 
     def __getattr__(self, name: str) -> Any:
         """The wrapped kernel's attributes (``num_regs``, ``shared_size_bytes``, ...)."""
@@ -134,12 +181,19 @@ class ProgrammaticKernel:
     ) -> None:
         import cupy
 
-        values = [kernel_param(a) for a in args]
-        params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+        fmt, values = param_codes(args)
         stream = cupy.cuda.get_current_stream().ptr
-        cfg = launch_config(grid, block, shared_mem, stream, self._attr)
         lib = _driver()
-        err = lib.cuLaunchKernelEx(ctypes.byref(cfg), self._fn, params, None)
+        with self._lock:
+            params = self._blocks.get(fmt)
+            if params is None:
+                params = self._blocks[fmt] = ParamBlock(fmt)
+            cfg = self._cfg
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (*grid, 1, 1)[:3]
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (*block, 1, 1)[:3]
+            cfg.sharedMemBytes = shared_mem
+            cfg.hStream = stream
+            err = lib.cuLaunchKernelEx(ctypes.byref(cfg), self._fn, params.fill(values), None)
         if err:
             name = ctypes.c_char_p()
             lib.cuGetErrorName(err, ctypes.byref(name))
