@@ -73,8 +73,15 @@ def _slots(args) -> list[bytes]:
 def test_kernel_params_take_the_c_types_cupy_would() -> None:
     """Each argument as the C value of its parameter, at the address the driver reads."""
     slots = _slots(
-        [np.int32(-5), np.int64(1 << 40), np.float32(0.1), np.float64(10000.5),
-         _FakeDeviceArray(), None, np.uint32(7)]
+        [
+            np.int32(-5),
+            np.int64(1 << 40),
+            np.float32(0.1),
+            np.float64(10000.5),
+            _FakeDeviceArray(),
+            None,
+            np.uint32(7),
+        ]
     )
     assert slots[0][:4] == np.int32(-5).tobytes()
     assert slots[1] == np.int64(1 << 40).tobytes()
@@ -135,7 +142,7 @@ def test_environment_switches_programmatic_launch() -> None:
 
 
 def test_early_release_is_a_module_build() -> None:
-    """"@p1" builds every kernel with PDL_EARLY: the trigger follows the wait."""
+    """The "@p1" build defines PDL_EARLY in every kernel: the trigger follows the wait."""
     from echoline.kernels.cuda import kernel_source
 
     src = kernel_source("q4_k@b5@p1")
