@@ -30,6 +30,7 @@ from echoline.engine.errors import EcholineError
 from echoline.engine.gguf_file import QuantTensor
 from echoline.kernels.cuda import FACTORED, TENSOR, load_module
 from echoline.kernels.cuda.launch import ProgrammaticKernel
+from echoline.kernels.cuda.launch import available as pdl_available
 
 Q = gguf.GGMLQuantizationType
 _KERNEL_NAMES: dict[Q, str] = {
@@ -220,6 +221,9 @@ class CupyBackend(Backend):
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
         self._sm_count = int(props["multiProcessorCount"])
         self._cc_major = int(props.get("major", 0))  # thread-block clusters from 9 (Hopper)
+        # programmatic dependent launch: sm_90+, and a driver that captures it into graphs
+        driver = cupy.cuda.runtime.driverGetVersion()
+        self._pdl_ok = self._cc_major >= 9 and pdl_available(driver)
         # resident blocks of the wide-weight kernels: shared memory per SM and per block
         self._smem_per_sm = int(props.get("sharedMemPerMultiprocessor", 233472))
         self._smem_reserved = int(props.get("reservedSharedMemPerBlock", 1024))
@@ -242,7 +246,7 @@ class CupyBackend(Backend):
     def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use);
         ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
-        pdl = self.programmatic_launch and self._cc_major >= 9
+        pdl = self.programmatic_launch and self._pdl_ok
         early = pdl and self.programmatic_early
         key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks, pdl, early)
         fn = self._fn.get(key)

@@ -60,7 +60,23 @@ def programmatic_attribute() -> LaunchAttribute:
     return attr
 
 
-#: struct codes of the scalar kernel arguments, each in an 8-byte slot (pointers: "Q")
+#: struct codes of NumPy scalar kernel arguments by (dtype kind, size), each padded to an
+#: 8-byte slot (pointers: "Q")
+_DTYPE_CODES = {
+    ("b", 1): "?7x",
+    ("i", 1): "b7x",
+    ("u", 1): "B7x",
+    ("i", 2): "h6x",
+    ("u", 2): "H6x",
+    ("f", 2): "e6x",
+    ("i", 4): "i4x",
+    ("u", 4): "I4x",
+    ("f", 4): "f4x",
+    ("i", 8): "q",
+    ("u", 8): "Q",
+    ("f", 8): "d",
+}
+#: ... the types the backend passes, looked up by exact type first (the common path)
 _SCALAR_CODES = {
     np.int32: "i4x",
     np.uint32: "I4x",
@@ -92,6 +108,13 @@ def param_codes(args: Sequence[Any]) -> tuple[str, list[Any]]:
         if arg is None:
             codes.append("Q")
             values.append(0)
+            continue
+        if isinstance(arg, np.generic):
+            code = _DTYPE_CODES.get((arg.dtype.kind, arg.dtype.itemsize))
+            if code is None:
+                raise TypeError(f"kernel argument of NumPy type {arg.dtype}: no C parameter type")
+            codes.append(code)
+            values.append(arg)
             continue
         ptr = getattr(getattr(arg, "data", None), "ptr", None)
         if not isinstance(ptr, int):
@@ -148,6 +171,24 @@ def _driver() -> ctypes.CDLL:
     return lib
 
 
+#: the driver API version (``cuDriverGetVersion``) from which a programmatic launch can be
+#: captured into a graph as a programmatic edge: CUDA 12.3
+MIN_DRIVER_VERSION = 12030
+
+
+def available(driver_version: int) -> bool:
+    """Whether programmatic launches can be used with a driver of ``driver_version``
+    (``cupy.cuda.runtime.driverGetVersion()``): new enough, and ``cuLaunchKernelEx``
+    loadable. The backend falls back to CuPy's plain launches otherwise."""
+    if driver_version < MIN_DRIVER_VERSION:
+        return False
+    try:
+        _driver()
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 class ProgrammaticKernel:
     """A compiled CuPy kernel launched with programmatic stream serialization.
 
@@ -157,8 +198,11 @@ class ProgrammaticKernel:
     """
 
     def __init__(self, kernel: Any) -> None:
+        import cupy
+
         self.kernel = kernel
         self._fn = getattr(kernel, "kernel", kernel).ptr  # RawKernel -> its CUfunction
+        self._stream = cupy.cuda.get_current_stream  # the capture stream while capturing
         self._attr = programmatic_attribute()
         self._cfg = launch_config((1,), (1,), 0, 0, self._attr)
         self._blocks: dict[str, ParamBlock] = {}  # one per argument signature
@@ -166,6 +210,8 @@ class ProgrammaticKernel:
 
     def __getattr__(self, name: str) -> Any:
         """The wrapped kernel's attributes (``num_regs``, ``shared_size_bytes``, ...)."""
+        if name == "kernel":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.kernel, name)
 
     @property
@@ -179,18 +225,22 @@ class ProgrammaticKernel:
     def __call__(
         self, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], shared_mem: int = 0
     ) -> None:
-        import cupy
-
+        g = (*grid, 1, 1)[:3]
+        b = (*block, 1, 1)[:3]
+        if min(*g, *b) < 1 or max(*g, *b) >= 1 << 31 or not 0 <= shared_mem < 1 << 31:
+            raise ValueError(
+                f"launch of {self._name()}: grid {grid}, block {block}, shared {shared_mem}"
+            )
         fmt, values = param_codes(args)
-        stream = cupy.cuda.get_current_stream().ptr
+        stream = self._stream().ptr
         lib = _driver()
         with self._lock:
             params = self._blocks.get(fmt)
             if params is None:
                 params = self._blocks[fmt] = ParamBlock(fmt)
             cfg = self._cfg
-            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (*grid, 1, 1)[:3]
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (*block, 1, 1)[:3]
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
             cfg.sharedMemBytes = shared_mem
             cfg.hStream = stream
             err = lib.cuLaunchKernelEx(ctypes.byref(cfg), self._fn, params.fill(values), None)
@@ -198,4 +248,10 @@ class ProgrammaticKernel:
             name = ctypes.c_char_p()
             lib.cuGetErrorName(err, ctypes.byref(name))
             label = (name.value or b"?").decode()
-            raise RuntimeError(f"cuLaunchKernelEx failed: {label} ({err})")
+            raise RuntimeError(
+                f"cuLaunchKernelEx failed for {self._name()}: {label} ({err}); "
+                "ECHOLINE_CUDA_PDL=0 launches every kernel without programmatic dependent launch"
+            )
+
+    def _name(self) -> str:
+        return str(getattr(self.kernel, "name", "kernel"))
