@@ -78,12 +78,8 @@ _DTYPE_CODES = {
 }
 #: ... the types the backend passes, looked up by exact type first (the common path)
 _SCALAR_CODES = {
-    np.int32: "i4x",
-    np.uint32: "I4x",
-    np.float32: "f4x",
-    np.int64: "q",
-    np.uint64: "Q",
-    np.float64: "d",
+    t: _DTYPE_CODES[(np.dtype(t).kind, np.dtype(t).itemsize)]
+    for t in (np.int32, np.uint32, np.float32, np.int64, np.uint64, np.float64)
 }
 
 
