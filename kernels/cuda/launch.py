@@ -141,12 +141,16 @@ class ParamBlock:
         return self.pointers
 
 
+def dims3(grid: Sequence[int], block: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Grid and block as three dimensions each (missing ones are 1), as CuPy takes them."""
+    return (*grid, 1, 1)[:3], (*block, 1, 1)[:3]
+
+
 def launch_config(
     grid: Sequence[int], block: Sequence[int], shared_mem: int, stream: int, attr: LaunchAttribute
 ) -> LaunchConfig:
     """A ``CUlaunchConfig`` for one launch carrying ``attr``."""
-    g = (*grid, 1, 1)[:3]
-    b = (*block, 1, 1)[:3]
+    g, b = dims3(grid, block)
     cfg = LaunchConfig(*g, *b, int(shared_mem), ctypes.c_void_p(stream))
     cfg.attrs = ctypes.pointer(attr)
     cfg.numAttrs = 1
@@ -221,8 +225,7 @@ class ProgrammaticKernel:
     def __call__(
         self, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], shared_mem: int = 0
     ) -> None:
-        g = (*grid, 1, 1)[:3]
-        b = (*block, 1, 1)[:3]
+        g, b = dims3(grid, block)
         if min(*g, *b) < 1 or max(*g, *b) >= 1 << 31 or not 0 <= shared_mem < 1 << 31:
             raise ValueError(
                 f"launch of {self._name()}: grid {grid}, block {block}, shared {shared_mem}"
