@@ -12,8 +12,11 @@ that did its true cost, in seconds, against what plain decoding would have spent
 host time ``h_plain``); the forward's extra over one row and the host time over a plain
 round's are what the round paid for them. Where plain steps are chained (CUDA:
 engine/step_chain.py) their host time is hidden, so a plain token costs one chained step's
-measured time instead: value = (accepted + 1) × step − forward − host. A round with no draft is worth −(its lookup and
-choice). While a decayed average of the value stays positive, every round looks up. Once it
+measured time instead:
+
+    value = (accepted + 1) × step − forward − host
+
+A round with no draft is worth −(its lookup and choice). While a decayed average of the value stays positive, every round looks up. Once it
 falls to zero or below, the loop decodes plainly and probes with one lookup after ``skip``
 plain rounds: a probe that gets drafts accepted and pays switches drafting back on; one that
 does not doubles ``skip`` (up to ``max_skip``). Each request starts with a probe and the
