@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks (speed ratios measured in one run)")
     b.add_argument("kind", choices=BENCH_KINDS)
     _add_model_args(b)
-    b.add_argument("--traffic", choices=("copy", "edit", "chat", "followup"), default="copy",
-                   help="bench spec only")
+    b.add_argument("--traffic", choices=("copy", "edit", "chat", "followup", "rewrite"), default="copy",
+                   help="bench spec only (rewrite: the editor's rewrite command, through the sidecar's prompt)")
     b.add_argument("--source", action="append", default=[],
                    help="bench spec: source file(s) to copy/edit; bench lsp: the file to rewrite (the first)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
@@ -256,7 +256,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.kind == "decode":
         from echoline.engine.bench.decode import run
     elif args.kind == "spec":
-        from echoline.engine.bench.spec import run
+        from echoline.engine.bench.spec import run as spec_run
+
+        if args.traffic == "rewrite":
+            from echoline.sidecar.rewrite_traffic import rewrite_requests
+
+            def run(a: argparse.Namespace) -> dict:
+                return spec_run(a, lambda engine, paths: rewrite_requests(engine, paths, a.max_tokens))
+        else:
+            run = spec_run
     elif args.kind == "lsp":
         from echoline.sidecar.bench_lsp import run
     elif args.kind == "edits":

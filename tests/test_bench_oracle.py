@@ -150,3 +150,55 @@ def test_scaled_excess_curve_keeps_one_row_and_scales_the_rest() -> None:
     full = oracle_ratio(pairs, interpolated_ratios(scale_excess(curve, 1.0), 17), max_draft=16)
     cheap = oracle_ratio(pairs, interpolated_ratios(scale_excess(curve, 0.5), 17), max_draft=16)
     assert cheap > full > 1.0
+
+
+def test_function_span_selects_a_whole_function_within_the_cap() -> None:
+    from echoline.engine.bench.traffic import function_span
+
+    code = "import os\n\n\ndef short():\n    return 1\n\n\ndef long(a, b):\n" + "".join(
+        f"    x{i} = a + {i}\n" for i in range(9)
+    ) + "    return x0\n\n\nTAIL = 2\n"
+    a, b = function_span(code)
+    assert code[a:b].startswith("def long(a, b):\n") and code[a:b].endswith("    return x0\n")
+    a, b = function_span(code, max_chars=60)  # cut on a line boundary, never mid-line
+    assert code[a:b].startswith("def long") and len(code[a:b]) <= 60 and code[a:b].endswith("\n")
+    a, b = function_span("x = 1\n" * 40)  # no function: the middle lines
+    assert 0 < a < b < 240 and (b - a) % 6 == 0
+
+
+def test_bench_spec_rewrite_traffic_is_the_sidecars_rewrite(smollm2_path, capsys) -> None:
+    """``echoline bench spec --traffic rewrite``: the sidecar's rewrite prompt (the reply primed
+    with a fence and stopped by the closing one) on a selected function, every reply identical;
+    the engine's benchmark refuses the traffic without the sidecar's requests."""
+    import json
+    from argparse import Namespace
+
+    import pytest
+
+    from echoline.engine.bench import spec
+    from echoline.sidecar import cli
+    from echoline.sidecar.prompts import FENCE
+    from echoline.sidecar.rewrite_traffic import rewrite_requests
+
+    from tests.conftest import cpu_backend_name
+
+    args = Namespace(model=str(smollm2_path), backend=cpu_backend_name(), traffic="rewrite",
+                     source=["engine/kvcache.py"], rounds=1, max_tokens=40)
+    with pytest.raises(SystemExit, match="sidecar"):
+        spec.run(args)
+    seen = []
+
+    def build(engine, paths):
+        reqs = rewrite_requests(engine, paths, args.max_tokens)
+        seen.extend((engine.tokenizer.decode(ids), stop) for ids, stop in reqs)
+        return reqs
+
+    result = spec.run(args, build)
+    assert result["identical"] is True and result["replies"] == 1 and result["traffic"] == "rewrite"
+    ((prompt, stop),) = seen
+    assert stop == (FENCE,) and prompt.endswith(f"{FENCE}python\n") and "class " in prompt
+    rc = cli.main(["bench", "spec", "--model", str(smollm2_path), "--backend", cpu_backend_name(),
+                   "--traffic", "rewrite", "--source", "engine/kvcache.py", "--rounds", "1",
+                   "--max-tokens", "24", "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and out["traffic"] == "rewrite" and out["identical"] is True

@@ -1,4 +1,11 @@
-"""``echoline bench spec``: speculative vs plain decoding on copy, edit, chat or followup traffic.
+"""``echoline bench spec``: speculative vs plain decoding on copy, edit, chat, followup or rewrite traffic.
+
+``rewrite`` is the editor's rewrite command: a function of each source selected, the same
+instructions as ``edit``, sent through the sidecar's own rewrite prompt (the reply primed
+with a code fence and ended by the closing one), so the reply is the rewritten selection
+and no prose. The sidecar builds those requests (``run``'s ``requests``): the engine knows
+nothing of its prompts. ``edit`` asks in chat form for the whole excerpt, and the model's
+reply mixes code with prose it writes fresh.
 
 ``followup`` is an editor's type-through: a raw completion in the middle of a source file,
 then the same request once the user accepted its first token; the second is timed, with the
@@ -16,6 +23,9 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from echoline.engine.bench import traffic
 from echoline.engine.bench.common import load, print_table, row_costs
@@ -79,15 +89,19 @@ def _interleave(units, rounds: int):
     return per_round, replies, stats, prompts, plain_stats
 
 
-def _single_turn(engine, prompts, max_tokens: int, rounds: int):
-    def unit(prompt):
+#: A request built outside the engine: prompt ids and the stop strings that end its reply.
+Request = tuple[list[int], tuple[str, ...]]
+
+
+def _single_turn(engine, requests: list[Request], max_tokens: int, rounds: int):
+    def unit(prompt, stop):
         def run_one(mode: str):
             engine.forget_replies()  # a fresh request: no earlier reply of this prompt to draft from
-            return [(prompt, engine.generate(prompt, max_tokens=max_tokens, spec=mode == "spec"))]
+            return [(prompt, engine.generate(prompt, max_tokens=max_tokens, stop=stop, spec=mode == "spec"))]
 
         return run_one
 
-    return _interleave([unit(p) for p in prompts], rounds)
+    return _interleave([unit(p, stop) for p, stop in requests], rounds)
 
 
 def _followup(engine, prefixes: list[list[int]], max_tokens: int, rounds: int):
@@ -138,9 +152,13 @@ def _chat(engine, max_tokens: int, rounds: int):
     return _interleave([conversation(ci, t) for ci, t in enumerate(traffic.CHAT_TURNS)], rounds)
 
 
-def run(args) -> dict:
-    engine = load(args)
+def run(args, requests: Callable[[Any, list[Path]], list[Request]] | None = None) -> dict:
+    """The benchmark. ``requests(engine, paths)``: the requests of a traffic the engine cannot
+    build itself (``rewrite``: the sidecar's prompts), given the loaded engine and the sources."""
     kind = args.traffic
+    if kind == "rewrite" and requests is None:
+        raise SystemExit("bench spec --traffic rewrite: its requests come from the sidecar (run `echoline bench spec`)")
+    engine = load(args)
     rounds = max(1, args.rounds)
     engine.generate(engine.encode("def f(x):\n"), max_tokens=4, spec=False)  # warm-up / JIT
     extras = None
@@ -158,9 +176,8 @@ def run(args) -> dict:
         paths = traffic.source_paths(args.source)
         if not paths:
             raise SystemExit("no source files found for the benchmark")
-        per_round, replies, stats, prompts, plain_stats = _single_turn(
-            engine, _prompts(engine, kind, paths), args.max_tokens, rounds
-        )
+        built = requests(engine, paths) if requests is not None else [(p, ()) for p in _prompts(engine, kind, paths)]
+        per_round, replies, stats, prompts, plain_stats = _single_turn(engine, built, args.max_tokens, rounds)
     rate = {m: [n / s if s > 0 else 0.0 for n, s in per_round[m]] for m in per_round}
     ratios = [s / p for p, s in zip(rate["plain"], rate["spec"], strict=True) if p > 0]
     plain_tok_s = statistics.median(rate["plain"])

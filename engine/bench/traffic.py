@@ -6,6 +6,7 @@ to ~3,500 characters at line boundaries, as an editor would send a buffer.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 COPY_INSTRUCTION = "Rewrite the code above EXACTLY, character for character, with no changes and no commentary."
@@ -48,8 +49,6 @@ def source_paths(given: list[str]) -> list[Path]:
 
 
 def _first_identifier(code: str) -> str:
-    import re
-
     for m in re.finditer(r"\b([a-z_][a-z0-9_]{3,})\s*=", code):
         return m.group(1)
     return "value"
@@ -63,13 +62,53 @@ def copy_messages(paths: list[Path]) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": file_message(excerpt(p), COPY_INSTRUCTION)}] for p in paths]
 
 
+def edit_instruction(i: int, code: str) -> str:
+    """The ``i``-th request's instruction (they rotate), naming a variable of ``code``."""
+    return EDIT_INSTRUCTIONS[i % len(EDIT_INSTRUCTIONS)].format(name=_first_identifier(code))
+
+
 def edit_messages(paths: list[Path]) -> list[list[dict[str, str]]]:
     out = []
     for i, p in enumerate(paths):
         code = excerpt(p)
-        instruction = EDIT_INSTRUCTIONS[i % len(EDIT_INSTRUCTIONS)].format(name=_first_identifier(code))
-        out.append([{"role": "user", "content": file_message(code, instruction)}])
+        out.append([{"role": "user", "content": file_message(code, edit_instruction(i, code))}])
     return out
+
+
+def function_span(code: str, min_lines: int = 8, max_chars: int = 900) -> tuple[int, int]:
+    """Character offsets [start, end) of the first ``def`` whose body runs at least
+    ``min_lines`` lines, cut at ``max_chars`` on a line boundary: the selection a developer
+    would make for an edit. Without one, the middle lines of ``code`` (same cap).
+
+    Why a function and a cap: the rewrite traffic replies with the selection rewritten,
+    and a reply that fits ``bench spec``'s default 256 tokens ends at its closing fence,
+    as an editor's rewrite does.
+    """
+    lines = code.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+
+    def capped(a: int, b: int) -> tuple[int, int]:
+        end = a
+        while end < b and offsets[end + 1] - offsets[a] <= max_chars:
+            end += 1
+        return offsets[a], offsets[max(end, a + 1)]
+
+    for i, line in enumerate(lines):
+        m = re.match(r"(\s*)(async\s+)?def\s", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        j = i + 1
+        while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > indent):
+            j += 1
+        while j > i + 1 and not lines[j - 1].strip():  # trailing blank lines stay outside
+            j -= 1
+        if j - i >= min_lines:
+            return capped(i, j)
+    mid = len(lines) // 2
+    return capped(max(0, mid - 10), min(len(lines), mid + 10))
 
 
 def raw_prompt(messages: list[dict[str, str]]) -> str:
