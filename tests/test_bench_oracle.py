@@ -174,7 +174,6 @@ def test_bench_spec_rewrite_traffic_is_the_sidecars_rewrite(smollm2_path, capsys
     from argparse import Namespace
 
     import pytest
-
     from echoline.engine.bench import spec
     from echoline.sidecar import cli
     from echoline.sidecar.prompts import FENCE

@@ -1029,20 +1029,32 @@ def test_tensor_model_decode_equals_verify(models, arch, wide, rng):
 
 
 # ---- tensor-core products of very wide weights (issue 21: kernels.cu mtw_body, the heads) ----
-#: name -> (tensor_wide_stages, tensor_wide_persistent): speed choices that change no bits
+#: name -> (tensor_wide_stages, tensor_wide_persistent, tensor_wide_row_groups): speed choices
+#: that change no bits (two stages are built for one warp per block only)
 WIDE_VARIANTS = {
-    "s2-persistent": (2, True),
-    "s1-persistent": (1, True),
-    "s2-per-tile": (2, False),
-    "s1-per-tile": (1, False),
+    "s2-persistent": (2, True, 1),
+    "s1-persistent": (1, True, 1),
+    "s2-per-tile": (2, False, 1),
+    "s1-per-tile": (1, False, 1),
+    "s1-rows2": (1, False, 2),
+    "s1-rows4-persistent": (1, True, 4),
 }
+#: tensor_wide_warps: warps splitting a tile's units, a choice per weight that sets the order
+#: of a row's sums (each is checked against the reference and for batch invariance)
+WIDE_WARPS = (1, 2, 4)
+
+
+def wide_variants(warps: int) -> list[str]:
+    """The variants that keep ``warps`` warps per block (the same bits among them)."""
+    return [v for v, (stages, _, _) in WIDE_VARIANTS.items() if stages == 1 or warps == 1]
 
 
 @pytest.fixture
 def wide_on(tensor_on):
     """Every single-type, non-gated tensor-core product on the staged wide kernel."""
     cb = tensor_on
-    names = ("tensor_wide", "tensor_wide_min_cols", "tensor_wide_stages", "tensor_wide_persistent")
+    names = ("tensor_wide", "tensor_wide_min_cols", "tensor_wide_stages", "tensor_wide_persistent",
+             "tensor_wide_warps", "tensor_wide_row_groups")
     keep = {a: getattr(cb, a) for a in names}
     cb.tensor_wide, cb.tensor_wide_min_cols = True, 1
     yield cb
@@ -1064,14 +1076,17 @@ def wide_case(cb, rng, qtype, d: int, cols: int, n: int) -> tuple:
 
 
 def set_wide(cb, variant: str) -> None:
-    cb.tensor_wide_stages, cb.tensor_wide_persistent = WIDE_VARIANTS[variant]
+    cb.tensor_wide_stages, cb.tensor_wide_persistent, cb.tensor_wide_row_groups = WIDE_VARIANTS[variant]
 
 
+@pytest.mark.parametrize("warps", WIDE_WARPS, ids=lambda w: f"w{w}")
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-def test_tensor_wide_products_match_reference(wide_on, ref, rng, qtype):
+def test_tensor_wide_products_match_reference(wide_on, ref, rng, qtype, warps):
     """mtw_body within the f16 bounds, plain, with the fused norm and a bias, and with a
-    residual; every stage count and grid gives the same bits."""
+    residual, for 1, 2 and 4 warps per tile; every stage count, grid and row split gives
+    the same bits."""
     cb = wide_on
+    cb.tensor_wide_warps = warps
     d = 512
     t = make_tensor(rng, 200, d, qtype)  # 12 whole 16-column tiles and a partial one
     w, w_ref = cb.prepare_matrix([t]), ref.prepare_matrix([t])
@@ -1079,6 +1094,7 @@ def test_tensor_wide_products_match_reference(wide_on, ref, rng, qtype):
     g = (1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32)
     bias = rng.standard_normal(200).astype(np.float32)
     gd, bd = cb.prepare_vector(g), cb.prepare_vector(bias)
+    variants = wide_variants(warps)
     for n in (1, 3, 16, 40):
         x = wide_range_x(rng, n, d)
         xd = cupy.asarray(x)
@@ -1086,9 +1102,9 @@ def test_tensor_wide_products_match_reference(wide_on, ref, rng, qtype):
         resd = cupy.asarray(res)
         inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1) + 1e-6)
         got = {}
-        for variant in WIDE_VARIANTS:
+        for variant in variants:
             set_wide(cb, variant)
-            assert cb._tensor_wide(w)
+            assert cb._tensor_wide(w) and cb._wide_warps() == warps
             outs = []
             for op in (
                 lambda xd=xd: cb.matmul(xd, w),
@@ -1098,22 +1114,27 @@ def test_tensor_wide_products_match_reference(wide_on, ref, rng, qtype):
                 poison()
                 outs.append(cb.to_host(op()))
             got[variant] = outs
-        plain, normed, added = got["s2-persistent"]
+        plain, normed, added = got[variants[0]]
         tc_check(w_ref, x, plain)
         tc_check(w_ref, (x * g).astype(np.float32), normed - bias, scale=inv)
         assert np.array_equal(added, (res + plain).astype(np.float32))
         for variant, outs in got.items():
-            for a, b_ in zip(outs, got["s2-persistent"], strict=True):
+            for a, b_ in zip(outs, got[variants[0]], strict=True):
                 assert np.array_equal(a, b_), f"{variant}: bits differ at {n} rows"
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q6_K], ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["s2-persistent", "s1-per-tile"])
-def test_tensor_wide_batch_invariant(wide_on, rng, qtype, variant):
+@pytest.mark.parametrize(
+    "variant, warps",
+    [("s2-persistent", 1), ("s1-per-tile", 1), ("s1-rows2", 2), ("s1-rows4-persistent", 4)],
+    ids=lambda v: str(v),
+)
+def test_tensor_wide_batch_invariant(wide_on, rng, qtype, variant, warps):
     """The wide kernel for every row count: rows 1, 2, 8, 16, 64 (and odd counts, offsets,
     chunkings) bit-identical, plain, with norm + bias and with a residual."""
     cb = wide_on
     set_wide(cb, variant)
+    cb.tensor_wide_warps = warps
     w, gd, bd, x, res = wide_case(cb, rng, qtype, 256, 72, 64)  # four whole tiles and half of one
     ops = {  # rows [s, e) of x (and of the residual)
         "plain": lambda s, e: cb.matmul(x[s:e], w),
@@ -1368,13 +1389,16 @@ def test_xprep_split_changes_no_bits(split_on, xprep_keep, monkeypatch, rng, qty
             assert counters_zero(cb)
 
 
+@pytest.mark.parametrize("warps", WIDE_WARPS, ids=lambda w: f"w{w}")
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-def test_xprep_wide_changes_no_bits(wide_on, xprep_keep, rng, qtype):
+def test_xprep_wide_changes_no_bits(wide_on, xprep_keep, rng, qtype, warps):
     """The wide (head) kernel reads the converted x with the same bits: plain, fused norm
-    with a bias, residual; every stage count and grid."""
+    with a bias (its sum of squares in the order of ``warps`` warps), residual; every stage
+    count, grid and row split."""
     cb = wide_on
+    cb.tensor_wide_warps = warps
     w, gd, bd, x, res = wide_case(cb, rng, qtype, 512, 200, 40)
-    for variant in WIDE_VARIANTS:
+    for variant in wide_variants(warps):
         set_wide(cb, variant)
         for m in (1, 3, 16, 40):
             for op in (

@@ -39,6 +39,20 @@ def test_wide_kernel_defaults_take_only_the_heads() -> None:
         assert t.tensor_wide_stages * 16 * row_bytes <= t.tensor_wide_max_smem
 
 
+def test_wide_warps_and_row_groups_from_env() -> None:
+    """The wide kernel's warps per tile and row groups take 1, 2 or 4 and nothing else."""
+    t = CudaTuning.from_env(
+        {"ECHOLINE_CUDA_TENSOR_WIDE_WARPS": "2", "ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS": "4"}
+    )
+    assert (t.tensor_wide_warps, t.tensor_wide_row_groups) == (2, 4)
+    for bad in ("3", "8", "0", "two"):
+        t = CudaTuning.from_env(
+            {"ECHOLINE_CUDA_TENSOR_WIDE_WARPS": bad, "ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS": bad}
+        )
+        assert t == CudaTuning()
+    assert CudaTuning().tensor_wide_warps in (1, 2, 4) and CudaTuning().tensor_wide_row_groups in (1, 2, 4)
+
+
 def test_backend_attributes_read_and_write_the_tuning() -> None:
     @install_tuned_attributes
     class Holder:

@@ -96,6 +96,18 @@ class CudaTuning:
     #: ... shared memory one block may stage (stages x 16 rows of blocks); wider rows keep
     #: the other kernels (48 KiB needs no opt-in)
     tensor_wide_max_smem: int = 48 * 1024
+    #: ... warps per block splitting each staged tile's 64-weight units (1, 2 or 4; kernels.cu
+    #: mtw_body's KW). It sets the order of a row's sums, so it is fixed per weight (this
+    #: setting), never by the row count. Why more than one: ncu of the Qwen head (session 20)
+    #: read it bound by each warp's serial math with ~14 one-warp blocks per SM (shared memory
+    #: allows no more), so a tile's math can go to more warps at the same shared memory. Two
+    #: stages only with one warp. Env ``ECHOLINE_CUDA_TENSOR_WIDE_WARPS=1|2|4``
+    tensor_wide_warps: int = 1
+    #: ... and a launch of more than 8 rows splits its rows into up to this many groups of
+    #: whole passes, each a block of its own on the same tile (the tile staged again, from
+    #: L2): more blocks of shorter math. A speed choice per launch, the same bits.
+    #: Env ``ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS=1|2|4``
+    tensor_wide_row_groups: int = 1
     #: weights with rows at least ``tensor_split_min_in`` long (Qwen's 4864- and 8960-input
     #: down projections, past ``tensor_max_in``) on the tensor cores with K split over blocks
     #: (kernels.cu mts kernels, issue 21): ``tensor_split_warps`` warps per block and as many
@@ -204,6 +216,8 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_WIDE", "tensor_wide", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT", "tensor_wide_persistent", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_STAGES", "tensor_wide_stages", ("1", "2")),
+            ("ECHOLINE_CUDA_TENSOR_WIDE_WARPS", "tensor_wide_warps", ("1", "2", "4")),
+            ("ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS", "tensor_wide_row_groups", ("1", "2", "4")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT", "tensor_split", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_WARPS", "tensor_split_warps", ("2", "4")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_UNITS", "tensor_split_units", ("1", "2")),

@@ -47,8 +47,13 @@ _KERNEL_NAMES: dict[Q, str] = {
     Q.Q6_K: "q6_k",
 }
 _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
-#: Static shared memory of a wide-weight block at the most 8-row tiles per pass (NT = 4).
-_WIDE_STATIC_SMEM = 4 * 8 * 4
+
+
+def _wide_static_smem(warps: int) -> int:
+    """Static shared memory of a wide-weight block of ``warps`` warps at the most 8-row tiles
+    per pass (NT = 4): kernels.cu MT_SMEM(4, 1, warps) floats."""
+    return 4 * ((warps - 1) * 4 * 4 * 32 + warps * 4 * 8)
+
 _ROW_TILES = (1, 2, 4, 8, 16)  # rows per pass the matmul kernels are built for
 _COLS_PER_WARP = 4  # output columns per warp for wide launches (kernels.cu MM_KERNEL)
 _ACT = {"silu": 1, "gelu": 2}  # kernels.cu act_glu
@@ -498,7 +503,8 @@ class CupyBackend(Backend):
             # the staged tiles plus the kernel's static reduction array (kernels.cu
             # MT_SMEM(NT, 1, 1) floats, at most NT = 4: 128 bytes) share the 48 KiB a block
             # gets without opting in; the largest NT is counted so the choice stays shape-only
-            and self.tensor_wide_stages * 16 * seg.row_bytes + _WIDE_STATIC_SMEM <= self.tensor_wide_max_smem
+            and self.tensor_wide_stages * 16 * seg.row_bytes + _wide_static_smem(self._wide_warps())
+            <= self.tensor_wide_max_smem
             and seg.data.data.ptr % 16 == 0  # 16-byte copies (every upload is aligned)
         )
 
@@ -576,36 +582,45 @@ class CupyBackend(Backend):
                 ),  # fmt: skip
             )
 
+    def _wide_warps(self) -> int:
+        """Warps per wide-weight block (kernels.cu mtw_body's KW): the setting, one with two
+        stages (built only so)."""
+        return 1 if self.tensor_wide_stages == 2 else self.tensor_wide_warps
+
     def _wide_product(
         self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
         norm: Any, eps: float, res: Any, ldr: int,
     ) -> None:  # fmt: skip
-        """One mtw_body launch: one-warp blocks over 16-column tiles staged in shared memory.
-        NT (8-row tiles per pass) follows the row count, the grid the chip: neither changes
-        a value (each tile is mt_body with MT 1, KW 1)."""
+        """One mtw_body launch: blocks of ``_wide_warps`` warps over (16-column tile, row
+        group) items staged in shared memory. The row groups, NT (8-row tiles per pass) and
+        the grid follow the row count and the chip; none changes a value (each tile is
+        mt_body with MT 1 and KW fixed per weight)."""
         seg = w.segments[0]
-        nt = 1 if n <= 8 else 2 if n <= 16 else 4
+        kw = self._wide_warps()
+        groups = min(self.tensor_wide_row_groups, -(-n // 8)) if n > 8 else 1
+        span = -(-n // groups)
+        nt = 1 if span <= 8 else 2 if span <= 16 else 4
         stages = self.tensor_wide_stages
         smem = stages * 16 * seg.row_bytes
-        fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}", seg.kernel)
-        xp = self._xprep(x2, ldx, n, w.in_features, norm, 1, self.tensor_xprep_wide_min_rows)
-        tiles = (seg.rows + 15) // 16
-        grid = min(tiles, self._wide_resident(fn, smem)) if self.tensor_wide_persistent else tiles
+        fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}_w{kw}", seg.kernel)
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_wide_min_rows)
+        items = (seg.rows + 15) // 16 * groups
+        grid = min(items, self._wide_resident(fn, smem, kw)) if self.tensor_wide_persistent else items
         fn(
             (grid,),
-            (32,),
+            (32 * kw,),
             (
                 seg.data, np.int64(seg.row_bytes), _i32(seg.rows), _i32(w.in_features),
                 x2, _i32(ldx), _i32(n), out, _i32(width), norm, np.float32(eps), res, _i32(ldr),
-                *xp,
+                _i32(groups), *xp,
             ),  # fmt: skip
             shared_mem=smem,
         )
 
-    def _wide_resident(self, fn: Any, smem: int) -> int:
-        """One-warp blocks of ``fn`` with ``smem`` bytes of tiles resident at once on the chip
-        (registers: 4 partitions of 16K in 256-register steps per warp; shared memory; at
-        most 32 blocks per SM)."""
+    def _wide_resident(self, fn: Any, smem: int, warps: int = 1) -> int:
+        """Blocks of ``warps`` warps of ``fn`` with ``smem`` bytes of tiles resident at once
+        on the chip (registers: 4 partitions of 16K in 256-register steps per warp; shared
+        memory; at most 32 blocks and 64 warps per SM)."""
         key = (id(fn), smem)
         fit = self._wide_fit.get(key)
         if fit is None:
@@ -613,7 +628,8 @@ class CupyBackend(Backend):
             per_warp = -(-regs * 32 // 256) * 256
             static = int(getattr(fn, "shared_size_bytes", 0))
             by_smem = self._smem_per_sm // (smem + static + self._smem_reserved)
-            fit = max(1, min(32, 4 * (16384 // per_warp), by_smem)) * self._sm_count
+            by_regs = 4 * (16384 // per_warp) // warps
+            fit = max(1, min(32, 64 // warps, by_regs, by_smem)) * self._sm_count
             self._wide_fit[key] = fit
         return fit
 

@@ -76,9 +76,10 @@ def edit_messages(paths: list[Path]) -> list[list[dict[str, str]]]:
 
 
 def function_span(code: str, min_lines: int = 8, max_chars: int = 900) -> tuple[int, int]:
-    """Character offsets [start, end) of the first ``def`` whose body runs at least
-    ``min_lines`` lines, cut at ``max_chars`` on a line boundary: the selection a developer
-    would make for an edit. Without one, the middle lines of ``code`` (same cap).
+    """Character offsets [start, end) of the first ``def`` whose block runs at least
+    ``min_lines`` lines (else the longest; else the same for ``class``), cut at ``max_chars`` on a line
+    boundary: the selection a developer would make for an edit. Without any, the middle
+    lines of ``code`` (same cap).
 
     Why a function and a cap: the rewrite traffic replies with the selection rewritten,
     and a reply that fits ``bench spec``'s default 256 tokens ends at its closing fence,
@@ -95,42 +96,24 @@ def function_span(code: str, min_lines: int = 8, max_chars: int = 900) -> tuple[
             end += 1
         return offsets[a], offsets[max(end, a + 1)]
 
-    for i, line in enumerate(lines):
-        m = re.match(r"(\s*)(async\s+)?def\s", line)
-        if not m:
-            continue
-        indent = len(m.group(1))
-        j = i + 1
-        while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > indent):
-            j += 1
-        while j > i + 1 and not lines[j - 1].strip():  # trailing blank lines stay outside
-            j -= 1
-        if j - i >= min_lines:
-            return capped(i, j)
+    for kind in ("def", "class"):  # a function first; a class where the excerpt has none
+        longest = (0, 0)
+        for i, line in enumerate(lines):
+            m = re.match(rf"(\s*)(async\s+)?{kind}\s", line)
+            if not m:
+                continue
+            indent = len(m.group(1))
+            j = i + 1
+            while j < len(lines) and (
+                not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > indent
+            ):
+                j += 1
+            while j > i + 1 and not lines[j - 1].strip():  # trailing blank lines stay outside
+                j -= 1
+            if j - i >= min_lines:
+                return capped(i, j)
+            longest = max(longest, (j - i, i), key=lambda t: t[0])
+        if longest[0]:
+            return capped(longest[1], longest[1] + longest[0])
     mid = len(lines) // 2
     return capped(max(0, mid - 10), min(len(lines), mid + 10))
-
-
-def raw_prompt(messages: list[dict[str, str]]) -> str:
-    """For a model without a chat template (Gemma 3 base): the request as plain text."""
-    body = "\n\n".join(m["content"] for m in messages)
-    return body + "\n\n```python\n"
-
-
-#: Characters of code before the cursor in a follow-up (completion) request.
-FOLLOWUP_PREFIX_CHARS = 3000
-
-
-def followup_prefixes(paths: list[Path]) -> list[str]:
-    """Code before a cursor at the start of the line nearest each file's middle.
-
-    The ``followup`` traffic completes there, then asks again after the user accepted the
-    suggestion's first token — the editor's type-through: the second reply repeats the rest
-    of the first, which the engine keeps as a draft source.
-    """
-    out = []
-    for p in paths:
-        text = p.read_text()
-        cut = text.rfind("\n", 0, len(text) // 2) + 1
-        out.append(text[max(0, cut - FOLLOWUP_PREFIX_CHARS) : cut])
-    return out

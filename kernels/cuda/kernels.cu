@@ -983,18 +983,23 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 // ---- tensor-core products of very wide weights (issue 21: the output head) ----
 // mt_body reads its weights with 2- and 4-byte loads straight from global memory; on a
 // 151936-column head that left it slower than the CUDA cores at one row (76.7 vs 59.8 us;
-// the head is bandwidth-bound: ~145 MB, ~30 us at the H200's copy rate). Here a block is
-// ONE warp that owns 16-column tiles: the 16 rows of a tile are consecutive in memory
-// (16 * row_bytes bytes, 16-byte aligned), so the warp stages the whole tile into shared
+// the head is bandwidth-bound: ~145 MB, ~30 us at the H200's copy rate). Here a block of
+// KW warps owns 16-column tiles: the 16 rows of a tile are consecutive in memory
+// (16 * row_bytes bytes, 16-byte aligned), so the block stages the whole tile into shared
 // memory with 16-byte cp.async copies (coalesced, many bytes in flight) and then runs the
-// same mt_body on the staged copy, with MT = 1 and KW = 1 (the warp adds its units in
-// order). ST = 2: the next tile's copy is in flight while this one computes. The grid
-// strides over tiles (gridDim.x blocks, each taking every gridDim.x-th tile).
-// A row's value is mt_body's for KW = 1 whatever the grid, stage count, NT or row count:
-// tiles never share arithmetic and rows never mix (tested). No gated epilogue (gate and up
-// columns are in different tiles): the backend sends gated products elsewhere.
-__device__ __forceinline__ void mtw_stage(const u8* src, u32 dst, int bytes, int lane) {
-    for (int off = 16 * lane; off < bytes; off += 512) {
+// same mt_body on the staged copy, with MT = 1 and KW warps splitting the tile's units (KW =
+// 1: one warp adds its units in order; KW = 2, 4: the warps' sums added in warp order, as
+// mt_body always does). ST = 2: the next tile's copy is in flight while this one computes.
+// Work items are (tile, row group) pairs: the rsplit argument splits the rows into groups of whole 8 * NT-row passes, each group an item of its own, so a 16-row
+// launch can run its two 8-row halves in two blocks side by side (the tile is staged twice,
+// the second time from L2: the items of one tile are adjacent). The grid strides over items
+// (gridDim.x blocks, each taking every gridDim.x-th item).
+// A row's value is mt_body's for KW warps whatever the grid, stage count, NT, row split or
+// row count: tiles never share arithmetic and rows never mix (tested); KW is fixed per weight
+// by the backend, never by the row count. No gated epilogue (gate and up columns are in
+// different tiles): the backend sends gated products elsewhere.
+__device__ __forceinline__ void mtw_stage(const u8* src, u32 dst, int bytes, int tid, int nthreads) {
+    for (int off = 16 * tid; off < bytes; off += 16 * nthreads) {
         int sz = min(16, bytes - off);  // src-size < 16 zero-fills the rest: no read past the end
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + off),
                      "l"(src + off), "r"(sz)
@@ -1009,41 +1014,56 @@ __device__ __forceinline__ void mtw_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
-template <int QT, int NT, int ST>
+// Every thread's copies visible to the block (one warp: the warp)
+template <int KW>
+__device__ __forceinline__ void mtw_sync() {
+    if constexpr (KW == 1) __syncwarp(); else __syncthreads();
+}
+
+template <int QT, int NT, int ST, int KW>
 __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row_bytes,
                                          int out_rows, int K, const float* __restrict__ X, int ldx,
                                          int n, float* __restrict__ Y, int ldy,
                                          const float* __restrict__ G, float eps,
-                                         const float* __restrict__ Res, int ldr, u8* tiles,
-                                         float* red, XPre xp) {
-    int lane = threadIdx.x & 31;
+                                         const float* __restrict__ Res, int ldr, int rsplit,
+                                         u8* tiles, float* red, XPre xp) {
+    int tid = threadIdx.x;
     int ntiles = (out_rows + 15) >> 4;
+    int items = ntiles * rsplit;
+    int span = 8 * NT * ((n + 8 * NT * rsplit - 1) / (8 * NT * rsplit));  // rows of a group
     long long tb = 16 * row_bytes;  // bytes of one tile (a multiple of 16)
     u32 sbase = (u32)__cvta_generic_to_shared(tiles);
-    int tile = blockIdx.x, stride = gridDim.x;
-    if (tile >= ntiles) return;
+    int item = blockIdx.x, stride = gridDim.x;
+    if (item >= items) return;
     auto tile_bytes = [&](int tl) { return (int)(min(16, out_rows - 16 * tl) * row_bytes); };
-    mtw_stage(W + tile * tb, sbase, tile_bytes(tile), lane);
+    mtw_stage(W + (item / rsplit) * tb, sbase, tile_bytes(item / rsplit), tid, 32 * KW);
     mtw_commit();
-    for (int it = 0; tile < ntiles; ++it, tile += stride) {
+    for (int it = 0; item < items; ++it, item += stride) {
         int buf = ST == 2 ? (it & 1) : 0;
+        int tile = item / rsplit;
         if constexpr (ST == 2) {
-            int next = tile + stride;
-            if (next < ntiles) mtw_stage(W + next * tb, sbase + (u32)((buf ^ 1) * tb), tile_bytes(next), lane);
+            int next = item + stride;
+            if (next < items)
+                mtw_stage(W + (next / rsplit) * tb, sbase + (u32)((buf ^ 1) * tb), tile_bytes(next / rsplit),
+                          tid, 32 * KW);
             mtw_commit();  // possibly empty: the wait below always leaves the newest group
             mtw_wait<1>();
         } else {
             mtw_wait<0>();
         }
-        __syncwarp();  // every lane's copies visible to the whole warp
+        mtw_sync<KW>();  // every thread's copies visible to the whole block
         int c0 = 16 * tile, valid = min(16, out_rows - c0);
-        mt_body<QT, NT, 1, 1>(0, tiles + buf * tb, row_bytes, valid, K, X, ldx, n, Y + c0, ldy, G,
-                              eps, Res ? Res + c0 : Res, ldr, 0, valid, red, xp);
-        __syncwarp();  // the buffer is read by every lane before it is staged again
+        int row0 = (item - tile * rsplit) * span, rows = min(span, n - row0);
+        if (rows > 0)  // the same for every warp of the block: mt_body's barriers stay matched
+            mt_body<QT, NT, 1, KW>(0, tiles + buf * tb, row_bytes, valid, K, X + (long long)row0 * ldx, ldx,
+                                   rows, Y + (long long)row0 * ldy + c0, ldy, G, eps,
+                                   Res ? Res + (long long)row0 * ldr + c0 : Res, ldr, 0, valid, red,
+                                   xpre_rows(xp, row0, K));
+        mtw_sync<KW>();  // the buffer is read by every thread before it is staged again
         if constexpr (ST == 1) {
-            int next = tile + stride;
-            if (next < ntiles) {
-                mtw_stage(W + next * tb, sbase, tile_bytes(next), lane);
+            int next = item + stride;
+            if (next < items) {
+                mtw_stage(W + (next / rsplit) * tb, sbase, tile_bytes(next / rsplit), tid, 32 * KW);
                 mtw_commit();
             }
         }
@@ -1051,21 +1071,24 @@ __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row
 }
 
 // Dynamic shared memory: ST * 16 * row_bytes bytes (the backend passes it).
-#define MTW_KERNEL(NAME, QT, NT, ST)                                                            \
-    extern "C" __global__ void __launch_bounds__(32)                                            \
-        mtw_##NAME##_n##NT##_s##ST(const u8* W, long long row_bytes, int out_rows, int K,      \
+#define MTW_KERNEL(NAME, QT, NT, ST, KW)                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * KW)                                       \
+        mtw_##NAME##_n##NT##_s##ST##_w##KW(const u8* W, long long row_bytes, int out_rows, int K, \
                                    const float* X, int ldx, int n, float* Y, int ldy,          \
                                    const float* G, float eps, const float* Res, int ldr,       \
-                                   const u32* Xh, const float* Xs, const float* Xss) {         \
+                                   int rsplit, const u32* Xh, const float* Xs,                 \
+                                   const float* Xss) {                                         \
         grid_dependency();                                                                     \
         extern __shared__ __align__(16) u8 mtw_tiles[];                                        \
-        __shared__ float red[MT_SMEM(NT, 1, 1)];                                               \
-        mtw_body<QT, NT, ST>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps, Res, ldr,   \
-                             mtw_tiles, red, {Xh, Xs, Xss});                                   \
+        __shared__ float red[MT_SMEM(NT, 1, KW)];                                              \
+        mtw_body<QT, NT, ST, KW>(W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps, Res, ldr, \
+                                 rsplit, mtw_tiles, red, {Xh, Xs, Xss});                       \
     }
-#define MTW_ALL(NAME, QT)                                                                       \
-    MTW_KERNEL(NAME, QT, 1, 1) MTW_KERNEL(NAME, QT, 2, 1) MTW_KERNEL(NAME, QT, 4, 1)            \
-    MTW_KERNEL(NAME, QT, 1, 2) MTW_KERNEL(NAME, QT, 2, 2) MTW_KERNEL(NAME, QT, 4, 2)
+// Two stages only with one warp (they measured slower: the kernel is bound by its math)
+#define MTW_ALL_NT(NAME, QT, NT)                                                                \
+    MTW_KERNEL(NAME, QT, NT, 1, 1) MTW_KERNEL(NAME, QT, NT, 2, 1) MTW_KERNEL(NAME, QT, NT, 1, 2) \
+    MTW_KERNEL(NAME, QT, NT, 1, 4)
+#define MTW_ALL(NAME, QT) MTW_ALL_NT(NAME, QT, 1) MTW_ALL_NT(NAME, QT, 2) MTW_ALL_NT(NAME, QT, 4)
 
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>

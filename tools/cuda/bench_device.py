@@ -390,6 +390,16 @@ PDL_CONFIGS = {
     "pdl-exit": {"programmatic_launch": True, "programmatic_early": False},
     "pdl-start": {"programmatic_launch": True, "programmatic_early": True},
 }
+#: session 20 (--wide): the head's staged kernel with 1, 2 or 4 warps per tile (a choice per
+#: weight: the sums' order, so the ids may differ between warp counts) and 16-row launches
+#: split into two row groups (the same bits)
+WIDE_CONFIGS = {
+    "w1": {"tensor_wide_warps": 1, "tensor_wide_row_groups": 1},
+    "w2": {"tensor_wide_warps": 2, "tensor_wide_row_groups": 1},
+    "w4": {"tensor_wide_warps": 4, "tensor_wide_row_groups": 1},
+    "w1,rows2": {"tensor_wide_warps": 1, "tensor_wide_row_groups": 2},
+    "w2,rows2": {"tensor_wide_warps": 2, "tensor_wide_row_groups": 2},
+}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
@@ -406,6 +416,7 @@ POLICY_SWITCHES = {
     "attngroup": ATTNGROUP_CONFIGS,
     "attngroup2": ATTNGROUP2_CONFIGS,
     "pdl": PDL_CONFIGS,
+    "wide": WIDE_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
@@ -724,6 +735,7 @@ def main() -> int:
         "attngroup": "interleaved A/B: attention items per warp (and their resident blocks)",
         "attngroup2": "interleaved A/B: two items per warp, resident blocks and items per block",
         "pdl": "interleaved A/B: programmatic dependent launch of every kernel or not",
+        "wide": "interleaved A/B: the head's warps per tile and row groups",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
