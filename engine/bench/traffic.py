@@ -117,3 +117,22 @@ def function_span(code: str, min_lines: int = 8, max_chars: int = 900) -> tuple[
             return capped(longest[1], longest[1] + longest[0])
     mid = len(lines) // 2
     return capped(max(0, mid - 10), min(len(lines), mid + 10))
+
+
+#: Characters of code before the cursor in a follow-up (completion) request.
+FOLLOWUP_PREFIX_CHARS = 3000
+
+
+def followup_prefixes(paths: list[Path]) -> list[str]:
+    """Code before a cursor at the start of the line nearest each file's middle.
+
+    The ``followup`` traffic completes there, then asks again after the user accepted the
+    suggestion's first token — the editor's type-through: the second reply repeats the rest
+    of the first, which the engine keeps as a draft source.
+    """
+    out = []
+    for p in paths:
+        text = p.read_text()
+        cut = text.rfind("\n", 0, len(text) // 2) + 1
+        out.append(text[max(0, cut - FOLLOWUP_PREFIX_CHARS) : cut])
+    return out
