@@ -6,7 +6,7 @@ Random GGUF-block heads of the real shapes (no model file): Qwen2.5-Coder-0.5B (
 graph of back-to-back launches, for each policy: the CUDA cores, mt_body on the tensor
 cores (the round-6 kernel), and the staged wide kernel (mtw_body) with 1 or 2 stages, a
 persistent grid or one block per tile. Checks on the way: every wide variant gives the
-same bits, row 0 of 16 equals its one-row call, and the first and last 1024 columns are
+same bits (per warp count: the warps set the order of the sums), row 0 of 16 equals its one-row call, and the first and last 1024 columns are
 within the f16 bound of a float64 reference (x rounded as the kernels round it).
 
     python3 -m tools.cuda.wide_probe
@@ -42,7 +42,17 @@ POLICIES = {
     "wide s1 persistent": {**WIDE, "tensor_wide_stages": 1, "tensor_wide_persistent": True},
     "wide s2 per-tile": {**WIDE, "tensor_wide_stages": 2, "tensor_wide_persistent": False},
     "wide s1 per-tile": {**WIDE, "tensor_wide_stages": 1, "tensor_wide_persistent": False},
+    # session 20: warps splitting a staged tile's units (the sums' order: bits per warp
+    # count) and 16-row launches in two row groups (the same bits)
+    "wide s1 w2": {**WIDE, "tensor_wide_stages": 1, "tensor_wide_persistent": False, "tensor_wide_warps": 2},
+    "wide s1 w4": {**WIDE, "tensor_wide_stages": 1, "tensor_wide_persistent": False, "tensor_wide_warps": 4},
+    "wide s1 w1 rows2": {**WIDE, "tensor_wide_stages": 1, "tensor_wide_persistent": False,
+                         "tensor_wide_warps": 1, "tensor_wide_row_groups": 2},
+    "wide s1 w2 rows2": {**WIDE, "tensor_wide_stages": 1, "tensor_wide_persistent": False,
+                         "tensor_wide_warps": 2, "tensor_wide_row_groups": 2},
 }
+#: attributes a policy leaves as the backend had them (set back before each policy)
+RESET = {"tensor_wide_warps": 1, "tensor_wide_row_groups": 1}
 
 
 def main() -> int:
@@ -54,7 +64,7 @@ def main() -> int:
     ns = args.ns
     rng = np.random.default_rng(0)
     b = CupyBackend()
-    keep = {a: getattr(b, a) for cfg in POLICIES.values() for a in cfg}
+    keep = {a: getattr(b, a) for cfg in [*POLICIES.values(), RESET] for a in cfg}
     table = []
     for name in args.heads.split(","):
         rows, cols, q = HEADS[name]
@@ -65,9 +75,9 @@ def main() -> int:
         xd = cupy.asarray(x)
         pick = np.r_[0:1024, rows - 1024 : rows]
         wref = t.dequantize_rows(pick)
-        bits = None
+        bits: dict[int, np.ndarray] = {}
         for pol, cfg in POLICIES.items():
-            for a, v in cfg.items():
+            for a, v in {**RESET, **cfg}.items():
                 setattr(b, a, v)
             wide = b._tensor_wide(head)
             full = b.to_host(b.matmul(xd[:16], head))
@@ -76,9 +86,8 @@ def main() -> int:
             same_row = np.array_equal(one[0], full[0])
             err = worst_over_bound(wref, x[:16], full[:, pick]) if pol != "cuda-core" else 0.0
             if wide:
-                if bits is None:
-                    bits = full
-                assert np.array_equal(bits, full), f"{name} {pol}: wide variants differ"
+                want = bits.setdefault(b._wide_warps(), full)
+                assert np.array_equal(want, full), f"{name} {pol}: wide variants differ"
             us = row_times(b, lambda n, h=head, x=xd: b.matmul(x[:n], h), ns, args.reps)
             line = result_line(f"{name:14s} {pol:20s} wide={int(wide)}", ns, us, mb, same_row, err)
             print(line, flush=True)
