@@ -13,9 +13,11 @@ export PYTHONPATH=/tmp/site:$PWD
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-for q in "" q8_0 q6_k q5_0 q4_1 q4_k q5_0+q8_0 q4_k+q6_k q4_0 q5_1 q5_k ${MORE_MODULES}; do
-  timeout 120 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -3 &
+# the modules the default settings load (tensor_min_blocks 5: "@b5", attn_min_blocks 7: "@a7")
+for q in ${MODULES:-@a7 q8_0@b5 q6_k@b5 q5_0@b5 q4_1@b5 q4_k@b5 q5_0+q8_0@b5 q4_k+q6_k@b5 q4_0@b5 q5_1@b5 q5_k@b5 q4_1+q8_0@b5}; do
+  timeout 200 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -3 &
 done
+timeout 200 python3 -c "from echoline.kernels.cuda import load_module; load_module(None)" &
 wait
 stamp compiled
 BENCH="python3 -m tools.cuda.bench_device --reps 30 --quick ${BENCH_FLAGS:---tc} --ks 1,8,16 --context 1024"
