@@ -1031,7 +1031,15 @@ async def test_soak_over_stdio(tmp_path: Path) -> None:
     config = ClientServerConfig(server_command=command, server_env=env)
     client = await config.start()
     pid = client._server.pid  # type: ignore[union-attr]  # pygls keeps the process here
-    assert "echoline" in Path(f"/proc/{pid}/cmdline").read_text(), "pid is not the server's"
+    # The shell may still be inside its exec when the client returns: /proc then shows an
+    # empty command line for a moment (seen once in CI), so wait for the server's.
+    cmdline = ""
+    for _ in range(100):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+        if "echoline" in cmdline:
+            break
+        await asyncio.sleep(0.05)
+    assert "echoline" in cmdline, f"pid is not the server's: {cmdline!r}"
     soak = Soak(client, root, pid)
     try:
         await client.initialize_session(

@@ -101,11 +101,16 @@ class CudaTuning:
     #: setting), never by the row count. Why more than one: ncu of the Qwen head (session 20)
     #: read it bound by each warp's serial math with ~14 one-warp blocks per SM (shared memory
     #: allows no more), so a tile's math can go to more warps at the same shared memory. Two
-    #: stages only with one warp. Env ``ECHOLINE_CUDA_TENSOR_WIDE_WARPS=1|2|4``
-    tensor_wide_warps: int = 1
+    #: stages only with one warp. H200 (``tools.cuda.wide_probe``), the Qwen 0.5B head at 1 /
+    #: 8 / 16 rows: 1 warp 54.2 / 76.1 / 107.5 us, **2** 52.9 / 56.4 / 71.8, 4 65.9 / 68.3 /
+    #: 84.2; the 1.5B's Q6_K head 120.9 / 145.8 / 219.2, 111.2 / 113.7 / 160.5, 113.5 /
+    #: 114.8 / 143.8. Env ``ECHOLINE_CUDA_TENSOR_WIDE_WARPS=1|2|4``
+    tensor_wide_warps: int = 2
     #: ... and a launch of more than 8 rows splits its rows into up to this many groups of
     #: whole passes, each a block of its own on the same tile (the tile staged again, from
-    #: L2): more blocks of shorter math. A speed choice per launch, the same bits.
+    #: L2): more blocks of shorter math. A speed choice per launch, the same bits. Off: the
+    #: second staging costs more than the shorter math saves (Qwen 0.5B head at 16 rows: 123.2
+    #: vs 107.5 us with one warp, 100.1 vs 71.8 with two).
     #: Env ``ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS=1|2|4``
     tensor_wide_row_groups: int = 1
     #: weights with rows at least ``tensor_split_min_in`` long (Qwen's 4864- and 8960-input
