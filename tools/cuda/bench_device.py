@@ -394,11 +394,8 @@ PDL_CONFIGS = {
 #: weight: the sums' order, so the ids may differ between warp counts) and 16-row launches
 #: split into two row groups (the same bits)
 WIDE_CONFIGS = {
-    "w1": {"tensor_wide_warps": 1, "tensor_wide_row_groups": 1},
-    "w2": {"tensor_wide_warps": 2, "tensor_wide_row_groups": 1},
-    "w4": {"tensor_wide_warps": 4, "tensor_wide_row_groups": 1},
-    "w1,rows2": {"tensor_wide_warps": 1, "tensor_wide_row_groups": 2},
-    "w2,rows2": {"tensor_wide_warps": 2, "tensor_wide_row_groups": 2},
+    f"w{w}" + (f",rows{g}" if g > 1 else ""): {"tensor_wide_warps": w, "tensor_wide_row_groups": g}
+    for w, g in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2))
 }
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
