@@ -201,3 +201,18 @@ def test_bench_spec_rewrite_traffic_is_the_sidecars_rewrite(smollm2_path, capsys
                    "--max-tokens", "24", "--json"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and out["traffic"] == "rewrite" and out["identical"] is True
+
+
+def test_bench_spec_prompts_without_a_chat_template_are_plain_text() -> None:
+    """A model with no chat template (Gemma 3 base) gets copy and edit requests as plain text
+    that opens the answer's code fence."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from echoline.engine.bench import spec
+
+    engine = SimpleNamespace(has_chat_template=False, encode=lambda text: list(text.encode()))
+    for kind in ("copy", "edit"):
+        (ids,) = spec._prompts(engine, kind, [Path("engine/kvcache.py")])
+        text = bytes(ids).decode()
+        assert text.startswith("Here is part of a file:") and text.endswith("\n\n```python\n"), kind

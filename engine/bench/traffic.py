@@ -75,6 +75,12 @@ def edit_messages(paths: list[Path]) -> list[list[dict[str, str]]]:
     return out
 
 
+def raw_prompt(messages: list[dict[str, str]]) -> str:
+    """For a model without a chat template (Gemma 3 base): the request as plain text."""
+    body = "\n\n".join(m["content"] for m in messages)
+    return body + "\n\n```python\n"
+
+
 def function_span(code: str, min_lines: int = 8, max_chars: int = 900) -> tuple[int, int]:
     """Character offsets [start, end) of the first ``def`` whose block runs at least
     ``min_lines`` lines (else the longest; else the same for ``class``), cut at ``max_chars`` on a line
