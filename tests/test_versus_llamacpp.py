@@ -35,18 +35,37 @@ def test_side_by_side_runs_every_arm(smollm2_path, capsys):
     from tools.versus_llamacpp import run
 
     args = argparse.Namespace(
-        model=str(smollm2_path), backend=cpu_backend_name(), traffic="copy", max_tokens=24,
+        model=str(smollm2_path), backend=cpu_backend_name(), traffic="copy,rewrite", max_tokens=24,
         rounds=1, json=True, llama_server=str(build()), llama_args="--poll 0",
     )  # fmt: skip
     out = run(args)
+    assert set(out["traffic"]) == {"copy", "rewrite"}
+    for row in out["traffic"].values():
+        assert set(KEYS) <= set(row)
+        assert row["echo_spec_equals_plain"] is True and row["echo_spec_warm_equals_plain"] is True
+        assert row["prompt_tokens"] > 100
+        for key in KEYS[:6]:
+            assert row[key] > 0, key
     row = out["traffic"]["copy"]
-    assert set(KEYS) <= set(row)
-    assert row["echo_spec_equals_plain"] is True and row["echo_spec_warm_equals_plain"] is True
-    assert row["prompt_tokens"] > 100
-    for key in KEYS[:6]:
-        assert row[key] > 0, key
     cold = row["echo_spec_tok_s"] / row["llama_ngram_cold_tok_s"]
     assert row["spec_vs_llama_ngram_cold"] == pytest.approx(cold, rel=1e-2)
     assert out["resident"]["llama_server_mb"] > 0 and out["echoline_cached_start_s"] > 0
     assert set(out["isa"]) == {"llama", "echoline"}
     assert "ngram cold" in capsys.readouterr().out  # the printed table has the like-for-like arms
+
+
+def test_rewrite_prompt_is_the_sidecars(smollm2_path):
+    """The rewrite arm sends what ``bench spec --traffic rewrite`` sends for the held-out
+    source (the sidecar's prompt, a function selected), unlike the chat-form copy/edit."""
+    from echoline.engine.api import Engine
+    from echoline.sidecar.rewrite_traffic import rewrite_requests
+
+    from tools.versus_llamacpp import HELD_OUT, prompts
+
+    engine = Engine.load(smollm2_path, backend="numpy")  # prompts only: nothing is decoded
+    ids = prompts(engine, ["copy", "rewrite"], 64)
+    assert ids["rewrite"] == rewrite_requests(engine, [HELD_OUT], 64)[0][0]
+    assert ids["rewrite"] != ids["copy"]
+    assert "```" in engine.tokenizer.decode(ids["rewrite"])[-40:]  # the reply primed with a fence
+    with pytest.raises(SystemExit, match="unknown traffic chat"):
+        prompts(engine, ["chat"])

@@ -1,10 +1,14 @@
 """echoline against llama.cpp's ``llama-server``, side by side, in one run, same file and prompt.
 
-    python -m tools.versus_llamacpp --model qwen2.5-coder-0.5b [--traffic copy,edit] \
+    python -m tools.versus_llamacpp --model qwen2.5-coder-0.5b [--traffic copy,edit,rewrite] \
         [--max-tokens 128] [--rounds 3] [--json]
 
 Both engines get the SAME prompt token ids (echoline renders the chat template; the ids go
-to ``/completion``), greedy, ``cache_prompt: false``. Six arms per traffic, interleaved
+to ``/completion``), greedy, ``cache_prompt: false``. Traffic: ``copy`` and ``edit`` ask in
+chat form for the held-out excerpt, copied or edited; ``rewrite`` is the editor's rewrite
+command on the same source (``bench spec --traffic rewrite``'s first request: the sidecar's
+prompt, a function selected, the reply primed with a code fence). No arm stops early (no
+stop string): both engines decode the same ``--max-tokens`` tokens. Six arms per traffic, interleaved
 round by round (the order rotates), medians reported:
 
 - ``llama_plain``: llama-server without speculation;
@@ -46,6 +50,7 @@ from echoline.engine.api import HISTORY_CONTEXT, Engine
 from echoline.engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
 from echoline.engine.models_registry import resolve_model
 from echoline.engine.setup_check import cpu_model
+from echoline.sidecar.rewrite_traffic import rewrite_requests
 
 from tools.llamacpp_peer import LlamaServer, build
 
@@ -57,12 +62,23 @@ HELD_OUT = Path(inspect.getfile(textwrap))
 ARMS = ("llama_plain", "llama_ngram", "echo_plain", "echo_spec", "llama_ngram_cold", "echo_spec_warm")
 
 
-def prompts(engine: Engine, traffic: list[str]) -> dict[str, list[int]]:
+#: the traffic kinds this tool knows
+TRAFFIC = ("copy", "edit", "rewrite")
+
+
+def prompts(engine: Engine, traffic: list[str], max_tokens: int = 128) -> dict[str, list[int]]:
+    """The prompt ids of each traffic kind, the same for both engines."""
+    unknown = sorted(set(traffic) - set(TRAFFIC))
+    if unknown:
+        raise SystemExit(f"unknown traffic {', '.join(unknown)}: choose from {', '.join(TRAFFIC)}")
     code = excerpt(HELD_OUT, 3000)
     instruction = {"copy": COPY_INSTRUCTION,
                    "edit": EDIT_INSTRUCTIONS[0].format(name="width")}
-    return {t: engine.encode_chat([{"role": "user", "content": file_message(code, instruction[t])}])
-            for t in traffic}
+    out = {t: engine.encode_chat([{"role": "user", "content": file_message(code, instruction[t])}])
+           for t in traffic if t != "rewrite"}
+    if "rewrite" in traffic:  # the sidecar's prompt; its stop (the closing fence) is not used
+        out["rewrite"] = rewrite_requests(engine, [HELD_OUT], max_tokens)[0][0]
+    return out
 
 
 def _rss_mb(pid: int) -> float:
@@ -98,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     path = resolve_model(args.model)
     exe = Path(args.llama_server) if args.llama_server else build()
     engine = Engine.load(args.model, backend=args.backend)
-    ids = prompts(engine, traffic)
+    ids = prompts(engine, traffic, args.max_tokens)
     threads = str(os.cpu_count() or 2)
     results: dict[str, dict] = {}
     more = args.llama_args.split()
@@ -180,7 +196,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--traffic", default="copy,edit")
+    ap.add_argument("--traffic", default="copy,edit",
+                    help=f"comma-separated, from {','.join(TRAFFIC)}")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")

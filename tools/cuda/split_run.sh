@@ -8,7 +8,7 @@
 #            (BENCH_FLAGS replaces --chain --gap, e.g. --tc)
 #   final  : join the parts; bench decode (chained vs stepwise plain); bench spec for each of
 #            TRAFFIC (default copy edit); the real-file GPU tests; then, where the llama.cpp build
-#            finished, python3 -m tools.versus_llamacpp against it
+#            finished, python3 -m tools.versus_llamacpp against it (VS_TRAFFIC, default copy,edit,rewrite)
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -85,7 +85,7 @@ PY
   tail -3 /tmp/lcpp.log
   EXE=/tmp/lcpp/llama.cpp/build/bin/llama-server
   if [ -x $EXE ] && [ "${VS_S:-200}" != 0 ]; then
-    timeout ${VS_S:-200} python3 -m tools.versus_llamacpp --model $M --backend cuda --rounds 3 \
+    timeout ${VS_S:-200} python3 -m tools.versus_llamacpp --model $M --backend cuda --rounds 3 --traffic ${VS_TRAFFIC:-copy,edit,rewrite} \
       --llama-server $EXE --llama-args "-ngl 99" --json > "$OUT/versus.log" 2>&1
     stamp "versus rc=$?"; tail -8 "$OUT/versus.log"
   fi
