@@ -343,23 +343,18 @@ def _fill_cache(cb, ref, rng, cap, kvh, hd, length):
     return kc, vc, kr, vr
 
 
-@pytest.fixture(
-    params=["tensor", "cuda-core", "cuda-core-g2", "cuda-core-g4", "cuda-core-shfl",
-            "cuda-core-g2-shfl", "cuda-core-g4-shfl"]
-)  # fmt: skip
+@pytest.fixture(params=["tensor", "cuda-core", "cuda-core-g2", "cuda-core-g4"])
 def attn(cb, request):
     """The backend with one attention kernel family: tensor-core (3xTF32 mma tiles; off by
     default) or CUDA-core (a warp per item, the default; "-gN": from 2 rows a warp takes N
     items at once, while one-row calls keep one, so decode == verify checks the grouped
-    kernel against the plain one; "-shfl": the key weights passed by shuffles and K read
-    from padded rows, not the default "_s" kernels' shared-memory layouts). Each must match
-    numpy and be batch-invariant; the two families need not give each other's bits."""
-    keep = cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp, cb.attn_scores_smem
+    kernel against the plain one). Each must match numpy and be batch-invariant; the two
+    families need not give each other's bits."""
+    keep = cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp
     cb.tensor_attention = request.param == "tensor"
-    cb.attn_items_per_warp = int(request.param.split("-g")[1][0]) if "-g" in request.param else 1
-    cb.attn_scores_smem = not request.param.endswith("-shfl")
+    cb.attn_items_per_warp = int(request.param[-1]) if "-g" in request.param else 1
     yield cb
-    cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp, cb.attn_scores_smem = keep
+    cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp = keep
 
 
 @pytest.mark.parametrize(
@@ -463,28 +458,22 @@ def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, 
     qh = rng.standard_normal((k, heads, hd)).astype(np.float32)
     q = cupy.asarray(qh)
     scale = 1.0 / math.sqrt(hd)
-    keep = cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp, cb.attn_scores_smem
+    keep = cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp
     cb.tensor_attention = False
     try:
         out = {}
-        # items a warp takes at once (the grouped kernels), with the key weights by shuffle
-        # or through shared memory (the "_s" kernels), against the first: one item, shuffles
-        for smem in (False, True):
-            cb.attn_scores_smem = smem
-            for ipw in (1, 2, 4):
-                cb.attn_items_per_warp = ipw
-                for items in (8, 1, 5, 16, 24, 48, 64):
-                    cb.attn_items = items
-                    poison()
-                    got = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
-                    out[smem, ipw, items] = got
-                    first = out[False, 1, 8]
-                    assert np.array_equal(got, first), f"{ipw}x{items} items, smem {smem} differ"
-                    one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
-                    assert np.array_equal(one[0], first[3])
-        assert rel_err(out[False, 1, 8], ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
+        for ipw in (1, 2, 4):  # items a warp takes at once (the grouped kernels)
+            cb.attn_items_per_warp = ipw
+            for items in (8, 1, 5, 16, 24, 48, 64):
+                cb.attn_items = items
+                poison()
+                out[ipw, items] = cb.to_host(cb.attention(q, kc, vc, positions, window, scale))
+                assert np.array_equal(out[ipw, items], out[1, 8]), f"{ipw}x{items} items differ"
+                one = cb.to_host(cb.attention(q[3:4], kc, vc, positions[3:4], window, scale))
+                assert np.array_equal(one[0], out[1, 8][3])
+        assert rel_err(out[1, 8], ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
     finally:
-        cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp, cb.attn_scores_smem = keep
+        cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp = keep
 
 
 def test_rms_norm_rope_and_elementwise(cb, ref, rng):

@@ -115,15 +115,6 @@ def test_min_units_per_warp_override() -> None:
     assert CudaTuning.from_env({"ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP": "3"}) == CudaTuning()
 
 
-def test_attention_smem_scores_override() -> None:
-    """The "_s" attention kernels (key weights through shared memory) are on by default;
-    ``ECHOLINE_CUDA_ATTN_SMEM_SCORES=0`` takes the shuffle kernels, a stray value neither."""
-    assert CudaTuning().attn_scores_smem is True
-    assert CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_SMEM_SCORES": "0"}).attn_scores_smem is False
-    assert CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_SMEM_SCORES": "1"}) == CudaTuning()
-    assert CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_SMEM_SCORES": "no"}) == CudaTuning()
-
-
 def test_attention_items_per_warp_override() -> None:
     """Items per warp of the grouped attention kernels: 1, 2 or 4 (kernels built for those),
     anything else keeps the default; its resident blocks are a digit 1-8."""

@@ -181,13 +181,6 @@ class CudaTuning:
     #: resident blocks per SM asked of the register allocator for those grouped kernels
     #: (their items' registers: ATTN_MINB 7 would spill). Env ``ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS``
     attn_group_min_blocks: int = 4
-    #: the CUDA-core attention's "_s" kernels (kernels.cu attn_partial_body PS) in launches
-    #: of at least ``attn_scores_smem_min_rows`` rows: K staged as float4 columns and each
-    #: item's key weights passed through shared memory instead of a shuffle per key and
-    #: item; fewer instructions per item, the same values in the same order, so the same
-    #: bits (splits of 32 keys only). Env ``ECHOLINE_CUDA_ATTN_SMEM_SCORES=0|1``
-    attn_scores_smem: bool = True
-    attn_scores_smem_min_rows: int = 1
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split: int = 32
     #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's (row,
@@ -236,7 +229,6 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER", "tensor_split_cluster", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
             ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
-            ("ECHOLINE_CUDA_ATTN_SMEM_SCORES", "attn_scores_smem", ("0", "1")),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
         ):

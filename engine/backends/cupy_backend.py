@@ -938,18 +938,13 @@ class CupyBackend(Backend):
         per_block = self.attn_items * ipw
         chunks = (items + per_block - 1) // per_block
         smem = (c.split * (2 * c.hd + 1) + min(items, per_block) * c.hd) * 4
-        # the "_s" kernels: K as float4 columns, key weights via shared memory (8 warps x
-        # ipw items x 32 keys); the same bits, so the choice may follow the row count
-        scores = self.attn_scores_smem and c.split == 32 and c.n >= self.attn_scores_smem_min_rows
-        if scores:
-            smem += 8 * ipw * 32 * 4
         # fewer registers for more resident blocks pays from 2 rows on and costs one-row
         # decode ~1 %: the same bits either way (kernels.cu ATTN_MINB), so it may follow n
         if ipw > 1:
             blocks = self.attn_group_min_blocks
         else:
             blocks = self.attn_min_blocks if c.n >= self.attn_min_blocks_min_rows else 1
-        name = f"attn_partial_d{c.hd // 32}" + (f"_g{ipw}" if ipw > 1 else "") + ("_s" if scores else "")
+        name = f"attn_partial_d{c.hd // 32}" + (f"_g{ipw}" if ipw > 1 else "")
         self._attention_pass(name, c, chunks, 256, smem, per_block, blocks)
 
     def _attention_pass(

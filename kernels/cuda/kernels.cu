@@ -1243,12 +1243,7 @@ extern "C" __global__ void write_cache(float* cache, const float* rows, int ldr,
 // is the same sequence whichever block, warp or IPW runs it, so per_block and IPW change no
 // bits: keys outside an item's range take no multiply-add at all (as with IPW = 1), so a
 // non-finite V there is never seen.
-// PS (the "_s" kernels, splits of 32 keys: KPL = 1): two layouts for fewer instructions per
-// item, the same values in the same order. K is staged as float4 columns [hd / 4][32 keys]
-// (one 16-byte load per lane and 4 dims instead of 4 scalar loads from the padded rows),
-// and each item's key weights go to shared memory [warp][item][32], so the P V loop reads
-// four keys' weights with one broadcast load instead of a shuffle per key and item.
-template <int DPL, int IPW, int KPL, bool PS = false>
+template <int DPL, int IPW, int KPL>
 __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const float* Kc,
                                                   const float* Vc, const int* pos, int n, int H,
                                                   int KVH, int S, int window, float scale,
@@ -1268,7 +1263,6 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
     float* Ks = smem;
     float* Vs = smem + S * (hd + 1);
     float* Qs = Vs + S * hd;
-    float* Ps = Qs + items * hd;  // PS: the key weights, 8 warps x IPW items x 32 keys
     constexpr int hd4 = hd / 4;
     for (int t = threadIdx.x; t < items * hd4; t += blockDim.x) {
         int it = t / hd4, d = (t - it * hd4) << 2;
@@ -1283,12 +1277,8 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
         long long src = ((long long)(j0 + jj) * KVH + g) * hd + d;
         float4 kv = *reinterpret_cast<const float4*>(Kc + src);
         float4 vv = *reinterpret_cast<const float4*>(Vc + src);
-        if (PS) {
-            *reinterpret_cast<float4*>(Ks + ((d >> 2) * 32 + jj) * 4) = kv;
-        } else {
-            float* kd = Ks + jj * (hd + 1) + d;
-            kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
-        }
+        float* kd = Ks + jj * (hd + 1) + d;
+        kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
         *reinterpret_cast<float4*>(Vs + jj * hd + d) = vv;
     }
     __syncthreads();
@@ -1335,13 +1325,7 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
             for (int k = 0; k < IPW; ++k) d0[k] = d1[k] = d2[k] = d3[k] = 0.0f;
     #pragma unroll 8
             for (int e = 0; e < hd4; ++e) {
-                float k0, k1, k2, k3;
-                if (PS) {  // column e of the float4 layout: key jj's dims 4e .. 4e + 3
-                    float4 kk = reinterpret_cast<const float4*>(Ks)[e * 32 + jj];
-                    k0 = kk.x; k1 = kk.y; k2 = kk.z; k3 = kk.w;
-                } else {
-                    k0 = kr[4 * e]; k1 = kr[4 * e + 1]; k2 = kr[4 * e + 2]; k3 = kr[4 * e + 3];
-                }
+                float k0 = kr[4 * e], k1 = kr[4 * e + 1], k2 = kr[4 * e + 2], k3 = kr[4 * e + 3];
 #pragma unroll
                 for (int k = 0; k < IPW; ++k) {
                     float4 qq = reinterpret_cast<const float4*>(q + min(k, items - 1 - w0) * hd)[e];
@@ -1386,36 +1370,6 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
                 jend = max(jend, last[k]);
             }
         }
-        if (PS) {
-            // the weights through shared memory: lane j's weight of key j, per item
-            float* Pw = Ps + (threadIdx.x >> 5) * IPW * 32;
-#pragma unroll
-            for (int k = 0; k < IPW; ++k) Pw[k * 32 + lane] = sc[k][0];
-            __syncwarp();
-            for (int j4 = jfirst & ~3; j4 < jend; j4 += 4) {
-                float4 pw[IPW];
-#pragma unroll
-                for (int k = 0; k < IPW; ++k) pw[k] = reinterpret_cast<const float4*>(Pw + k * 32)[j4 >> 2];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    int jj = j4 + u;
-                    if (jj < jfirst || jj >= jend) continue;  // warp-uniform
-                    const float* vr = Vs + jj * hd + lane;
-                    float v[DPL];
-#pragma unroll
-                    for (int e = 0; e < DPL; ++e) v[e] = vr[32 * e];
-#pragma unroll
-                    for (int k = 0; k < IPW; ++k) {
-                        float pj = u == 0 ? pw[k].x : u == 1 ? pw[k].y : u == 2 ? pw[k].z : pw[k].w;
-                        if (jj >= first[k] && jj < last[k]) {  // warp-uniform
-#pragma unroll
-                            for (int e = 0; e < DPL; ++e) acc[k][e] = fmaf(pj, v[e], acc[k][e]);
-                        }
-                    }
-                }
-            }
-            __syncwarp();  // the next items' weights overwrite these
-        } else
     #pragma unroll 4
         for (int jj = jfirst; jj < jend; ++jj) {
             // weight of key jj lives in lane jj % 32, slot jj / 32 (no dynamic register index)
@@ -1455,19 +1409,17 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
 #ifndef ATTN_MINB
 #define ATTN_MINB 1
 #endif
-#define ATTN_PARTIAL_G(DPL, IPW, KPL, PS, SUFFIX)                                                     \
+#define ATTN_PARTIAL_G(DPL, IPW, KPL, SUFFIX)                                                         \
     extern "C" __global__ void __launch_bounds__(256, ATTN_MINB) attn_partial_d##DPL##SUFFIX(   \
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int S, int window, float scale, int nsplit, float* Opart, float* Mpart,         \
         float* Lpart, int per_block) {                                                           \
         grid_dependency();                                                                       \
-        attn_partial_body<DPL, IPW, KPL, PS>(Q, ldq, Kc, Vc, pos, n, H, KVH, S, window, scale,   \
-                                             nsplit, Opart, Mpart, Lpart, per_block);            \
+        attn_partial_body<DPL, IPW, KPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, S, window, scale, nsplit,    \
+                                    Opart, Mpart, Lpart, per_block);                             \
     }
-#define ATTN_PARTIAL(DPL)                                                                        \
-    ATTN_PARTIAL_G(DPL, 1, 0, false, ) ATTN_PARTIAL_G(DPL, 2, 1, false, _g2)                     \
-    ATTN_PARTIAL_G(DPL, 4, 1, false, _g4) ATTN_PARTIAL_G(DPL, 1, 1, true, _s)                    \
-    ATTN_PARTIAL_G(DPL, 2, 1, true, _g2_s) ATTN_PARTIAL_G(DPL, 4, 1, true, _g4_s)
+#define ATTN_PARTIAL(DPL) \
+    ATTN_PARTIAL_G(DPL, 1, 0, ) ATTN_PARTIAL_G(DPL, 2, 1, _g2) ATTN_PARTIAL_G(DPL, 4, 1, _g4)
 ATTN_PARTIAL(1) ATTN_PARTIAL(2) ATTN_PARTIAL(3) ATTN_PARTIAL(4)
 ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 

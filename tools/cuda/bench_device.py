@@ -346,9 +346,8 @@ def ab_tensor(
 ATTN = False
 ROWSPLIT = False
 ATTN_CONFIGS = {  # name: backend attributes
-    "cuda-core": {"tensor_attention": False, "attn_split": 32, "attn_scores_smem": True},
-    "cuda-core-shfl": {"tensor_attention": False, "attn_split": 32, "attn_scores_smem": False},
-    "tensor": {"tensor_attention": True, "attn_split": 32, "attn_scores_smem": True},
+    "cuda-core": {"tensor_attention": False, "attn_split": 32},
+    "tensor": {"tensor_attention": True, "attn_split": 32},
 }
 UNITS_CONFIGS = {  # session 6: 64-weight units in flight per tensor-core product warp
     "u1": {"tensor_units": 1, "tensor_max_in": 4096},
@@ -398,14 +397,6 @@ WIDE_CONFIGS = {
     f"w{w}" + (f",rows{g}" if g > 1 else ""): {"tensor_wide_warps": w, "tensor_wide_row_groups": g}
     for w, g in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2))
 }
-#: session 21 (--attnsmem): the CUDA-core attention's key weights by shuffle (padded K
-#: rows) or through shared memory (float4 K columns: the "_s" kernels), the latter from
-#: one row or from two; the same bits in all
-ATTNSMEM_CONFIGS = {
-    "shfl": {"attn_scores_smem": False},
-    "smem": {"attn_scores_smem": True, "attn_scores_smem_min_rows": 1},
-    "smem2+": {"attn_scores_smem": True, "attn_scores_smem_min_rows": 2},
-}
 ROWSPLIT_CONFIGS = {
     "passes": {"tensor_row_split_warps_per_sm": 0},
     "split-20": {"tensor_row_split_warps_per_sm": 20},
@@ -423,7 +414,6 @@ POLICY_SWITCHES = {
     "attngroup2": ATTNGROUP2_CONFIGS,
     "pdl": PDL_CONFIGS,
     "wide": WIDE_CONFIGS,
-    "attnsmem": ATTNSMEM_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
@@ -482,7 +472,7 @@ def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int]
     import cupy
 
     lines = ab_policies(b, model, cache, context, prompt, reps, ks, ATTN_CONFIGS, "attn")
-    keep = {a: getattr(b, a) for cfg in ATTN_CONFIGS.values() for a in cfg}
+    keep = b.tensor_attention, b.attn_split
     c = model.config
     for n in (1, 8, 16, 17):
         pos = b.device_ints(np.arange(context - n, context))
@@ -491,15 +481,13 @@ def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int]
         )
         parts = []
         for name, cfg in ATTN_CONFIGS.items():
-            for attr, value in cfg.items():
-                setattr(b, attr, value)
+            b.tensor_attention, b.attn_split = cfg["tensor_attention"], cfg["attn_split"]
             fn = lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1)  # noqa: E731
             parts.append(f"{name} {graph_op_time(b, fn) * 1e6:.1f}")
         lines.append(
             f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts)
         )
-    for attr, value in keep.items():
-        setattr(b, attr, value)
+    b.tensor_attention, b.attn_split = keep
     b.drop_graphs()
     return lines
 
@@ -745,7 +733,6 @@ def main() -> int:
         "attngroup2": "interleaved A/B: two items per warp, resident blocks and items per block",
         "pdl": "interleaved A/B: programmatic dependent launch of every kernel or not",
         "wide": "interleaved A/B: the head's warps per tile and row groups",
-        "attnsmem": "interleaved A/B: attention key weights by shuffle or through shared memory",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
