@@ -34,6 +34,23 @@ def ring_size(config: ModelConfig, max_rows: int) -> int:
     return r if 2 * r < config.context_length else 0
 
 
+class KVBuffers:
+    """The per-layer K and V arrays of one cache, as one object.
+
+    Why an object of its own: a CUDA graph is captured against these very buffers, so the
+    backend keeps its graphs under this object (``run_graph(owner=...)``), not under the
+    cache. Two caches of one shape can then trade buffers (``KVCache.exchange_buffers``),
+    and the graphs go with the buffers: a session that takes over the buffers another
+    session's requests captured graphs on replays them instead of capturing its own.
+    """
+
+    __slots__ = ("k", "v", "__weakref__")
+
+    def __init__(self, k: list[Any], v: list[Any]) -> None:
+        self.k = k
+        self.v = v
+
+
 class KVCache:
     """Per-layer K and V: linear buffers that grow by doubling, or fixed rings for local layers."""
 
@@ -50,14 +67,47 @@ class KVCache:
         # Graph-capturing backends bake slice offsets into their graphs: they keep linear caches.
         linear_only = backend.linear_cache_only
         self.ring = ring_size(config, max_rows) if max_rows and not linear_only else 0
-        self.k: list[Any] = []
-        self.v: list[Any] = []
+        k: list[Any] = []
+        v: list[Any] = []
         for layer in range(config.n_layers):
             rows = 2 * self.ring if self._is_ring(layer) else self.capacity
-            self.k.append(backend.empty_key_cache(rows, config.n_kv_heads, config.head_dim))
-            self.v.append(backend.empty_cache(rows, config.n_kv_heads, config.head_dim))
+            k.append(backend.empty_key_cache(rows, config.n_kv_heads, config.head_dim))
+            v.append(backend.empty_cache(rows, config.n_kv_heads, config.head_dim))
+        self.buffers = KVBuffers(k, v)
         self.length = 0
         self.high = 0  # one past the highest position ever written (ring bookkeeping)
+
+    @property
+    def k(self) -> list[Any]:
+        """Keys per layer (the current buffers' list)."""
+        return self.buffers.k
+
+    @property
+    def v(self) -> list[Any]:
+        """Values per layer (the current buffers' list)."""
+        return self.buffers.v
+
+    def can_exchange(self, other: KVCache) -> bool:
+        """Whether ``exchange_buffers`` applies: linear caches of one shape on one backend."""
+        return (
+            other is not self and other.backend is self.backend and other.config is self.config
+            and other.capacity == self.capacity and not self.ring and not other.ring
+        )  # fmt: skip
+
+    def exchange_buffers(self, other: KVCache) -> None:
+        """Trade buffers with ``other``, each cache keeping its own contents.
+
+        The contents are swapped first (``backend.swap_buffers``, the whole buffers: on a
+        GPU a few tens of microseconds), then the buffer objects, so afterwards ``self``
+        holds its rows in what were ``other``'s buffers and the other way round. Lengths
+        and every other field stay with their cache. Why: see ``KVBuffers``.
+        """
+        if not self.can_exchange(other):
+            raise ValueError("only linear caches of one capacity, model and backend trade buffers")
+        for mine, theirs in ((self.k, other.k), (self.v, other.v)):
+            for layer in range(self.config.n_layers):
+                self.backend.swap_buffers(mine[layer], theirs[layer])
+        self.buffers, other.buffers = other.buffers, self.buffers
 
     def _is_ring(self, layer: int) -> bool:
         return self.ring > 0 and layer in self.config.local_layers

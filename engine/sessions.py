@@ -11,11 +11,20 @@ caches keeps each session's cache contiguous for the attention kernels.
 Memory: every cache is reserved up front for prompt + max reply, and the
 store evicts least-recently-used sessions so the reserved total never
 exceeds the budget.
+
+Graph-capturing backends (CUDA) capture one graph per row count on each cache's buffers:
+about an eager forward and a capture each, tens of milliseconds for the five widths a
+speculative reply uses, which a new buffer's first request (and every new chat) paid again.
+So the store keeps one set of buffers per capacity "hot": the session about to run trades
+buffers with whichever cache holds them (``KVCache.exchange_buffers``: both keep their
+contents, a device copy of a few tens of microseconds), and replays the graphs already
+captured on them.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -64,6 +73,11 @@ class SessionStore:
         # stay cold, but a backend that keys per-cache state on it (CUDA graphs: one
         # capture per row count) keeps that state instead of rebuilding it per request.
         self._scratch: Session | None = None
+        # Per capacity, the cache that holds the buffers graphs were captured on (see the
+        # module docstring); only where the backend captures graphs.
+        self.share_buffers = bool(getattr(model.backend, "graph_max_rows", 0))
+        self._hot: dict[int, weakref.ref[KVCache]] = {}
+        self.exchanges = 0
 
     @property
     def bytes_in_use(self) -> int:
@@ -142,7 +156,19 @@ class SessionStore:
             session.cache.truncate(min(own, session.cache.length))
             del session.history[own:]
         session.cache.length = shared if donor is not None else own
+        self._take_hot_buffers(session.cache)
         return session
+
+    def _take_hot_buffers(self, cache: KVCache) -> None:
+        """Give ``cache`` the hot buffers of its capacity (it becomes their holder)."""
+        if not self.share_buffers or cache.ring:
+            return
+        ref = self._hot.get(cache.capacity)
+        holder = ref() if ref is not None else None
+        if holder is not None and holder is not cache and cache.can_exchange(holder):
+            cache.exchange_buffers(holder)
+            self.exchanges += 1
+        self._hot[cache.capacity] = weakref.ref(cache)
 
     def _reuse_scratch(self, capacity: int) -> Session | None:
         """The throwaway session emptied, when its cache fits ``capacity`` (not over 2× it)."""

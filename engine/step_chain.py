@@ -95,7 +95,7 @@ class GraphChain:
         start = cache.length
         cache.ensure(start + 1)
         generation = self._model.graph_generation(cache)
-        fed = token is None and self._fed and b.has_graph(_KEY, cache, generation)
+        fed = token is None and self._fed and b.has_graph(_KEY, cache.buffers, generation)
         if token is None and not fed:
             # a new or regrown cache has no fed graph: the host supplies the previous id
             token = int(self._copies[-1].value()[-1])
@@ -103,7 +103,7 @@ class GraphChain:
         def inputs() -> list[np.ndarray]:
             return [np.array([token], np.int32), np.array([start], np.int32)]
 
-        out = b.run_graph(_KEY, self._fn, inputs, owner=cache, generation=generation, fed=fed)
+        out = b.run_graph(_KEY, self._fn, inputs, owner=cache.buffers, generation=generation, fed=fed)
         self._fed = True
         self._copies.append(b.copy_to_host_async(out))
         cache.advance(start, 1)

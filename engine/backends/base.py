@@ -195,6 +195,13 @@ class Backend(ABC):
     def grow_cache(self, cache: Array, capacity: int) -> Array:
         """A larger storage holding the same leading rows."""
 
+    def swap_buffers(self, a: Array, b: Array) -> None:
+        """Exchange the contents of two cache buffers of one shape, in place (their
+        identities stay: graphs captured on them remain valid). Numpy and CuPy arrays."""
+        held = a.copy()
+        a[...] = b
+        b[...] = held
+
     # ---- results -------------------------------------------------------------------------
     @abstractmethod
     def to_host(self, x: Array) -> np.ndarray:

@@ -7,6 +7,7 @@ few hooks where they differ (biases, RoPE pairing, extra norms, activation).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +124,8 @@ class Transformer:
     def _forward_graph(self, ids: np.ndarray, cache: KVCache, all_logits: bool) -> Any:
         """``forward`` replayed as a captured graph (backends with ``run_graph``: CUDA).
 
-        One graph per row count and cache buffers; ids and positions are its only
+        One graph per row count and cache buffers (kept under ``cache.buffers``, so it
+        follows the buffers when caches trade them); ids and positions are its only
         inputs, so every step (decode, verify) replays it. The logits it returns are
         a static buffer: read them before the next forward with the same row count.
         """
@@ -132,7 +134,7 @@ class Transformer:
         cache.ensure(start + n)
         step = self.graph_step(cache, n, all_logits)
         positions = np.arange(start, start + n, dtype=np.int32)
-        logits = b.run_graph(("forward", n, all_logits), step, [ids, positions], owner=cache,
+        logits = b.run_graph(("forward", n, all_logits), step, [ids, positions], owner=cache.buffers,
                              generation=self.graph_generation(cache))
         cache.advance(start, n)
         return logits
@@ -144,15 +146,22 @@ class Transformer:
 
     def graph_step(self, cache: KVCache, n: int, all_logits: bool) -> Any:
         """The forward of ``n`` rows as a function of device ids and positions: what a
-        graph captures (``_forward_graph``; the chained decode steps of engine/step_chain.py)."""
+        graph captures (``_forward_graph``; the chained decode steps of engine/step_chain.py).
+
+        The step is pinned to the cache's current buffers (a shallow copy of the cache, so
+        ``pinned.buffers`` stays these buffers): a captured graph writes and reads the
+        buffers it was captured on, even after the cache traded them away
+        (``KVCache.exchange_buffers``); the function says so in Python too, for backends
+        whose "graphs" re-run it."""
         b, c = self.backend, self.config
+        pinned = copy.copy(cache)
 
         def step(ids_dev: Any, pos_dev: Any) -> Any:
             x = b.embed(self.embedding, ids_dev)
             if self.embed_scale:
                 x = b.scale(x, math.sqrt(c.d_model))
             for li, lw in enumerate(self.layers):
-                x = self._block(x, li, lw, cache, pos_dev, pos_dev)
+                x = self._block(x, li, lw, pinned, pos_dev, pos_dev)
             if not all_logits:
                 x = x[n - 1 :]
             return b.norm_matmul(x, self.output_norm, c.rms_eps, self.output)
