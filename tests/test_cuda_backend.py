@@ -1464,3 +1464,39 @@ def test_attention_min_blocks_change_no_bits(cb, rng, heads, kvh, hd, window):
             cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows,
             cb.attn_items_per_warp, cb.attn_group_min_blocks,
         ) = keep  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_sessions_trading_buffers_replay_one_set_of_graphs(cb, tmp_path, spec):
+    """engine/sessions.py: the session about to run trades KV buffers with the holder of the
+    buffers graphs were captured on. On the device: alternating sessions (and a throwaway
+    request) give the ids, and leave the cache rows, of an engine whose sessions keep their
+    own buffers, bit for bit; and of the three caches' buffers only one holds graphs."""
+    from echoline.engine.api import Engine
+
+    from tests.synth import write_model
+    from tests.test_sessions import StandInTokenizer, buffer
+
+    path = write_model(tmp_path / "q.gguf", "qwen2", qtype=Q.Q8_0, vocab=64, context=1024, seed=9,
+                       d_model=128, n_ff=256, n_heads=4, n_kv_heads=2)
+    shared = Engine(path, backend=cb, tokenizer=StandInTokenizer())
+    own = Engine(path, backend=cb, tokenizer=StandInTokenizer())
+    own.sessions.share_buffers = False
+    assert shared.sessions.share_buffers
+    pa, pb = buffer(150, 4), buffer(140, 5)
+    turns = [("a", pa), ("b", pb), (None, buffer(120, 6)), ("a", pa[:130] + [7, 8, 9]), ("b", pb + [1, 2])]
+    try:
+        for key, prompt in turns:
+            got = shared.generate(prompt, max_tokens=40, spec=spec, session=key)
+            want = own.generate(prompt, max_tokens=40, spec=spec, session=key)
+            assert got.token_ids == want.token_ids, f"session {key}"
+        for key in ("a", "b"):
+            x, y = shared.sessions.sessions[key].cache, own.sessions.sessions[key].cache
+            assert x.length == y.length
+            for u, w in zip(x.k + x.v, y.k + y.v, strict=True):
+                assert np.array_equal(cb.to_host(u[: x.length]), cb.to_host(w[: y.length])), key
+        caches = [s.cache for s in shared.sessions.sessions.values()] + [shared.sessions._scratch.cache]
+        holders = [c for c in caches if cb._owned.get(c.buffers) and cb._owned[c.buffers][1]]
+        assert len(holders) == 1 and shared.sessions.exchanges >= 3
+    finally:
+        cb.drop_graphs()

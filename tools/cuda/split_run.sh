@@ -27,8 +27,9 @@ first)
   done
   timeout 300 python3 -c "from echoline.kernels.cuda import load_module; load_module(None)" &
   wait; stamp compiled
-  timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider --durations=6 tests/test_cuda_backend.py \
-    tests/test_cuda_tuning.py > "$OUT/tests.log" 2>&1
+  # TESTS / TEST_K: another selection (default: the whole GPU suite)
+  timeout ${TEST_S:-330} python3 -m pytest -q -p no:cacheprovider --durations=6 \
+    ${TESTS:-tests/test_cuda_backend.py tests/test_cuda_tuning.py} ${TEST_K:+-k "$TEST_K"} > "$OUT/tests.log" 2>&1
   stamp "tests rc=$?"; grep -E "passed|failed|^E |Error|s call|^FAILED" "$OUT/tests.log" | head -40
   if [ -f .lcpp/lcpp.tgz ]; then  # after the tests: it builds while the parts travel
     mkdir -p /tmp/lcpp && tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp
