@@ -85,7 +85,12 @@ class SessionStore:
         return scratch + sum(s.cache.bytes_reserved for s in self.sessions.values())
 
     def _capacity_for(self, tokens: int) -> int:
+        """Rows to reserve for ``tokens``: a multiple of 256, and where sessions share graph
+        buffers a power of two times 256, so that caches fall into few capacities (growth
+        doubles, so a cache stays in that series) and more sessions share one set."""
         cap = (tokens + _CAPACITY_STEP - 1) // _CAPACITY_STEP * _CAPACITY_STEP
+        if self.share_buffers:
+            cap = _CAPACITY_STEP << max(0, (cap // _CAPACITY_STEP - 1).bit_length())
         return min(max(cap, _CAPACITY_STEP), self.model.config.context_length)
 
     def _make_room(self, needed: int, keep: str | None) -> None:
