@@ -101,14 +101,11 @@ def test_alternating_sessions_replay_one_capture_and_equal_cold_runs(path, spec)
 
 def test_graph_backends_reserve_power_of_two_capacities(path):
     """Where sessions share graph buffers, caches come in 256 × 2^n rows (growth doubles, so
-    they stay in that series) and more of them share one set; elsewhere multiples of 256."""
-    shared = Engine(path, backend=GraphNumpy(), tokenizer=StandInTokenizer()).sessions
-    plain = Engine(path, backend="numpy", tokenizer=StandInTokenizer()).sessions
-    for tokens, want_shared, want_plain in ((1, 256, 256), (300, 512, 512), (600, 1024, 768), (1000, 1024, 1024),
-                                            (1100, 1024, 1024), (1025, 1024, 1024)):
-        want_shared = min(want_shared, 1024)  # the synthetic model's context
-        assert shared._capacity_for(tokens) == want_shared, tokens
-        assert plain._capacity_for(tokens) == want_plain, tokens
+    they stay in that series) and more of them share one set; elsewhere multiples of 256.
+    Both stop at the model's context."""
     big = write_model(path.parent / "big.gguf", "qwen2", vocab=VOCAB, context=8192, seed=9)
-    store = Engine(big, backend=GraphNumpy(), tokenizer=StandInTokenizer()).sessions
-    assert [store._capacity_for(t) for t in (700, 1100, 2100, 5000)] == [1024, 2048, 4096, 8192]
+    shared = Engine(big, backend=GraphNumpy(), tokenizer=StandInTokenizer()).sessions
+    plain = Engine(big, backend="numpy", tokenizer=StandInTokenizer()).sessions
+    tokens = (1, 300, 600, 1024, 1100, 2100, 5000, 9000)
+    assert [shared._capacity_for(t) for t in tokens] == [256, 512, 1024, 1024, 2048, 4096, 8192, 8192]
+    assert [plain._capacity_for(t) for t in tokens] == [256, 512, 768, 1024, 1280, 2304, 5120, 8192]
