@@ -941,7 +941,8 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
     and each row equals its one-row call."""
     cb = tensor_on
     ops = _tensor_launch_ops(cb, rng, qtype, 512)
-    keep = cb.tensor_row_split_warps_per_sm
+    keep = cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave
+    cb.tensor_row_split_one_wave = False
     try:
         for name, op in ops.items():
             cb.tensor_row_split_warps_per_sm = 1000
@@ -955,7 +956,32 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
             one = cb.to_host(op(1))
             assert np.array_equal(one[0], split[17][0]), f"{name}: row 0 alone"
     finally:
-        cb.tensor_row_split_warps_per_sm = keep
+        cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave = keep
+
+
+def test_tensor_row_split_only_in_one_wave(tensor_on, rng, monkeypatch):
+    """A row split whose grid would not fit in one wave of resident blocks runs its passes
+    in one block instead (``tensor_row_split_one_wave``), with the same bits as the split."""
+    cb = tensor_on
+    ops = _tensor_launch_ops(cb, rng, Q.Q4_K, 512)
+    w = cb.prepare_matrix([make_tensor(rng, 256, 512, Q.Q4_K, "w")])
+    mt, kw = cb._tensor_shape(w, 0)
+    xblocks = (256 + 16 * mt - 1) // (16 * mt)
+    keep = cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave
+    try:
+        cb.tensor_row_split_warps_per_sm = 1000
+        cb.tensor_row_split_one_wave = True
+        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (1, 2)  # fits: split
+        split = {name: cb.to_host(op(16)) for name, op in ops.items()}
+        monkeypatch.setattr(cb, "_wide_resident", lambda fn, smem, warps=1: xblocks)
+        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (2, 1)  # a second wave: passes
+        assert cb._row_plan(w, 17, mt, kw, xblocks, False) == (4, 1)
+        assert cb._row_plan(w, 8, mt, kw, xblocks, False) == (1, 1)
+        for name, op in ops.items():
+            poison()
+            assert np.array_equal(cb.to_host(op(16)), split[name]), name
+    finally:
+        cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave = keep
 
 
 @pytest.mark.parametrize("d", [768, 1280], ids=lambda d: f"K{d}")

@@ -71,6 +71,11 @@ class CudaTuning:
     #: on the block that computes it, so this is a speed choice per launch. Round 8:
     #: SmolLM2's narrow launches gain (k=16 -9 %, k=17 -19 %), Qwen's wider ones lost 3 % split
     tensor_row_split_warps_per_sm: int = 20
+    #: ... and only while the split grid fits in one wave of resident blocks (session 22):
+    #: since KW 16 (``tensor_min_units_per_warp``) a narrow weight's block is 16 warps, one
+    #: per SM, so Qwen 0.5B's 72-tile q|k|v split in two (144 blocks) ran a second wave on
+    #: 12 SMs. The same bits either way. Env ``ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE=0|1``
+    tensor_row_split_one_wave: bool = True
     #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
     #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body,
     #: issue 21): one-warp blocks stage whole 16-column tiles (16 consecutive rows of blocks)
@@ -228,6 +233,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_SPLIT_UNITS", "tensor_split_units", ("1", "2")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER", "tensor_split_cluster", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
+            ("ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE", "tensor_row_split_one_wave", ("0", "1")),
             ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),

@@ -680,14 +680,15 @@ class CupyBackend(Backend):
             ((seg.rows // 2 if act else seg.rows) + per_block - 1) // per_block
             for seg in w.segments
         )
-        nt, gy = self._row_passes(n, xblocks * kw)
+        pair = len(w.segments) == 2 and not act and self.fuse_segment_pairs
+        nt, gy = self._row_plan(w, n, mt, kw, xblocks, pair)
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_min_rows)
 
-        if len(w.segments) == 2 and not act and self.fuse_segment_pairs:
+        if pair:
             a, b = w.segments
             nblk_a = (a.rows + per_block - 1) // per_block
             nblk_b = (b.rows + per_block - 1) // per_block
-            self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")(
+            self._tensor_kernel(w, nt, mt, kw, pair)(
                 (nblk_a + nblk_b, gy),
                 (32 * kw,),
                 _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr) + xp,
@@ -705,6 +706,28 @@ class CupyBackend(Backend):
                     *xp,
                 ),  # fmt: skip
             )
+
+    def _row_plan(
+        self, w: CudaWeight, n: int, mt: int, kw: int, xblocks: int, pair: bool
+    ) -> tuple[int, int]:
+        """``_row_passes``, and a split only while its grid fits in one wave of resident
+        blocks (``tensor_row_split_one_wave``): a second wave of whole blocks costs more than
+        the passes the split spreads. Neither choice changes a value."""
+        nt, gy = self._row_passes(n, xblocks * kw)
+        if gy > 1 and self.tensor_row_split_one_wave:
+            fn = self._tensor_kernel(w, 1, mt, kw, pair)
+            if xblocks * gy > self._wide_resident(fn, 0, kw):
+                return (2 if n <= 16 else 4), 1
+        return nt, gy
+
+    def _tensor_kernel(self, w: CudaWeight, nt: int, mt: int, kw: int, pair: bool) -> Any:
+        """mt_body's kernel for ``w`` (the pair kernel of a two-type weight, else the first
+        segment's): the one whose residency decides a row split."""
+        if pair:
+            a, b = w.segments
+            return self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")
+        seg = w.segments[0]
+        return self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)
 
     def _xprep(
         self, x2: Any, ldx: int, n: int, k: int, norm: Any, kwg: int, min_rows: int

@@ -397,10 +397,11 @@ WIDE_CONFIGS = {
     f"w{w}" + (f",rows{g}" if g > 1 else ""): {"tensor_wide_warps": w, "tensor_wide_row_groups": g}
     for w, g in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2))
 }
-ROWSPLIT_CONFIGS = {
+ROWSPLIT_CONFIGS = {  # session 22: "split-20,1wave" (the default) splits only within one wave
     "passes": {"tensor_row_split_warps_per_sm": 0},
-    "split-20": {"tensor_row_split_warps_per_sm": 20},
-    "split-all": {"tensor_row_split_warps_per_sm": 10**6},
+    "split-20": {"tensor_row_split_warps_per_sm": 20, "tensor_row_split_one_wave": False},
+    "split-20,1wave": {"tensor_row_split_warps_per_sm": 20, "tensor_row_split_one_wave": True},
+    "split-all": {"tensor_row_split_warps_per_sm": 10**6, "tensor_row_split_one_wave": False},
 }
 #: interleaved policy A/Bs by switch name (``--units`` …): each a dict of configs, run in
 #: this order; with --quick the run ends after them
