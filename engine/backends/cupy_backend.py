@@ -54,6 +54,8 @@ def _wide_static_smem(warps: int) -> int:
     per pass (NT = 4): kernels.cu MT_SMEM(4, 1, warps) floats."""
     return 4 * ((warps - 1) * 4 * 4 * 32 + warps * 4 * 8)
 
+#: items one CUDA-core attention block may take (kernels.cu ATTN_MAX_ITEMS)
+_ATTN_MAX_ITEMS = 256
 _ROW_TILES = (1, 2, 4, 8, 16)  # rows per pass the matmul kernels are built for
 _COLS_PER_WARP = 4  # output columns per warp for wide launches (kernels.cu MM_KERNEL)
 _ACT = {"silu": 1, "gelu": 2}  # kernels.cu act_glu
@@ -923,23 +925,19 @@ class CupyBackend(Backend):
             self._attention_tc(call)
         else:
             self._attention_cc(call)
+        self._attention_combine(call, out)
+        return out
+
+    def _attention_combine(self, c: _AttnCall, out: Any) -> None:
+        """Pass 2: each (row, head)'s splits merged in a fixed order (kernels.cu attn_combine)."""
         self._k("attn_combine")(
-            (heads, n),
+            (c.heads, c.n),
             (256,),
             (
-                opart,
-                mpart,
-                lpart,
-                pos,
-                _i32(heads),
-                _i32(hd),
-                _i32(split),
-                _i32(max(0, int(window))),
-                _i32(nsplit),
-                out,
-            ),
+                c.opart, c.mpart, c.lpart, c.pos, _i32(c.heads), _i32(c.hd), _i32(c.split),
+                _i32(c.window), _i32(c.nsplit), out,
+            ),  # fmt: skip
         )
-        return out
 
     def _attention_tc(self, c: _AttnCall) -> None:
         """Pass 1 on the tensor cores: blocks of 4 warps sharing up to 4 sixteen-item tiles."""
@@ -958,7 +956,7 @@ class CupyBackend(Backend):
         ipw = self.attn_items_per_warp
         if ipw not in (2, 4) or c.n < self.attn_items_per_warp_min_rows or c.split != 32:
             ipw = 1
-        per_block = self.attn_items * ipw
+        per_block = min(self.attn_items * ipw, _ATTN_MAX_ITEMS)
         chunks = (items + per_block - 1) // per_block
         smem = (c.split * (2 * c.hd + 1) + min(items, per_block) * c.hd) * 4
         # fewer registers for more resident blocks pays from 2 rows on and costs one-row
@@ -974,7 +972,7 @@ class CupyBackend(Backend):
         self, name: str, c: _AttnCall, chunks: int, threads: int, smem: int, per_block: int = 0,
         blocks: int = 1,
     ) -> None:  # fmt: skip
-        """Launch pass 1 ``name`` over (splits, kv heads, item chunks). The CUDA-core kernel
+        """Launch pass 1 ``name`` over splits, kv heads and item chunks. The CUDA-core kernel
         (``per_block`` > 0) also takes the split size and its items per block, and is built
         for ``blocks`` resident blocks per SM; the tensor-core one has all three built in."""
         part = self._k(name, attn_blocks=blocks)
@@ -985,7 +983,9 @@ class CupyBackend(Backend):
         args = (c.q2, _i32(c.ldq), c.k_cache, c.v_cache, c.pos, _i32(c.n), _i32(c.heads))
         args += (_i32(c.kvh), *split, _i32(c.window), np.float32(c.scale), _i32(c.nsplit))
         args += (c.opart, c.mpart, c.lpart, *tail)
-        part((c.nsplit, c.kvh, chunks), (threads,), args, shared_mem=smem)
+        # the CUDA-core kernel's grid has the splits last (kernels.cu attn_partial_body)
+        grid = (chunks, c.kvh, c.nsplit) if per_block else (c.nsplit, c.kvh, chunks)
+        part(grid, (threads,), args, shared_mem=smem)
 
     def silu_mul(self, gate, up) -> Any:
         return self._glu(gate, up, _ACT["silu"])

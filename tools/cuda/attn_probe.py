@@ -2,6 +2,10 @@
 
     ncu --clock-control none --kernel-name regex:attn_ python3 -m tools.cuda.attn_probe \
         [--shapes smollm2,qwen1.5b,qwen0.5b] [--context 2048]
+
+``--time``: each pass inside CUDA graphs instead (µs a call at 1 / 8 / 16 rows): the whole
+attention, pass 1 alone, the combine alone, for a cache of ``context + 64`` rows and for one
+of the next power of two (the session store's graph capacities), and items per block.
 """
 
 from __future__ import annotations
@@ -20,8 +24,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="smollm2,qwen1.5b")
     ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--time", action="store_true", help="time each pass inside graphs")
     args = ap.parse_args()
     b = CupyBackend()
+    if args.time:
+        for name in args.shapes.split(","):
+            for line in time_passes(b, name, args.context):
+                print(line, flush=True)
+        return
     rng = np.random.default_rng(0)
     for name in args.shapes.split(","):
         heads, kvh, hd = SHAPES[name]
@@ -35,6 +45,46 @@ def main() -> None:
             for _ in range(2):
                 b.attention(q, kc, vc, pos, 0, 0.125)
     b.synchronize()
+
+
+def time_passes(b: CupyBackend, name: str, ctx: int) -> list[str]:
+    """µs a call inside graphs of the attention's passes (see the module docstring)."""
+    from echoline.engine.backends.cupy_backend import _AttnCall
+
+    from tools.cuda.bench_device import graph_op_time
+
+    heads, kvh, hd = SHAPES[name]
+    rng = np.random.default_rng(0)
+    lines = []
+    for cap in (ctx + 64, 1 << (ctx + 63).bit_length()):
+        kc = cupy.asarray(rng.standard_normal((cap, kvh, hd)).astype(np.float32))
+        vc = cupy.asarray(rng.standard_normal((cap, kvh, hd)).astype(np.float32))
+        for n in (1, 8, 16):
+            q = cupy.asarray(rng.standard_normal((n, heads, hd)).astype(np.float32))
+            pos = b.device_ints(np.arange(ctx - n, ctx))
+            split = b.split_size(hd)
+            nsplit = (cap + split - 1) // split
+            out = cupy.empty((n, heads * hd), dtype=cupy.float32)
+            call = _AttnCall(
+                q.reshape(n, heads * hd), heads * hd, kc, vc, pos, n, heads, kvh, hd, split,
+                nsplit, 0, 0.125,
+                cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32),
+                cupy.empty((n, heads, nsplit), dtype=cupy.float32),
+                cupy.empty((n, heads, nsplit), dtype=cupy.float32),
+            )  # fmt: skip
+            parts = {
+                "attention": lambda q=q, kc=kc, vc=vc, pos=pos: b.attention(q, kc, vc, pos, 0, 0.125),
+                "pass1": lambda call=call: b._attention_cc(call),
+                "combine": lambda call=call, out=out: b._attention_combine(call, out),
+            }
+            timed = [f"{k} {graph_op_time(b, fn) * 1e6:5.1f}" for k, fn in parts.items()]
+            keep = b.attn_items
+            for items in (4, 16):
+                b.attn_items = items
+                timed.append(f"attention@{items}items {graph_op_time(b, parts['attention']) * 1e6:5.1f}")
+            b.attn_items = keep
+            lines.append(f"{name} ctx {ctx} cap {cap} n={n:<2d} (us): " + ", ".join(timed))
+    return lines
 
 
 if __name__ == "__main__":
