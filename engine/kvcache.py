@@ -97,16 +97,19 @@ class KVCache:
     def exchange_buffers(self, other: KVCache) -> None:
         """Trade buffers with ``other``, each cache keeping its own contents.
 
-        The contents are swapped first (``backend.swap_buffers``, the whole buffers: on a
-        GPU a few tens of microseconds), then the buffer objects, so afterwards ``self``
-        holds its rows in what were ``other``'s buffers and the other way round. Lengths
-        and every other field stay with their cache. Why: see ``KVBuffers``.
+        The contents are swapped first (``backend.swap_buffers``: the rows either cache
+        holds, since rows past a cache's length are never read; on a GPU one launch per
+        buffer), then the buffer objects, so afterwards ``self`` holds its rows in what were
+        ``other``'s buffers and the other way round. Lengths and every other field stay
+        with their cache. Why: see ``KVBuffers``.
         """
         if not self.can_exchange(other):
             raise ValueError("only linear caches of one capacity, model and backend trade buffers")
-        for mine, theirs in ((self.k, other.k), (self.v, other.v)):
-            for layer in range(self.config.n_layers):
-                self.backend.swap_buffers(mine[layer], theirs[layer])
+        rows = max(self.length, other.length)
+        if rows:
+            for mine, theirs in ((self.k, other.k), (self.v, other.v)):
+                for layer in range(self.config.n_layers):
+                    self.backend.swap_buffers(mine[layer], theirs[layer], rows)
         self.buffers, other.buffers = other.buffers, self.buffers
 
     def _is_ring(self, layer: int) -> bool:

@@ -1492,6 +1492,22 @@ def test_attention_min_blocks_change_no_bits(cb, rng, heads, kvh, hd, window):
         ) = keep  # fmt: skip
 
 
+def test_swap_buffers_swaps_the_rows_asked_for(cb, rng):
+    """kernels.cu swap_values: the first ``rows`` rows trade places, the rest stay; without
+    ``rows`` the whole buffers; a strided view takes the copy-based swap, same result."""
+    a0 = rng.standard_normal((40, 2, 64)).astype(np.float32)
+    b0 = rng.standard_normal((40, 2, 64)).astype(np.float32)
+    a, b = cupy.asarray(a0), cupy.asarray(b0)
+    cb.swap_buffers(a, b, 17)
+    assert np.array_equal(cb.to_host(a)[:17], b0[:17]) and np.array_equal(cb.to_host(b)[:17], a0[:17])
+    assert np.array_equal(cb.to_host(a)[17:], a0[17:]) and np.array_equal(cb.to_host(b)[17:], b0[17:])
+    cb.swap_buffers(a, b)
+    assert np.array_equal(cb.to_host(a)[17:], b0[17:]) and np.array_equal(cb.to_host(b)[:17], b0[:17])
+    a, b = cupy.asarray(a0), cupy.asarray(b0)
+    cb.swap_buffers(a[:, 1], b[:, 1], 5)
+    assert np.array_equal(cb.to_host(a)[:5, 1], b0[:5, 1]) and np.array_equal(cb.to_host(a)[:5, 0], a0[:5, 0])
+
+
 @pytest.mark.parametrize("spec", [False, True])
 def test_sessions_trading_buffers_replay_one_set_of_graphs(cb, tmp_path, spec):
     """engine/sessions.py: the session about to run trades KV buffers with the holder of the

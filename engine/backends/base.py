@@ -195,9 +195,12 @@ class Backend(ABC):
     def grow_cache(self, cache: Array, capacity: int) -> Array:
         """A larger storage holding the same leading rows."""
 
-    def swap_buffers(self, a: Array, b: Array) -> None:
+    def swap_buffers(self, a: Array, b: Array, rows: int | None = None) -> None:
         """Exchange the contents of two cache buffers of one shape, in place (their
-        identities stay: graphs captured on them remain valid). Numpy and CuPy arrays."""
+        identities stay: graphs captured on them remain valid), their first ``rows`` rows
+        only when given (the rest hold nothing a cache reads). Numpy and CuPy arrays."""
+        if rows is not None:
+            a, b = a[:rows], b[:rows]
         held = a.copy()
         a[...] = b
         b[...] = held

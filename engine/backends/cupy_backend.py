@@ -1018,6 +1018,18 @@ class CupyBackend(Backend):
         return cupy.multiply(x, np.float32(factor), dtype=cupy.float32)
 
     # ---- cache storage -------------------------------------------------------------------
+    def swap_buffers(self, a: Any, b: Any, rows: int | None = None) -> None:
+        """One kernel (kernels.cu swap_values) per pair of buffers, over their first
+        ``rows`` rows: no temporary and a third of the launches of a copy-based swap."""
+        if a.shape != b.shape or not (a.flags.c_contiguous and b.flags.c_contiguous):
+            super().swap_buffers(a, b, rows)
+            return
+        width = a.size // max(1, a.shape[0])
+        n = a.size if rows is None else min(rows, a.shape[0]) * width
+        if n:
+            blocks = min((n + 255) // 256, 4 * self._sm_count)
+            self._k("swap_values")((blocks,), (256,), (a, b, np.int64(n)))
+
     def empty_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> Any:
         return cupy.zeros((capacity, n_kv_heads, head_dim), dtype=cupy.float32)
 

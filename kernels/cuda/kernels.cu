@@ -1215,6 +1215,19 @@ extern "C" __global__ void glu_act(const float* Gt, int ldg, const float* U, int
     }
 }
 
+// a[t] <-> b[t] for t < n, in place: two sessions' cache buffers trade contents so the
+// graphs captured on one set of buffers serve whichever session runs (engine/kvcache.py
+// exchange_buffers); one launch per buffer instead of a copy and two assignments.
+extern "C" __global__ void swap_values(float* a, float* b, long long n) {
+    grid_dependency();
+    for (long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x; t < n;
+         t += (long long)gridDim.x * blockDim.x) {
+        float x = a[t];
+        a[t] = b[t];
+        b[t] = x;
+    }
+}
+
 // cache[dst_i] = rows[i] with dst_i = dst ? dst[i] : start + i; rows have row stride ldr.
 extern "C" __global__ void write_cache(float* cache, const float* rows, int ldr, int n, int width,
                                        const int* dst, int start) {
