@@ -887,6 +887,20 @@ class CupyBackend(Backend):
         return self.attn_split
 
     def attention(self, q, k_cache, v_cache, positions, window, scale) -> Any:
+        call, out = self._attention_call(q, k_cache, v_cache, positions, window, scale)
+        if call is None:
+            return out
+        if self.tensor_attention and call.split == 32:
+            self._attention_tc(call)
+        else:
+            self._attention_cc(call)
+        self._attention_combine(call, out)
+        return out
+
+    def _attention_call(
+        self, q: Any, k_cache: Any, v_cache: Any, positions: Any, window: int, scale: float
+    ) -> tuple[_AttnCall | None, Any]:
+        """The arrays and sizes both passes take, and the output (no call for zero rows)."""
         n, heads, hd = (int(s) for s in q.shape)
         cap, kvh, _ = (int(s) for s in k_cache.shape)
         if hd % 32 or hd > 256 or heads % kvh:
@@ -899,34 +913,15 @@ class CupyBackend(Backend):
         nsplit = (cap + split - 1) // split
         out = cupy.empty((n, heads * hd), dtype=cupy.float32)
         if n == 0:
-            return out
-        opart = cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32)
-        mpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
-        lpart = cupy.empty((n, heads, nsplit), dtype=cupy.float32)
+            return None, out
         call = _AttnCall(
-            q2,
-            ldq,
-            k_cache,
-            v_cache,
-            pos,
-            n,
-            heads,
-            kvh,
-            hd,
-            split,
-            nsplit,
-            max(0, int(window)),
-            float(scale),
-            opart,
-            mpart,
-            lpart,
-        )
-        if self.tensor_attention and split == 32:
-            self._attention_tc(call)
-        else:
-            self._attention_cc(call)
-        self._attention_combine(call, out)
-        return out
+            q2, ldq, k_cache, v_cache, pos, n, heads, kvh, hd, split, nsplit,
+            max(0, int(window)), float(scale),
+            cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32),
+            cupy.empty((n, heads, nsplit), dtype=cupy.float32),
+            cupy.empty((n, heads, nsplit), dtype=cupy.float32),
+        )  # fmt: skip
+        return call, out
 
     def _attention_combine(self, c: _AttnCall, out: Any) -> None:
         """Pass 2: each (row, head)'s splits merged in a fixed order (kernels.cu attn_combine)."""

@@ -16,6 +16,8 @@ import cupy
 import numpy as np
 from echoline.engine.backends.cupy_backend import CupyBackend
 
+from tools.cuda.bench_device import graph_op_time
+
 #: name -> (query heads, KV heads, head dim)
 SHAPES = {"smollm2": (9, 3, 64), "qwen1.5b": (12, 2, 128), "qwen0.5b": (14, 2, 64)}
 
@@ -49,10 +51,6 @@ def main() -> None:
 
 def time_passes(b: CupyBackend, name: str, ctx: int) -> list[str]:
     """µs a call inside graphs of the attention's passes (see the module docstring)."""
-    from echoline.engine.backends.cupy_backend import _AttnCall
-
-    from tools.cuda.bench_device import graph_op_time
-
     heads, kvh, hd = SHAPES[name]
     rng = np.random.default_rng(0)
     lines = []
@@ -62,16 +60,7 @@ def time_passes(b: CupyBackend, name: str, ctx: int) -> list[str]:
         for n in (1, 8, 16):
             q = cupy.asarray(rng.standard_normal((n, heads, hd)).astype(np.float32))
             pos = b.device_ints(np.arange(ctx - n, ctx))
-            split = b.split_size(hd)
-            nsplit = (cap + split - 1) // split
-            out = cupy.empty((n, heads * hd), dtype=cupy.float32)
-            call = _AttnCall(
-                q.reshape(n, heads * hd), heads * hd, kc, vc, pos, n, heads, kvh, hd, split,
-                nsplit, 0, 0.125,
-                cupy.empty((n, heads, nsplit, hd), dtype=cupy.float32),
-                cupy.empty((n, heads, nsplit), dtype=cupy.float32),
-                cupy.empty((n, heads, nsplit), dtype=cupy.float32),
-            )  # fmt: skip
+            call, out = b._attention_call(q, kc, vc, pos, 0, 0.125)
             parts = {
                 "attention": lambda q=q, kc=kc, vc=vc, pos=pos: b.attention(q, kc, vc, pos, 0, 0.125),
                 "pass1": lambda call=call: b._attention_cc(call),
