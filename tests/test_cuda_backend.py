@@ -973,7 +973,7 @@ def test_tensor_row_split_only_in_one_wave(tensor_on, rng, monkeypatch):
         cb.tensor_row_split_one_wave = True
         assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (1, 2)  # fits: split
         split = {name: cb.to_host(op(16)) for name, op in ops.items()}
-        monkeypatch.setattr(cb, "_wide_resident", lambda fn, smem, warps=1: xblocks)
+        monkeypatch.setattr(cb, "_resident_blocks", lambda fn, smem, warps=1: xblocks)
         assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (2, 1)  # a second wave: passes
         assert cb._row_plan(w, 17, mt, kw, xblocks, False) == (4, 1)
         assert cb._row_plan(w, 8, mt, kw, xblocks, False) == (1, 1)

@@ -234,7 +234,7 @@ class CupyBackend(Backend):
         # resident blocks of the wide-weight kernels: shared memory per SM and per block
         self._smem_per_sm = int(props.get("sharedMemPerMultiprocessor", 233472))
         self._smem_reserved = int(props.get("reservedSharedMemPerBlock", 1024))
-        self._wide_fit: dict[tuple[int, int], int] = {}
+        self._resident_fit: dict[tuple[int, int], int] = {}
         # split-K tensor products: one arrival counter per (x, y) block of a launch, zero
         # between launches (each tile's last block resets its own); launches in one stream
         # never overlap, so one array serves them all
@@ -607,7 +607,7 @@ class CupyBackend(Backend):
         fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}_w{kw}", seg.kernel)
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_wide_min_rows)
         items = (seg.rows + 15) // 16 * groups
-        grid = min(items, self._wide_resident(fn, smem, kw)) if self.tensor_wide_persistent else items
+        grid = min(items, self._resident_blocks(fn, smem, kw)) if self.tensor_wide_persistent else items
         fn(
             (grid,),
             (32 * kw,),
@@ -619,12 +619,12 @@ class CupyBackend(Backend):
             shared_mem=smem,
         )
 
-    def _wide_resident(self, fn: Any, smem: int, warps: int = 1) -> int:
+    def _resident_blocks(self, fn: Any, smem: int, warps: int = 1) -> int:
         """Blocks of ``warps`` warps of ``fn`` with ``smem`` bytes of tiles resident at once
         on the chip (registers: 4 partitions of 16K in 256-register steps per warp; shared
         memory; at most 32 blocks and 64 warps per SM)."""
         key = (id(fn), smem)
-        fit = self._wide_fit.get(key)
+        fit = self._resident_fit.get(key)
         if fit is None:
             regs = int(getattr(fn, "num_regs", 128)) or 128
             per_warp = -(-regs * 32 // 256) * 256
@@ -632,7 +632,7 @@ class CupyBackend(Backend):
             by_smem = self._smem_per_sm // (smem + static + self._smem_reserved)
             by_regs = 4 * (16384 // per_warp) // warps
             fit = max(1, min(32, 64 // warps, by_regs, by_smem)) * self._sm_count
-            self._wide_fit[key] = fit
+            self._resident_fit[key] = fit
         return fit
 
     def _tensor_shape(self, w: CudaWeight, act: int) -> tuple[int, int]:
@@ -718,7 +718,7 @@ class CupyBackend(Backend):
         nt, gy = self._row_passes(n, xblocks * kw)
         if gy > 1 and self.tensor_row_split_one_wave:
             fn = self._tensor_kernel(w, 1, mt, kw, pair)
-            if xblocks * gy > self._wide_resident(fn, 0, kw):
+            if xblocks * gy > self._resident_blocks(fn, 0, kw):
                 return (2 if n <= 16 else 4), 1
         return nt, gy
 
