@@ -343,18 +343,28 @@ def _fill_cache(cb, ref, rng, cap, kvh, hd, length):
     return kc, vc, kr, vr
 
 
-@pytest.fixture(params=["tensor", "cuda-core", "cuda-core-g2", "cuda-core-g4"])
+@pytest.fixture(params=["tensor", "tensor-w8", "cuda-core", "cuda-core-g2", "cuda-core-g4"])
 def attn(cb, request):
     """The backend with one attention kernel family: tensor-core (3xTF32 mma tiles; off by
     default) or CUDA-core (a warp per item, the default; "-gN": from 2 rows a warp takes N
     items at once, while one-row calls keep one, so decode == verify checks the grouped
-    kernel against the plain one). Each must match numpy and be batch-invariant; the two
-    families need not give each other's bits."""
-    keep = cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp
-    cb.tensor_attention = request.param == "tensor"
+    kernel against the plain one). "tensor" runs one-tile calls (decode) on 8-warp blocks
+    and the rest on 4-warp ones, so decode == verify checks one against the other;
+    "tensor-w8" runs every call on 8 warps. Each must match numpy and be batch-invariant;
+    the two families need not give each other's bits."""
+    keep = (
+        cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp,
+        cb.tensor_attention_w8_max_tiles, cb.tensor_attention_min_group,
+    )  # fmt: skip
+    cb.tensor_attention = request.param.startswith("tensor")
+    cb.tensor_attention_min_group = 0  # the family asked for, whatever the shape's group
+    cb.tensor_attention_w8_max_tiles = 1 << 20 if request.param == "tensor-w8" else 1
     cb.attn_items_per_warp = int(request.param[-1]) if "-g" in request.param else 1
     yield cb
-    cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp = keep
+    (
+        cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp,
+        cb.tensor_attention_w8_max_tiles, cb.tensor_attention_min_group,
+    ) = keep  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -458,8 +468,8 @@ def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, 
     qh = rng.standard_normal((k, heads, hd)).astype(np.float32)
     q = cupy.asarray(qh)
     scale = 1.0 / math.sqrt(hd)
-    keep = cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp
-    cb.tensor_attention = False
+    keep = cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp, cb.tensor_attention_min_group
+    cb.tensor_attention, cb.tensor_attention_min_group = False, 0
     try:
         out = {}
         for ipw in (1, 2, 4):  # items a warp takes at once (the grouped kernels)
@@ -473,7 +483,7 @@ def test_attention_items_per_block_change_no_bits(cb, ref, rng, heads, kvh, hd, 
                 assert np.array_equal(one[0], out[1, 8][3])
         assert rel_err(out[1, 8], ref.attention(qh, kr, vr, positions, window, scale)) < 1e-5
     finally:
-        cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp = keep
+        cb.attn_items, cb.tensor_attention, cb.attn_items_per_warp, cb.tensor_attention_min_group = keep
 
 
 def test_rms_norm_rope_and_elementwise(cb, ref, rng):
@@ -1470,9 +1480,9 @@ def test_attention_min_blocks_change_no_bits(cb, rng, heads, kvh, hd, window):
     scale = 1.0 / math.sqrt(hd)
     keep = (
         cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows,
-        cb.attn_items_per_warp, cb.attn_group_min_blocks,
+        cb.attn_items_per_warp, cb.attn_group_min_blocks, cb.tensor_attention_min_group,
     )  # fmt: skip
-    cb.tensor_attention, cb.attn_min_blocks_min_rows = False, 2
+    cb.tensor_attention, cb.attn_min_blocks_min_rows, cb.tensor_attention_min_group = False, 2, 0
     try:
         out = {}
         for ipw, field in ((1, "attn_min_blocks"), (2, "attn_group_min_blocks"), (4, "attn_group_min_blocks")):
@@ -1488,7 +1498,7 @@ def test_attention_min_blocks_change_no_bits(cb, rng, heads, kvh, hd, window):
     finally:
         (
             cb.attn_min_blocks, cb.tensor_attention, cb.attn_min_blocks_min_rows,
-            cb.attn_items_per_warp, cb.attn_group_min_blocks,
+            cb.attn_items_per_warp, cb.attn_group_min_blocks, cb.tensor_attention_min_group,
         ) = keep  # fmt: skip
 
 

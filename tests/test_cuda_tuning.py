@@ -25,6 +25,9 @@ def test_environment_overrides_take_only_well_formed_values() -> None:
         {"ECHOLINE_CUDA_TENSOR_WIDE_STAGES": "0", "ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT": "yes"}
     )
     assert t == CudaTuning()
+    w8 = "ECHOLINE_CUDA_TENSOR_ATTENTION_W8_MAX_TILES"
+    assert CudaTuning.from_env({w8: "0"}).tensor_attention_w8_max_tiles == 0
+    assert CudaTuning.from_env({w8: "9"}) == CudaTuning.from_env({w8: "x"}) == CudaTuning()
 
 
 def test_wide_kernel_defaults_take_only_the_heads() -> None:

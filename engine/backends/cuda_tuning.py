@@ -188,13 +188,25 @@ class CudaTuning:
     attn_group_min_blocks: int = 4
     #: keys per attention split: fixed for the backend's life (batch invariance)
     attn_split: int = 32
-    #: attention on the tensor cores (kernels.cu attn_tc, session 5): a GQA group's (row,
-    #: head) items are the M dimension of 3xTF32 mma tiles, so a row computes alike in any
-    #: tile and 16-17 rows cost 19-25 % less than on the CUDA-core kernel. Off: it is 1.7-2.7
-    #: us a layer slower at one row (decode 11-16 % slower on the real SmolLM2 file at context
-    #: 128), for 3-5 % more speculative tok/s on copy traffic (rounds 7-9). Splits of 32 keys
-    #: only. Env ``ECHOLINE_CUDA_TENSOR_ATTENTION=0|1`` (A/B on real models)
+    #: attention on the tensor cores for every model (kernels.cu attn_tc_body): a GQA
+    #: group's (row, head) items are the M dimension of 3xTF32 mma tiles, so a row computes
+    #: alike in any tile. Off: for small groups the CUDA-core kernel is quicker at one row
+    #: (see the next field, which turns it on by shape). Splits of 32 keys only.
+    #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION=0|1`` (A/B on real models)
     tensor_attention: bool = False
+    #: ... and, short of that, for the models whose GQA groups have at least this many
+    #: query heads a kv head (0: none): a 16-row verify's items then fill the tiles (Qwen
+    #: 0.5B's groups of 7: 112 items, 7 tiles a kv head). By shape only, so the same for
+    #: every row count. H200, context 1,024, one layer, µs at 1 / 16 rows (session 23,
+    #: ``attn_probe --time``): Qwen 0.5B 6.5 / 10.8 on the tensor cores against 6.3 / 12.4;
+    #: SmolLM2 (groups of 3) 6.8 / 10.1 against 6.1 / 10.5, so it stays on the CUDA cores.
+    #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP=0..16``
+    tensor_attention_min_group: int = 6
+    #: warps of a tensor-core attention block: 8 while a call has at most this many
+    #: sixteen-item tiles a kv head (one-row decode: few blocks, each on a shorter path),
+    #: else 4 (more blocks resident). The same bits (session 23).
+    #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_W8_MAX_TILES=0..8``
+    tensor_attention_w8_max_tiles: int = 1
     #: launch every kernel with programmatic stream serialization (PDL, sm_90 and later;
     #: kernels/cuda/launch.py): the next kernel is set up while one runs, and its blocks
     #: wait at ``griddepcontrol.wait`` for its results, so the gaps of a chain of ~200
@@ -235,6 +247,10 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
             ("ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE", "tensor_row_split_one_wave", ("0", "1")),
             ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
+            ("ECHOLINE_CUDA_TENSOR_ATTENTION_W8_MAX_TILES", "tensor_attention_w8_max_tiles",
+             tuple(str(i) for i in range(9))),
+            ("ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP", "tensor_attention_min_group",
+             tuple(str(i) for i in range(17))),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
         ):

@@ -890,12 +890,20 @@ class CupyBackend(Backend):
         call, out = self._attention_call(q, k_cache, v_cache, positions, window, scale)
         if call is None:
             return out
-        if self.tensor_attention and call.split == 32:
+        if self._tensor_attention(call):
             self._attention_tc(call)
         else:
             self._attention_cc(call)
         self._attention_combine(call, out)
         return out
+
+    def _tensor_attention(self, c: _AttnCall) -> bool:
+        """Whether pass 1 runs on the tensor cores: by the model's shape only (the GQA
+        group), never by the row count, since the two families differ in their bits."""
+        if c.split != 32:
+            return False
+        group = c.heads // c.kvh
+        return self.tensor_attention or 0 < self.tensor_attention_min_group <= group
 
     def _attention_call(
         self, q: Any, k_cache: Any, v_cache: Any, positions: Any, window: int, scale: float
@@ -935,12 +943,17 @@ class CupyBackend(Backend):
         )
 
     def _attention_tc(self, c: _AttnCall) -> None:
-        """Pass 1 on the tensor cores: blocks of 4 warps sharing up to 4 sixteen-item tiles."""
+        """Pass 1 on the tensor cores: a block per sixteen-item tile (kernels.cu attn_tc_body),
+        of 8 warps while the call has at most ``tensor_attention_w8_max_tiles`` tiles a kv
+        head (one-row decode: few blocks, so the shorter path per block), else of 4 (more
+        blocks resident). The same bits either way, so the choice may follow the row count."""
         items = c.n * (c.heads // c.kvh)
-        tiles = min(4, (items + 15) // 16)  # 16-item tiles a block stages q for
-        # K and V as hi/lo planes, the tiles' scores (4 x 16 x 36), their q vectors
-        smem = (c.split * (4 * c.hd + 24) + 4 * 16 * (c.split + 4) + tiles * 16 * (c.hd + 4)) * 4
-        self._attention_pass(f"attn_tc_d{c.hd // 32}", c, (items + 63) // 64, 128, smem)
+        tiles = (items + 15) // 16
+        warps = 8 if tiles <= self.tensor_attention_w8_max_tiles else 4
+        # K and V as f32, the tile's q vectors as hi/lo planes, two 16 x 32 score planes
+        smem = (c.split * (2 * c.hd + 12) + 32 * (c.hd + 4) + 32 * (c.split + 4)) * 4
+        name = f"attn_tc_d{c.hd // 32}" + ("_w8" if warps == 8 else "")
+        self._attention_pass(name, c, tiles, 32 * warps, smem)
 
     def _attention_cc(self, c: _AttnCall) -> None:
         """Pass 1 on the CUDA cores: a warp per (row, head) item, one key per lane; from
@@ -978,8 +991,8 @@ class CupyBackend(Backend):
         args = (c.q2, _i32(c.ldq), c.k_cache, c.v_cache, c.pos, _i32(c.n), _i32(c.heads))
         args += (_i32(c.kvh), *split, _i32(c.window), np.float32(c.scale), _i32(c.nsplit))
         args += (c.opart, c.mpart, c.lpart, *tail)
-        # the CUDA-core kernel's grid has the splits last (kernels.cu attn_partial_body)
-        grid = (chunks, c.kvh, c.nsplit) if per_block else (c.nsplit, c.kvh, chunks)
+        # the splits vary slowest: blocks past every position are dispatched last
+        grid = (chunks, c.kvh, c.nsplit)
         part(grid, (threads,), args, shared_mem=smem)
 
     def silu_mul(self, gate, up) -> Any:

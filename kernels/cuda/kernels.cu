@@ -1453,47 +1453,44 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
 ATTN_PARTIAL(1) ATTN_PARTIAL(2) ATTN_PARTIAL(3) ATTN_PARTIAL(4)
 ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 
-// ---- tensor-core attention, pass 1 (session 5, backend flag tensor_attention) ----
+// ---- tensor-core attention, pass 1 (backend flag tensor_attention) ----
 //
 // Same job and outputs as attn_partial (a split's unnormalized output, max and sum per
 // (row, head)), but a GQA group's (row, head) items are the M dimension of mma.sync
 // m16n8k8 tiles: scores = Q K^T with items x keys, output = P V with items x dims. Every
 // score and output element is its own dot product inside the instruction, so an item
 // computes alike whichever tile row it lands in and whatever items share the tile: a
-// decode row and the same row in a verify batch get the same bits, and 16 items cost
-// what one does. Operands are f32 split 3xTF32: x = hi + lo with hi = x rounded to TF32
-// (10-bit mantissa, f32 range) and lo = x - hi (exact), truncated to TF32; a.b =
-// hi(a).hi(b) + [lo(a).hi(b) + hi(a).lo(b)], the hi and lo terms in two f32 accumulators
-// added once at the end (the dropped lo.lo term is ~2^-22 relative): about f32 accuracy.
+// decode row and the same row in a verify batch get the same bits, and a 16-item tile
+// costs what one item does. Operands are f32 split 3xTF32: x = hi + lo with hi = x
+// truncated to TF32 (10-bit mantissa; truncation is exact and never rounds a large value
+// up into inf) and lo = x - hi (exact), itself truncated; a.b = hi(a).hi(b) + [lo(a).hi(b)
+// + hi(a).lo(b)], the three terms in three f32 accumulators (independent mma chains) added
+// once at the end, h + (la + lb) (the dropped lo.lo term is ~2^-20 relative): about f32
+// accuracy.
 //
-// Block (split s of 32 keys, kv head g, chunk z of up to 4 sixteen-item tiles), 4 warps.
-//  1. Stage: K and V of the split, already split into hi/lo planes, and the chunk's q
-//     vectors, in shared memory (rows padded so every fragment read hits 32 distinct
-//     banks; V rows past the block's last needed key are zero so 0 * garbage is 0).
-//     Rows between a row's own position and the block's largest are real V: a finite V
-//     there meets P = 0 and adds nothing, but 0 * inf is NaN, so a block that staged any
-//     non-finite V takes step 3's exact form (session 6; see there).
-//  2. Scores: warp w computes keys 8w..8w+7 of every tile (one n8 column of S each, the
-//     tiles' mma chains interleaved), masks keys outside a row's [lo, p] to -inf, scales,
-//     and writes them to shared memory.
-//  3. Softmax and P V: a tile's warps (4 when the block has one tile, 2 for two, else 1)
-//     read its 16 x 32 scores in the A-fragment layout (lane gq, t holds rows gq, gq + 8
-//     and keys 8j + t, 8j + t + 4), take each row's max and sum over its keys in fixed
-//     order and a butterfly over the quad (commutative steps: all lanes and warps get
-//     the same bits), and split its output tiles (8 dims each) between them.
-// Which warp computes what never changes a value, so decode's single tile is spread over
-// the 4 warps (a quarter of the critical path) while 3-4 tiles keep one warp each.
-#define ATC_WARPS 4
+// Block (tile z of 16 items, kv head g, split s of 32 keys), 4 or 8 warps; the splits
+// vary slowest, as in attn_partial_body, so blocks past every position are dispatched last.
+// One tile a block (session 23): the session-5 form put up to 4 tiles in a block of 4
+// warps, 128 blocks for a 16-row Qwen 0.5B verify, too few to hide the mma chains.
+//  1. The tile's positions into shared memory; a block whose split meets no item's range
+//     leaves at the barrier. Stage K and V of the split as f32 (rows past the largest
+//     position zero, so 0 * garbage is 0) and the tile's q vectors as hi/lo planes (every
+//     warp reads all of them). Rows between a row's own position and the block's largest
+//     are real V: a finite V there meets P = 0 and adds nothing, but 0 * inf is NaN, so a
+//     block that staged any non-finite V takes step 3's exact form.
+//  2. Scores: keys 8w..8w+7 (w = warp % 4, one n8 column of S), each half of the dims its
+//     own mma chain (h + l per half) into its own score plane; K fragments are split as
+//     they are read.
+//  3. Every warp reads the 16 x 32 scores in the A-fragment layout (lane gq, t holds rows
+//     gq, gq + 8 and keys 8j + t, 8j + t + 4): score = (half 0 + half 1) * scale, -inf
+//     outside a row's [lo, p]; each row's max and sum over its keys in fixed order and a
+//     butterfly over the quad (commutative steps: all lanes and warps get the same bits);
+//     then its share of the output's 8-dim tiles, keys 0-15 and 16-31 as two chains.
 #define ATC_S 32
 
-__device__ __forceinline__ u32 tf32_hi(float x) {
-    u32 u = __float_as_uint(x);
-    if ((u & 0x7f800000u) == 0x7f800000u) return u;  // inf / NaN kept as they are
-    return (u + 0x1000u) & 0xffffe000u;              // round to nearest, ties away
-}
-
+// x = hi + lo as TF32 operands: hi truncated (exact), lo = x - hi, truncated too
 __device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
-    hi = tf32_hi(x);
+    hi = __float_as_uint(x) & 0xffffe000u;
     lo = __float_as_uint(__fsub_rn(x, __uint_as_float(hi))) & 0xffffe000u;
 }
 
@@ -1504,22 +1501,17 @@ __device__ __forceinline__ void mma1688(float d[4], const u32 a[4], u32 b0, u32 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 3xTF32 into two accumulators: h += hi(a).hi(b); l += lo(a).hi(b) + hi(a).lo(b)
-__device__ __forceinline__ void mma3(float h[4], float l[4], const u32 ah[4], const u32 al[4],
-                                     u32 bh0, u32 bh1, u32 bl0, u32 bl1) {
-    mma1688(l, al, bh0, bh1);
-    mma1688(l, ah, bl0, bl1);
+// 3xTF32 into three accumulators, three independent mma chains: h += hi(a).hi(b),
+// la += lo(a).hi(b), lb += hi(a).lo(b); the value is h + (la + lb) (mma3_sum)
+__device__ __forceinline__ void mma3(float h[4], float la[4], float lb[4], const u32 ah[4],
+                                     const u32 al[4], u32 bh0, u32 bh1, u32 bl0, u32 bl1) {
+    mma1688(la, al, bh0, bh1);
+    mma1688(lb, ah, bl0, bl1);
     mma1688(h, ah, bh0, bh1);
 }
 
-__device__ __forceinline__ void store_split4(float* hi, float* lo, float4 v) {
-    u32 h0, l0, h1, l1, h2, l2, h3, l3;
-    split_tf32(v.x, h0, l0);
-    split_tf32(v.y, h1, l1);
-    split_tf32(v.z, h2, l2);
-    split_tf32(v.w, h3, l3);
-    *reinterpret_cast<uint4*>(hi) = make_uint4(h0, h1, h2, h3);
-    *reinterpret_cast<uint4*>(lo) = make_uint4(l0, l1, l2, l3);
+__device__ __forceinline__ float mma3_sum(float h, float la, float lb) {
+    return __fadd_rn(h, __fadd_rn(la, lb));
 }
 
 // One score row's softmax over the 32 keys a quad of lanes holds (8 per lane, x in key
@@ -1541,98 +1533,97 @@ __device__ __forceinline__ void quad_softmax(float x[8], float& m, float& l) {
     l = __fadd_rn(l, __shfl_xor_sync(0xffffffffu, l, 2));
 }
 
-// Step 3's P V for one tile: this warp's output tiles (8 dims each: dw, dw + wpt, ...),
-// DG in flight together, written to the items' rows oa / ob where wa / wb. MASKED: keys
-// outside [kmin, kmax] read the zero row instead of their V (the exact form, one row's
-// pass); unmasked it is the plain tile product.
-template <bool MASKED>
+// Step 3's P V for this warp's output tiles (8 dims each: warp, warp + NW, ...), written to
+// the items' rows oa / ob where wa / wb. Keys 0-15 and 16-31 of the split are two
+// independent chains (shorter mma dependencies), added at the end: o = (h0 + l0) + (h1 + l1).
+// MASKED: keys outside [kmin, kmax] (split-relative) read a zero V instead of their own
+// (the exact form, one row's pass); unmasked it is the plain tile product.
+template <int DPL, int NW, bool MASKED>
 __device__ __forceinline__ void attn_tc_pv(const u32 ph[4][4], const u32 pl[4][4],
-                                           const u32* Vh, const u32* Vl, const u32* Zrow,
-                                           int VST, int hd, int j0, int t, int gq, int dw,
-                                           int wpt, int mine, int kmin, int kmax, bool wa,
-                                           bool wb, float* oa, float* ob) {
-    constexpr int DG = 4;  // output tiles in flight together
-#pragma unroll 1
-    for (int u0 = 0; u0 < mine; u0 += DG) {
-        float oh[DG][4], ol[DG][4];
+                                           const float* Vs, int VST, int t, int gq, int warp,
+                                           int kmin, int kmax, bool wa, bool wb, float* oa,
+                                           float* ob) {
+    constexpr int tiles = DPL * 4;  // hd / 8
 #pragma unroll
-        for (int u = 0; u < DG; ++u)
+    for (int u = 0; u < (tiles + NW - 1) / NW; ++u) {
+        int tile = warp + NW * u;
+        if (tile >= tiles) break;
+        int col = 8 * tile + gq;
+        float oh[2][4], oa2[2][4], ob2[2][4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) oh[u][c] = ol[u][c] = 0.0f;
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) oh[c][e] = oa2[c][e] = ob2[c][e] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             // this lane's two B rows: keys 8j + t and 8j + t + 4 of the split
-            const u32* h0 = Vh + (8 * j + t) * VST;
-            const u32* h1 = h0 + 4 * VST;
-            const u32* l0 = Vl + (8 * j + t) * VST;
-            const u32* l1 = l0 + 4 * VST;
+            int k0 = 8 * j + t;
+            float v0 = Vs[k0 * VST + col], v1 = Vs[(k0 + 4) * VST + col];
             if (MASKED) {
-                int k0 = j0 + 8 * j + t;
-                if (k0 < kmin || k0 > kmax) h0 = l0 = Zrow;
-                if (k0 + 4 < kmin || k0 + 4 > kmax) h1 = l1 = Zrow;
+                v0 = k0 >= kmin && k0 <= kmax ? v0 : 0.0f;
+                v1 = k0 + 4 >= kmin && k0 + 4 <= kmax ? v1 : 0.0f;
             }
-#pragma unroll
-            for (int u = 0; u < DG; ++u) {
-                if (u0 + u < mine) {
-                    int off = 8 * (dw + wpt * (u0 + u)) + gq;
-                    mma3(oh[u], ol[u], ph[j], pl[j], h0[off], h1[off], l0[off], l1[off]);
-                }
-            }
+            u32 bh0, bl0, bh1, bl1;
+            split_tf32(v0, bh0, bl0);
+            split_tf32(v1, bh1, bl1);
+            mma3(oh[j >> 1], oa2[j >> 1], ob2[j >> 1], ph[j], pl[j], bh0, bh1, bl0, bl1);
         }
+        float o[4];
 #pragma unroll
-        for (int u = 0; u < DG; ++u) {
-            if (u0 + u >= mine) break;
-            int d = 8 * (dw + wpt * (u0 + u)) + 2 * t;
-            if (wa)
-                *reinterpret_cast<float2*>(oa + d) =
-                    make_float2(__fadd_rn(oh[u][0], ol[u][0]), __fadd_rn(oh[u][1], ol[u][1]));
-            if (wb)
-                *reinterpret_cast<float2*>(ob + d) =
-                    make_float2(__fadd_rn(oh[u][2], ol[u][2]), __fadd_rn(oh[u][3], ol[u][3]));
-        }
+        for (int e = 0; e < 4; ++e)
+            o[e] = __fadd_rn(mma3_sum(oh[0][e], oa2[0][e], ob2[0][e]),
+                             mma3_sum(oh[1][e], oa2[1][e], ob2[1][e]));
+        int d = 8 * tile + 2 * t;
+        if (wa) *reinterpret_cast<float2*>(oa + d) = make_float2(o[0], o[1]);
+        if (wb) *reinterpret_cast<float2*>(ob + d) = make_float2(o[2], o[3]);
     }
 }
 
-template <int DPL>
+// NW warps a block (4 or 8): the same bits either way. With 8, warps 4-7 take the second
+// half of every score's dims and of the output tiles; with 4 each warp runs both halves
+// as independent chains. One-row decode has few blocks and wants the shorter path (8);
+// a many-row launch has blocks enough and wants more of them resident (4).
+template <int DPL, int NW>
 __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const float* Kc,
                                              const float* Vc, const int* pos, int n, int H,
                                              int KVH, int window, float scale, int nsplit,
                                              float* Opart, float* Mpart, float* Lpart) {
-    constexpr int hd = DPL * 32, S = ATC_S;
+    constexpr int hd = DPL * 32, S = ATC_S, half = hd / 16;  // k-steps of 8 dims per half
     // padded row strides: K, Q and score reads hit banks gq*4 + t, V reads t*8 + gq
     constexpr int KST = hd + 4, VST = hd + 8, QST = hd + 4, SST = S + 4;
     extern __shared__ float smem[];
-    u32* Kh = reinterpret_cast<u32*>(smem);
-    u32* Kl = Kh + S * KST;
-    u32* Vh = Kl + S * KST;
-    u32* Vl = Vh + S * VST;
-    float* Ss = reinterpret_cast<float*>(Vl + S * VST);  // [tile][16][SST]
-    float* Qs = Ss + ATC_WARPS * 16 * SST;               // [tile * 16 + item][QST]
-    __shared__ u32 Zrow[hd];  // zeros: the V row step 3's exact form reads for masked keys
-    for (int d = threadIdx.x; d < hd; d += ATC_WARPS * 32) Zrow[d] = 0u;
-    int s = blockIdx.x, g = blockIdx.y;
-    int group = H / KVH, items = n * group;
-    int it0 = blockIdx.z * ATC_WARPS * 16;
-    int it1 = min(items, it0 + ATC_WARPS * 16);
-    int ntile = (it1 - it0 + 15) >> 4;
+    float* Ks = smem;
+    float* Vs = Ks + S * KST;
+    u32* Qh = reinterpret_cast<u32*>(Vs + S * VST);
+    u32* Ql = Qh + 16 * QST;
+    float* Ss = reinterpret_cast<float*>(Ql + 16 * QST);  // [dims half][16][SST]
+    __shared__ int ps[16], pl[16];  // each tile row's position and window start
+    int z = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
+    int group = H / KVH;
+    int it0 = z * 16;
+    int cnt = min(16, n * group - it0);
     int j0 = s * S;
-    // keys this block needs: up to the largest position of its rows; skip if no row's
-    // range [lo, p] meets this split
-    int pmax = -1;
-    bool need = false;
-    for (int r = it0 / group; r <= (it1 - 1) / group; ++r) {
-        int p = pos[r];
-        int lo = window > 0 ? max(0, p - window + 1) : 0;
-        pmax = max(pmax, p);
-        need = need || (j0 <= p && j0 + S > lo);
+    bool reach = false;
+    if (threadIdx.x < 16) {
+        int p = -1, lo = 0;  // a row past the tile's items sees no key
+        if (threadIdx.x < cnt) {
+            p = pos[(it0 + threadIdx.x) / group];
+            lo = window > 0 ? max(0, p - window + 1) : 0;
+            reach = j0 <= p && j0 + S > lo;
+        }
+        ps[threadIdx.x] = p;
+        pl[threadIdx.x] = lo;
     }
-    if (!need) return;
+    if (!__syncthreads_or(reach)) return;
+    int pmax = -1;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) pmax = max(pmax, ps[r]);
     int jn = min(S, pmax + 1 - j0);
     constexpr int hd4 = hd / 4;
     int bad = 0;  // a non-finite V staged: step 3 then masks V per row
 #pragma unroll 4
-    for (int t = threadIdx.x; t < S * hd4; t += ATC_WARPS * 32) {
-        int jj = t / hd4, d = (t - jj * hd4) << 2;
+    for (int i = threadIdx.x; i < S * hd4; i += NW * 32) {
+        int jj = i / hd4, d = (i - jj * hd4) << 2;
         float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
         if (jj < jn) {
             long long src = ((long long)(j0 + jj) * KVH + g) * hd + d;
@@ -1640,130 +1631,118 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
             vv = *reinterpret_cast<const float4*>(Vc + src);
             bad |= !(isfinite(vv.x) && isfinite(vv.y) && isfinite(vv.z) && isfinite(vv.w));
         }
-        store_split4(reinterpret_cast<float*>(Kh + jj * KST + d),
-                     reinterpret_cast<float*>(Kl + jj * KST + d), kv);
-        store_split4(reinterpret_cast<float*>(Vh + jj * VST + d),
-                     reinterpret_cast<float*>(Vl + jj * VST + d), vv);
+        *reinterpret_cast<float4*>(Ks + jj * KST + d) = kv;
+        *reinterpret_cast<float4*>(Vs + jj * VST + d) = vv;
     }
-#pragma unroll 4
-    for (int t = threadIdx.x; t < ntile * 16 * hd4; t += ATC_WARPS * 32) {
-        int it = t / hd4, d = (t - it * hd4) << 2;
-        int item = it0 + it;
+#pragma unroll 2
+    for (int i = threadIdx.x; i < 16 * hd4; i += NW * 32) {
+        int it = i / hd4, d = (i - it * hd4) << 2;
         float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (item < it1) {
-            int i = item / group, h = g * group + item % group;
-            qv = *reinterpret_cast<const float4*>(Q + (long long)i * ldq + (long long)h * hd + d);
+        if (it < cnt) {
+            int item = it0 + it;
+            int row = item / group, h = g * group + item % group;
+            qv = *reinterpret_cast<const float4*>(Q + (long long)row * ldq + (long long)h * hd + d);
         }
-        *reinterpret_cast<float4*>(Qs + it * QST + d) = qv;
+        uint4 hi, lo;
+        split_tf32(qv.x, hi.x, lo.x);
+        split_tf32(qv.y, hi.y, lo.y);
+        split_tf32(qv.z, hi.z, lo.z);
+        split_tf32(qv.w, hi.w, lo.w);
+        *reinterpret_cast<uint4*>(Qh + it * QST + d) = hi;
+        *reinterpret_cast<uint4*>(Ql + it * QST + d) = lo;
     }
     bool exact_pv = __syncthreads_or(bad) != 0;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int gq = lane >> 2, t = lane & 3;
-    // 2. scores of keys 8 * warp .. + 7 for every tile (the tiles' chains interleaved)
+    // 2. each half's dot products of keys 8 * (warp % 4) .. + 7: h + l per half, into the
+    // half's score plane (the reader adds the halves, scales and masks)
     {
-        float sh[ATC_WARPS][4], sl[ATC_WARPS][4];
+        int kt = warp & 3;
+        const float* kr = Ks + (8 * kt + gq) * KST + t;
+        const u32* qh = Qh + gq * QST + t;
+        const u32* ql = Ql + gq * QST + t;
 #pragma unroll
-        for (int tile = 0; tile < ATC_WARPS; ++tile)
+        for (int hf = (NW == 8 ? warp >> 2 : 0); hf < 2; hf += (NW == 8 ? 2 : 1)) {
+            float sh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int c = 0; c < 4; ++c) sh[tile][c] = sl[tile][c] = 0.0f;
-        const u32* kh = Kh + (8 * warp + gq) * KST + t;
-        const u32* kl = Kl + (8 * warp + gq) * KST + t;
-#pragma unroll 2
-        for (int kk = 0; kk < hd / 8; ++kk) {
-            u32 bh0 = kh[8 * kk], bh1 = kh[8 * kk + 4], bl0 = kl[8 * kk], bl1 = kl[8 * kk + 4];
-#pragma unroll
-            for (int tile = 0; tile < ATC_WARPS; ++tile) {
-                if (tile < ntile) {
-                    const float* qa = Qs + (tile * 16 + gq) * QST + kk * 8 + t;
-                    const float* qb = qa + 8 * QST;
-                    u32 ah[4], al[4];
-                    split_tf32(qa[0], ah[0], al[0]);
-                    split_tf32(qb[0], ah[1], al[1]);
-                    split_tf32(qa[4], ah[2], al[2]);
-                    split_tf32(qb[4], ah[3], al[3]);
-                    mma3(sh[tile], sl[tile], ah, al, bh0, bh1, bl0, bl1);
-                }
+            for (int k = 0; k < half; ++k) {
+                int o = 8 * (hf * half + k);
+                u32 bh0, bl0, bh1, bl1;
+                split_tf32(kr[o], bh0, bl0);
+                split_tf32(kr[o + 4], bh1, bl1);
+                u32 ah[4] = {qh[o], qh[o + 8 * QST], qh[o + 4], qh[o + 4 + 8 * QST]};
+                u32 al[4] = {ql[o], ql[o + 8 * QST], ql[o + 4], ql[o + 4 + 8 * QST]};
+                mma3(sh, sa, sb, ah, al, bh0, bh1, bl0, bl1);
             }
-        }
-        int key = j0 + 8 * warp + 2 * t;
-#pragma unroll
-        for (int tile = 0; tile < ATC_WARPS; ++tile) {
-            if (tile >= ntile) break;
-            float* srow = Ss + (tile * 16 + gq) * SST + 8 * warp + 2 * t;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {  // rows gq, gq + 8
-                int item = it0 + tile * 16 + gq + 8 * half;
-                int p = -1, lo = 0;
-                if (item < it1) {
-                    p = pos[item / group];
-                    lo = window > 0 ? max(0, p - window + 1) : 0;
-                }
-                float v0 = __fmul_rn(__fadd_rn(sh[tile][2 * half], sl[tile][2 * half]), scale);
-                float v1 =
-                    __fmul_rn(__fadd_rn(sh[tile][2 * half + 1], sl[tile][2 * half + 1]), scale);
-                v0 = key >= lo && key <= p ? v0 : -INFINITY;
-                v1 = key + 1 >= lo && key + 1 <= p ? v1 : -INFINITY;
-                *reinterpret_cast<float2*>(srow + half * 8 * SST) = make_float2(v0, v1);
-            }
+            float* plane = Ss + hf * 16 * SST + 8 * kt + 2 * t;
+            *reinterpret_cast<float2*>(plane + gq * SST) =
+                make_float2(mma3_sum(sh[0], sa[0], sb[0]), mma3_sum(sh[1], sa[1], sb[1]));
+            *reinterpret_cast<float2*>(plane + (gq + 8) * SST) =
+                make_float2(mma3_sum(sh[2], sa[2], sb[2]), mma3_sum(sh[3], sa[3], sb[3]));
         }
     }
     __syncthreads();
-    // 3. softmax and P V. Warps per tile: 4 for one tile, 2 for two, 1 for three or four;
-    // the wpt warps of a tile take its output tiles (8 dims each) d = w, w + wpt, ...
-    int wpt = ntile == 1 ? 4 : ntile == 2 ? 2 : 1;
-    int tile = warp / wpt, dw = warp % wpt;
-    if (tile >= ntile) return;
-    int ia = it0 + tile * 16 + gq, ib = ia + 8;
-    bool va = ia < it1, vb = ib < it1;
-    const float* sa = Ss + (tile * 16 + gq) * SST + t;
-    const float* sb = sa + 8 * SST;
+    // 3. scores (halves added, scaled, keys outside a row's [lo, p] at -inf), softmax, P V
     float xa[8], xb[8];  // keys 8j + t (slot 2j) and 8j + t + 4 (slot 2j + 1)
+    {
+        int pa = ps[gq] - j0, loa = pl[gq] - j0, pb = ps[gq + 8] - j0, lob = pl[gq + 8] - j0;
+        const float* s0 = Ss + gq * SST + t;
+        const float* s1 = s0 + 16 * SST;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        xa[2 * j] = sa[8 * j];
-        xa[2 * j + 1] = sa[8 * j + 4];
-        xb[2 * j] = sb[8 * j];
-        xb[2 * j + 1] = sb[8 * j + 4];
+        for (int u = 0; u < 8; ++u) {
+            int key = 8 * (u >> 1) + 4 * (u & 1) + t, o = key - t;
+            float va = __fmul_rn(__fadd_rn(s0[o], s1[o]), scale);
+            xa[u] = key >= loa && key <= pa ? va : -INFINITY;
+            xb[u] = 0.0f;
+        }
+        if (cnt > 8) {  // tile rows 8-15 hold items (warp-uniform; decode's tiles have <= 8)
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int key = 8 * (u >> 1) + 4 * (u & 1) + t, o = key - t + 8 * SST;
+                float vb = __fmul_rn(__fadd_rn(s0[o], s1[o]), scale);
+                xb[u] = key >= lob && key <= pb ? vb : -INFINITY;
+            }
+        }
     }
-    float ma, la, mb, lb;
+    // a row without an item has P = 0 (what its all -inf scores give) and is never written
+    float ma, la, mb = -INFINITY, lb = 0.0f;
     quad_softmax(xa, ma, la);
-    quad_softmax(xb, mb, lb);
-    u32 ph[4][4], pl[4][4];  // A fragments of P per key step j
+    if (cnt > 8) quad_softmax(xb, mb, lb);
+    u32 ph[4][4], plo[4][4];  // A fragments of P per key step j
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        split_tf32(xa[2 * j], ph[j][0], pl[j][0]);
-        split_tf32(xb[2 * j], ph[j][1], pl[j][1]);
-        split_tf32(xa[2 * j + 1], ph[j][2], pl[j][2]);
-        split_tf32(xb[2 * j + 1], ph[j][3], pl[j][3]);
+        split_tf32(xa[2 * j], ph[j][0], plo[j][0]);
+        split_tf32(xb[2 * j], ph[j][1], plo[j][1]);
+        split_tf32(xa[2 * j + 1], ph[j][2], plo[j][2]);
+        split_tf32(xb[2 * j + 1], ph[j][3], plo[j][3]);
     }
-    int ra = va ? ia / group : 0, rb = vb ? ib / group : 0;
-    int ha = g * group + (va ? ia % group : 0), hb = g * group + (vb ? ib % group : 0);
-    int pa = va ? pos[ra] : -1, pb = vb ? pos[rb] : -1;
-    int loa = window > 0 ? max(0, pa - window + 1) : 0;
-    int lob = window > 0 ? max(0, pb - window + 1) : 0;
+    int ia = it0 + gq, ib = ia + 8;
     // an item writes every split its range meets (a NaN score makes a NaN output there)
-    bool wa = va && j0 <= pa && j0 + S > loa, wb = vb && j0 <= pb && j0 + S > lob;
+    bool wa = gq < cnt && j0 <= ps[gq] && j0 + S > pl[gq];
+    bool wb = gq + 8 < cnt && j0 <= ps[gq + 8] && j0 + S > pl[gq + 8];
+    int ra = wa ? ia / group : 0, rb = wb ? ib / group : 0;
+    int ha = g * group + (wa ? ia % group : 0), hb = g * group + (wb ? ib % group : 0);
     long long basea = ((long long)ra * H + ha) * nsplit + s;
     long long baseb = ((long long)rb * H + hb) * nsplit + s;
-    int mine = hd / 8 / wpt;  // output tiles of this warp: dw, dw + wpt, ...
     // One pass for the whole tile, or (exact_pv: a non-finite V was staged) one per row of
     // the tile, with V outside that row's [lo, p] read as 0 and only its items written.
     // A row's pass then sums over exactly the keys a decode of that row stages (P = 0 times
     // a zero V is the zero a finite V gives), so decode and verify keep the same bits.
     if (!exact_pv) {
-        attn_tc_pv<false>(ph, pl, Vh, Vl, Zrow, VST, hd, j0, t, gq, dw, wpt, mine, 0, 0, wa, wb,
-                          Opart + basea * hd, Opart + baseb * hd);
+        attn_tc_pv<DPL, NW, false>(ph, plo, Vs, VST, t, gq, warp, 0, 0, wa, wb,
+                                   Opart + basea * hd, Opart + baseb * hd);
     } else {
-        int rfirst = (it0 + tile * 16) / group;
-        int rlast = (min(it1, it0 + tile * 16 + 16) - 1) / group;
+        int rfirst = it0 / group, rlast = (it0 + cnt - 1) / group;
         for (int r = rfirst; r <= rlast; ++r) {
-            int kmax = pos[r], kmin = window > 0 ? max(0, kmax - window + 1) : 0;
-            attn_tc_pv<true>(ph, pl, Vh, Vl, Zrow, VST, hd, j0, t, gq, dw, wpt, mine, kmin, kmax,
-                             wa && ra == r, wb && rb == r, Opart + basea * hd,
-                             Opart + baseb * hd);
+            int tr = max(r * group - it0, 0);  // a tile row of row r
+            int kmax = ps[tr] - j0, kmin = pl[tr] - j0;
+            attn_tc_pv<DPL, NW, true>(ph, plo, Vs, VST, t, gq, warp, kmin, kmax,
+                                      wa && ra == r, wb && rb == r, Opart + basea * hd,
+                                      Opart + baseb * hd);
         }
     }
-    if (dw == 0 && t == 0) {
+    if (warp == 0 && t == 0) {
         if (wa) {
             Mpart[basea] = ma;
             Lpart[basea] = la;
@@ -1775,15 +1754,16 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     }
 }
 
-#define ATTN_TC(DPL)                                                                            \
-    extern "C" __global__ void __launch_bounds__(ATC_WARPS * 32) attn_tc_d##DPL(                \
+#define ATTN_TC_W(DPL, NW, SUFFIX)                                                              \
+    extern "C" __global__ void __launch_bounds__(NW * 32) attn_tc_d##DPL##SUFFIX(               \
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int window, float scale, int nsplit, float* Opart, float* Mpart,               \
         float* Lpart) {                                                                          \
         grid_dependency();                                                                       \
-        attn_tc_body<DPL>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit, Opart, Mpart,  \
-                          Lpart);                                                                \
+        attn_tc_body<DPL, NW>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit, Opart,     \
+                              Mpart, Lpart);                                                     \
     }
+#define ATTN_TC(DPL) ATTN_TC_W(DPL, 4, ) ATTN_TC_W(DPL, 8, _w8)
 ATTN_TC(1) ATTN_TC(2) ATTN_TC(3) ATTN_TC(4) ATTN_TC(5) ATTN_TC(6) ATTN_TC(7) ATTN_TC(8)
 
 // Merge one more (max, sum, output) triple into a running one, online-softmax style.

@@ -4,7 +4,8 @@
         [--shapes smollm2,qwen1.5b,qwen0.5b] [--context 2048]
 
 ``--time``: each pass inside CUDA graphs instead (µs a call at 1 / 8 / 16 rows): the whole
-attention, pass 1 alone, the combine alone, for a cache of ``context + 64`` rows and for one
+attention, pass 1 alone, the combine alone, the tensor-core pass 1 (as chosen, on 4 warps, on 8), the whole attention with
+the other kernel family than the shape's default, for a cache of ``context + 64`` rows and for one
 of the next power of two (the session store's graph capacities), and items per block.
 """
 
@@ -65,8 +66,19 @@ def time_passes(b: CupyBackend, name: str, ctx: int) -> list[str]:
                 "attention": lambda q=q, kc=kc, vc=vc, pos=pos: b.attention(q, kc, vc, pos, 0, 0.125),
                 "pass1": lambda call=call: b._attention_cc(call),
                 "combine": lambda call=call, out=out: b._attention_combine(call, out),
+                "pass1-tc": lambda call=call: b._attention_tc(call),
             }
             timed = [f"{k} {graph_op_time(b, fn) * 1e6:5.1f}" for k, fn in parts.items()]
+            keep = b.tensor_attention_w8_max_tiles
+            for warps, tiles in (("w4", 0), ("w8", 1 << 20)):
+                b.tensor_attention_w8_max_tiles = tiles
+                timed.append(f"pass1-tc-{warps} {graph_op_time(b, parts['pass1-tc']) * 1e6:5.1f}")
+            b.tensor_attention_w8_max_tiles = keep
+            keep = b.tensor_attention, b.tensor_attention_min_group
+            tc = b._tensor_attention(call)
+            b.tensor_attention, b.tensor_attention_min_group = not tc, 0
+            timed.append(f"attention-tc={not tc} {graph_op_time(b, parts['attention']) * 1e6:5.1f}")
+            b.tensor_attention, b.tensor_attention_min_group = keep
             keep = b.attn_items
             for items in (4, 16):
                 b.attn_items = items

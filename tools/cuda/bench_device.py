@@ -346,8 +346,8 @@ def ab_tensor(
 ATTN = False
 ROWSPLIT = False
 ATTN_CONFIGS = {  # name: backend attributes
-    "cuda-core": {"tensor_attention": False, "attn_split": 32},
-    "tensor": {"tensor_attention": True, "attn_split": 32},
+    "cuda-core": {"tensor_attention": False, "attn_split": 32, "tensor_attention_min_group": 0},
+    "tensor": {"tensor_attention": True, "attn_split": 32, "tensor_attention_min_group": 0},
 }
 UNITS_CONFIGS = {  # session 6: 64-weight units in flight per tensor-core product warp
     "u1": {"tensor_units": 1, "tensor_max_in": 4096},
@@ -473,7 +473,7 @@ def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int]
     import cupy
 
     lines = ab_policies(b, model, cache, context, prompt, reps, ks, ATTN_CONFIGS, "attn")
-    keep = b.tensor_attention, b.attn_split
+    keep = b.tensor_attention, b.attn_split, b.tensor_attention_min_group
     c = model.config
     for n in (1, 8, 16, 17):
         pos = b.device_ints(np.arange(context - n, context))
@@ -482,13 +482,14 @@ def ab_attention(b, model, cache, context: int, prompt, reps: int, ks: list[int]
         )
         parts = []
         for name, cfg in ATTN_CONFIGS.items():
-            b.tensor_attention, b.attn_split = cfg["tensor_attention"], cfg["attn_split"]
+            for key, value in cfg.items():
+                setattr(b, key, value)
             fn = lambda q=q, pos=pos: b.attention(q, cache.k[0], cache.v[0], pos, 0, 0.1)  # noqa: E731
             parts.append(f"{name} {graph_op_time(b, fn) * 1e6:.1f}")
         lines.append(
             f"  attention n={n:<2d} (us, one layer, context {context}): " + ", ".join(parts)
         )
-    b.tensor_attention, b.attn_split = keep
+    b.tensor_attention, b.attn_split, b.tensor_attention_min_group = keep
     b.drop_graphs()
     return lines
 
