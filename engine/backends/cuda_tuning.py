@@ -207,6 +207,9 @@ class CudaTuning:
     #: else 4 (more blocks resident). The same bits (session 23).
     #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_W8_MAX_TILES=0..8``
     tensor_attention_w8_max_tiles: int = 1
+    #: ... and blocks of two tiles sharing one staging of the split's K and V from this many
+    #: tiles a kv head (0: never). Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_PAIRS_MIN_TILES=0..8``
+    tensor_attention_pairs_min_tiles: int = 3
     #: launch every kernel with programmatic stream serialization (PDL, sm_90 and later;
     #: kernels/cuda/launch.py): the next kernel is set up while one runs, and its blocks
     #: wait at ``griddepcontrol.wait`` for its results, so the gaps of a chain of ~200
@@ -248,6 +251,8 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE", "tensor_row_split_one_wave", ("0", "1")),
             ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
             ("ECHOLINE_CUDA_TENSOR_ATTENTION_W8_MAX_TILES", "tensor_attention_w8_max_tiles",
+             tuple(str(i) for i in range(9))),
+            ("ECHOLINE_CUDA_TENSOR_ATTENTION_PAIRS_MIN_TILES", "tensor_attention_pairs_min_tiles",
              tuple(str(i) for i in range(9))),
             ("ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP", "tensor_attention_min_group",
              tuple(str(i) for i in range(17))),

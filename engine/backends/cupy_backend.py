@@ -943,17 +943,26 @@ class CupyBackend(Backend):
         )
 
     def _attention_tc(self, c: _AttnCall) -> None:
-        """Pass 1 on the tensor cores: a block per sixteen-item tile (kernels.cu attn_tc_body),
-        of 8 warps while the call has at most ``tensor_attention_w8_max_tiles`` tiles a kv
-        head (one-row decode: few blocks, so the shorter path per block), else of 4 (more
-        blocks resident). The same bits either way, so the choice may follow the row count."""
+        """Pass 1 on the tensor cores (kernels.cu attn_tc_body): blocks of 8 warps on one
+        sixteen-item tile while the call has at most ``tensor_attention_w8_max_tiles`` tiles
+        a kv head (one-row decode: few blocks, so the shorter path per block); from
+        ``tensor_attention_pairs_min_tiles`` tiles, blocks of two tiles that share one
+        staging of the split's K and V; else 4 warps on one tile. The same bits in every
+        form, so the choice may follow the row count."""
         items = c.n * (c.heads // c.kvh)
         tiles = (items + 15) // 16
-        warps = 8 if tiles <= self.tensor_attention_w8_max_tiles else 4
-        # K and V as f32, the tile's q vectors as hi/lo planes, two 16 x 32 score planes
-        smem = (c.split * (2 * c.hd + 12) + 32 * (c.hd + 4) + 32 * (c.split + 4)) * 4
-        name = f"attn_tc_d{c.hd // 32}" + ("_w8" if warps == 8 else "")
-        self._attention_pass(name, c, tiles, 32 * warps, smem)
+        pairs = 0 < self.tensor_attention_pairs_min_tiles <= tiles
+        if tiles <= self.tensor_attention_w8_max_tiles:
+            suffix, warps, per_block = "_w8", 8, 1
+        elif pairs:
+            suffix, warps, per_block = "_t2", 8, 2
+        else:
+            suffix, warps, per_block = "", 4, 1
+        # K and V as f32, the tiles' q vectors as hi/lo planes, two 16 x 32 score planes a tile
+        hd, split = c.hd, c.split
+        smem = (split * (2 * hd + 12) + per_block * (32 * (hd + 4) + 32 * (split + 4))) * 4
+        chunks = (tiles + per_block - 1) // per_block
+        self._attention_pass(f"attn_tc_d{hd // 32}{suffix}", c, chunks, 32 * warps, smem)
 
     def _attention_cc(self, c: _AttnCall) -> None:
         """Pass 1 on the CUDA cores: a warp per (row, head) item, one key per lane; from

@@ -1579,11 +1579,13 @@ __device__ __forceinline__ void attn_tc_pv(const u32 ph[4][4], const u32 pl[4][4
     }
 }
 
-// NW warps a block (4 or 8): the same bits either way. With 8, warps 4-7 take the second
-// half of every score's dims and of the output tiles; with 4 each warp runs both halves
-// as independent chains. One-row decode has few blocks and wants the shorter path (8);
-// a many-row launch has blocks enough and wants more of them resident (4).
-template <int DPL, int NW>
+// WPT warps a tile (4 or 8) and TPB tiles a block (1 or 2): the same bits in every form.
+// With 8 warps a tile, warps 4-7 take the second half of every score's dims and of the
+// output tiles; with 4 each warp runs both halves as independent chains. One-row decode
+// has few blocks and wants the shorter path (8 a tile); a many-row launch has blocks
+// enough and wants fewer stagings of the same keys (two tiles share a block's K and V:
+// Qwen 0.5B's 16-row verify otherwise reads each split's K and V from L2 seven times).
+template <int DPL, int WPT, int TPB>
 __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const float* Kc,
                                              const float* Vc, const int* pos, int n, int H,
                                              int KVH, int window, float scale, int nsplit,
@@ -1594,20 +1596,21 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     extern __shared__ float smem[];
     float* Ks = smem;
     float* Vs = Ks + S * KST;
+    constexpr int NW = WPT * TPB, R = 16 * TPB;  // warps and item rows of the block
     u32* Qh = reinterpret_cast<u32*>(Vs + S * VST);
-    u32* Ql = Qh + 16 * QST;
-    float* Ss = reinterpret_cast<float*>(Ql + 16 * QST);  // [dims half][16][SST]
-    __shared__ int ps[16], pl[16];  // each tile row's position and window start
-    int z = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
+    u32* Ql = Qh + R * QST;
+    float* Ss = reinterpret_cast<float*>(Ql + R * QST);  // [tile][dims half][16][SST]
+    __shared__ int ps[R], pl[R];  // each item row's position and window start
+    int g = blockIdx.y, s = blockIdx.z;
     int group = H / KVH;
-    int it0 = z * 16;
-    int cnt = min(16, n * group - it0);
+    int bt0 = blockIdx.x * R;  // the block's first item
+    int bcnt = max(0, min(R, n * group - bt0));
     int j0 = s * S;
     bool reach = false;
-    if (threadIdx.x < 16) {
-        int p = -1, lo = 0;  // a row past the tile's items sees no key
-        if (threadIdx.x < cnt) {
-            p = pos[(it0 + threadIdx.x) / group];
+    if (threadIdx.x < R) {
+        int p = -1, lo = 0;  // a row past the block's items sees no key
+        if (threadIdx.x < bcnt) {
+            p = pos[(bt0 + threadIdx.x) / group];
             lo = window > 0 ? max(0, p - window + 1) : 0;
             reach = j0 <= p && j0 + S > lo;
         }
@@ -1617,7 +1620,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     if (!__syncthreads_or(reach)) return;
     int pmax = -1;
 #pragma unroll
-    for (int r = 0; r < 16; ++r) pmax = max(pmax, ps[r]);
+    for (int r = 0; r < R; ++r) pmax = max(pmax, ps[r]);
     int jn = min(S, pmax + 1 - j0);
     constexpr int hd4 = hd / 4;
     int bad = 0;  // a non-finite V staged: step 3 then masks V per row
@@ -1635,11 +1638,11 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         *reinterpret_cast<float4*>(Vs + jj * VST + d) = vv;
     }
 #pragma unroll 2
-    for (int i = threadIdx.x; i < 16 * hd4; i += NW * 32) {
+    for (int i = threadIdx.x; i < R * hd4; i += NW * 32) {
         int it = i / hd4, d = (i - it * hd4) << 2;
         float4 qv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (it < cnt) {
-            int item = it0 + it;
+        if (it < bcnt) {
+            int item = bt0 + it;
             int row = item / group, h = g * group + item % group;
             qv = *reinterpret_cast<const float4*>(Q + (long long)row * ldq + (long long)h * hd + d);
         }
@@ -1652,8 +1655,18 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         *reinterpret_cast<uint4*>(Ql + it * QST + d) = lo;
     }
     bool exact_pv = __syncthreads_or(bad) != 0;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int lane = threadIdx.x & 31;
     int gq = lane >> 2, t = lane & 3;
+    // this warp's tile and its place among the tile's warps; the tile's items, positions,
+    // q planes and score planes
+    int tile = (threadIdx.x >> 5) / WPT, warp = (threadIdx.x >> 5) % WPT;
+    int it0 = bt0 + 16 * tile;
+    int cnt = max(0, min(16, bcnt - 16 * tile));
+    const int* tps = ps + 16 * tile;
+    const int* tpl = pl + 16 * tile;
+    Qh += 16 * tile * QST;
+    Ql += 16 * tile * QST;
+    Ss += tile * 2 * 16 * SST;
     // 2. each half's dot products of keys 8 * (warp % 4) .. + 7: h + l per half, into the
     // half's score plane (the reader adds the halves, scales and masks)
     {
@@ -1662,7 +1675,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         const u32* qh = Qh + gq * QST + t;
         const u32* ql = Ql + gq * QST + t;
 #pragma unroll
-        for (int hf = (NW == 8 ? warp >> 2 : 0); hf < 2; hf += (NW == 8 ? 2 : 1)) {
+        for (int hf = (WPT == 8 ? warp >> 2 : 0); hf < 2; hf += (WPT == 8 ? 2 : 1)) {
             float sh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             float sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -1686,7 +1699,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     // 3. scores (halves added, scaled, keys outside a row's [lo, p] at -inf), softmax, P V
     float xa[8], xb[8];  // keys 8j + t (slot 2j) and 8j + t + 4 (slot 2j + 1)
     {
-        int pa = ps[gq] - j0, loa = pl[gq] - j0, pb = ps[gq + 8] - j0, lob = pl[gq + 8] - j0;
+        int pa = tps[gq] - j0, loa = tpl[gq] - j0, pb = tps[gq + 8] - j0, lob = tpl[gq + 8] - j0;
         const float* s0 = Ss + gq * SST + t;
         const float* s1 = s0 + 16 * SST;
 #pragma unroll
@@ -1719,8 +1732,8 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     }
     int ia = it0 + gq, ib = ia + 8;
     // an item writes every split its range meets (a NaN score makes a NaN output there)
-    bool wa = gq < cnt && j0 <= ps[gq] && j0 + S > pl[gq];
-    bool wb = gq + 8 < cnt && j0 <= ps[gq + 8] && j0 + S > pl[gq + 8];
+    bool wa = gq < cnt && j0 <= tps[gq] && j0 + S > tpl[gq];
+    bool wb = gq + 8 < cnt && j0 <= tps[gq + 8] && j0 + S > tpl[gq + 8];
     int ra = wa ? ia / group : 0, rb = wb ? ib / group : 0;
     int ha = g * group + (wa ? ia % group : 0), hb = g * group + (wb ? ib % group : 0);
     long long basea = ((long long)ra * H + ha) * nsplit + s;
@@ -1730,14 +1743,14 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     // A row's pass then sums over exactly the keys a decode of that row stages (P = 0 times
     // a zero V is the zero a finite V gives), so decode and verify keep the same bits.
     if (!exact_pv) {
-        attn_tc_pv<DPL, NW, false>(ph, plo, Vs, VST, t, gq, warp, 0, 0, wa, wb,
-                                   Opart + basea * hd, Opart + baseb * hd);
-    } else {
+        attn_tc_pv<DPL, WPT, false>(ph, plo, Vs, VST, t, gq, warp, 0, 0, wa, wb,
+                                    Opart + basea * hd, Opart + baseb * hd);
+    } else if (cnt > 0) {
         int rfirst = it0 / group, rlast = (it0 + cnt - 1) / group;
         for (int r = rfirst; r <= rlast; ++r) {
             int tr = max(r * group - it0, 0);  // a tile row of row r
-            int kmax = ps[tr] - j0, kmin = pl[tr] - j0;
-            attn_tc_pv<DPL, NW, true>(ph, plo, Vs, VST, t, gq, warp, kmin, kmax,
+            int kmax = tps[tr] - j0, kmin = tpl[tr] - j0;
+            attn_tc_pv<DPL, WPT, true>(ph, plo, Vs, VST, t, gq, warp, kmin, kmax,
                                       wa && ra == r, wb && rb == r, Opart + basea * hd,
                                       Opart + baseb * hd);
         }
@@ -1754,16 +1767,16 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
     }
 }
 
-#define ATTN_TC_W(DPL, NW, SUFFIX)                                                              \
-    extern "C" __global__ void __launch_bounds__(NW * 32) attn_tc_d##DPL##SUFFIX(               \
+#define ATTN_TC_W(DPL, WPT, TPB, SUFFIX)                                                        \
+    extern "C" __global__ void __launch_bounds__(WPT * TPB * 32) attn_tc_d##DPL##SUFFIX(        \
         const float* Q, int ldq, const float* Kc, const float* Vc, const int* pos, int n, int H,  \
         int KVH, int window, float scale, int nsplit, float* Opart, float* Mpart,               \
         float* Lpart) {                                                                          \
         grid_dependency();                                                                       \
-        attn_tc_body<DPL, NW>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit, Opart,     \
-                              Mpart, Lpart);                                                     \
+        attn_tc_body<DPL, WPT, TPB>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit,      \
+                                    Opart, Mpart, Lpart);                                        \
     }
-#define ATTN_TC(DPL) ATTN_TC_W(DPL, 4, ) ATTN_TC_W(DPL, 8, _w8)
+#define ATTN_TC(DPL) ATTN_TC_W(DPL, 4, 1, ) ATTN_TC_W(DPL, 8, 1, _w8) ATTN_TC_W(DPL, 4, 2, _t2)
 ATTN_TC(1) ATTN_TC(2) ATTN_TC(3) ATTN_TC(4) ATTN_TC(5) ATTN_TC(6) ATTN_TC(7) ATTN_TC(8)
 
 // Merge one more (max, sum, output) triple into a running one, online-softmax style.
