@@ -198,8 +198,8 @@ class CudaTuning:
     #: query heads a kv head (0: none): a 16-row verify's items then fill the tiles (Qwen
     #: 0.5B's groups of 7: 112 items, 7 tiles a kv head). By shape only, so the same for
     #: every row count. H200, context 1,024, one layer, µs at 1 / 16 rows (session 23,
-    #: ``attn_probe --time``): Qwen 0.5B 6.5 / 10.8 on the tensor cores against 6.3 / 12.4;
-    #: SmolLM2 (groups of 3) 6.8 / 10.1 against 6.1 / 10.5, so it stays on the CUDA cores.
+    #: ``attn_probe --time``): Qwen 0.5B 6.6 / 10.4 on the tensor cores against 6.3 / 12.2;
+    #: SmolLM2 (groups of 3) 6.8 / 10.1 against 6.0 / 10.4, so it stays on the CUDA cores.
     #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP=0..16``
     tensor_attention_min_group: int = 6
     #: warps of a tensor-core attention block: 8 while a call has at most this many
