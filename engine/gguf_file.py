@@ -77,6 +77,8 @@ SUPPORTED_QTYPES = frozenset(
         gguf.GGMLQuantizationType.Q4_K,
         gguf.GGMLQuantizationType.Q5_K,
         gguf.GGMLQuantizationType.Q6_K,
+        gguf.GGMLQuantizationType.IQ4_NL,
+        gguf.GGMLQuantizationType.IQ4_XS,
     }
 )
 

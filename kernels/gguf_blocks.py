@@ -43,3 +43,23 @@ def k_codes_4(qs: np.ndarray) -> np.ndarray:
     chunks = qs.reshape(qs.shape[:-1] + (4, 32))
     both = np.stack([chunks & 0x0F, chunks >> 4], axis=-2)  # (…, 4, 2, 32)
     return both.reshape(qs.shape[:-1] + (256,))
+
+
+#: IQ4_NL / IQ4_XS: a 4-bit index picks one of these 16 int8 levels (non-linear, denser near
+#: zero), then a block scale multiplies it. ggml's table; every level fits int8 and f16 exactly.
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+
+def iq4_levels_32(qs: np.ndarray) -> np.ndarray:
+    """16 bytes of IQ4 indices → 32 int8 levels (weights 0-15 from low nibbles, 16-31 high)."""
+    return IQ4_VALUES[nibbles_32(qs)]
+
+
+def iq4_xs_scales(scales_h: np.ndarray, scales_l: np.ndarray) -> np.ndarray:
+    """IQ4_XS's 2 high-bit bytes and 4 low-nibble bytes → eight signed 6-bit sub-block
+    scales (int8, −32…31): sub-block j's low 4 bits are nibble j of scales_l (low first),
+    its top 2 bits are bits 2j, 2j + 1 of the little-endian 16-bit scales_h."""
+    low = np.stack([scales_l & 0x0F, scales_l >> 4], axis=-1).reshape(scales_l.shape[:-1] + (8,))
+    word = np.ascontiguousarray(scales_h).view("<u2")[..., 0].astype(np.uint16)
+    high = ((word[..., None] >> (2 * np.arange(8, dtype=np.uint16))) & 3).astype(np.uint8)
+    return (low | (high << 4)).astype(np.int8) - np.int8(32)

@@ -16,10 +16,12 @@ import numpy as np
 Q = gguf.GGMLQuantizationType
 GGUF_QUANTIZABLE = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
 K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+#: non-linear 4-bit types gguf can read but not write: random indices and scales, a sane d
+IQ_QUANTS = (Q.IQ4_NL, Q.IQ4_XS)
 
 
 def random_kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:
-    """Valid K-quant blocks: random bytes with the half-float scale fields set small."""
+    """Valid K-quant (or IQ4) blocks: random bytes with the half-float scale fields set small."""
     block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = cols // block_elems
     raw = rng.integers(0, 256, size=(rows, n_blocks, block_bytes), dtype=np.uint8)
@@ -27,7 +29,9 @@ def random_kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q)
     dmin = rng.uniform(0.001, 0.005, size=(rows, n_blocks)).astype(np.float16).view(np.uint8)
     d = d.reshape(rows, n_blocks, 2)
     dmin = dmin.reshape(rows, n_blocks, 2)
-    if qtype == Q.Q6_K:
+    if qtype in IQ_QUANTS:
+        raw[..., 0:2] = d  # the rest (indices; IQ4_XS: 6-bit sub-block scales) is any bytes
+    elif qtype == Q.Q6_K:
         raw[..., block_bytes - 2 :] = d  # d is the last field of a Q6_K block
         scales = raw[..., 192:208].view(np.int8)
         scales[...] = rng.integers(-32, 32, size=scales.shape, dtype=np.int8)
@@ -39,7 +43,7 @@ def random_kquant_rows(rng: np.random.Generator, rows: int, cols: int, qtype: Q)
 
 def encode_matrix(rng: np.random.Generator, rows: int, cols: int, qtype: Q, scale: float = 0.05):
     """(data, raw_dtype) for GGUFWriter.add_tensor: float weights quantized, or K-quant bytes."""
-    if qtype in K_QUANTS:
+    if qtype in K_QUANTS or qtype in IQ_QUANTS:
         return random_kquant_rows(rng, rows, cols, qtype), qtype
     w = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
     if qtype == Q.F32:

@@ -23,6 +23,7 @@ Q = gguf.GGMLQuantizationType
 QUANTIZABLE = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.BF16]
 FLOATS = [Q.F16, Q.F32]
 KQUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+IQUANTS = [Q.IQ4_NL, Q.IQ4_XS]  # non-linear 4-bit levels; gguf reads them but cannot write them
 # Small register tiles keep compile time low in tests; the generator is the same.
 TILES_A = ((2, 32), (1, 32))
 TILES_B = ((3, 16), (1, 64))
@@ -32,7 +33,7 @@ SETTINGS = settings(
 
 
 def make_tensor(qtype: Q, rows: int, cols: int, seed: int) -> QuantTensor:
-    """A random valid tensor of ``qtype`` (K-quants built byte-wise with sane d/dmin)."""
+    """A random valid tensor of ``qtype`` (K-quants and IQ4 built byte-wise with sane d/dmin)."""
     rng = np.random.default_rng(seed)
     if qtype == Q.F32:
         data = rng.standard_normal((rows, cols)).astype(np.float32)
@@ -41,11 +42,13 @@ def make_tensor(qtype: Q, rows: int, cols: int, seed: int) -> QuantTensor:
     elif qtype in QUANTIZABLE:
         data = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
     else:
-        nblk = cols // 256
-        bsize = gguf.GGML_QUANT_SIZES[qtype][1]
+        belems, bsize = gguf.GGML_QUANT_SIZES[qtype]
+        nblk = cols // belems
         raw = rng.integers(0, 256, size=(rows, nblk, bsize), dtype=np.uint8)
         d = rng.uniform(1e-4, 3e-2, size=(rows, nblk)).astype(np.float16)
-        if qtype == Q.Q6_K:
+        if qtype in IQUANTS:  # d first; indices and IQ4_XS's sub-block scales are any bytes
+            raw[..., 0:2] = d.view(np.uint8).reshape(rows, nblk, 2)
+        elif qtype == Q.Q6_K:
             raw[..., 208:210] = d.view(np.uint8).reshape(rows, nblk, 2)
         else:
             dmin = rng.uniform(1e-4, 3e-2, size=(rows, nblk)).astype(np.float16)
@@ -56,11 +59,11 @@ def make_tensor(qtype: Q, rows: int, cols: int, seed: int) -> QuantTensor:
 
 
 def block_of(qtype: Q) -> int:
-    return 256 if qtype in KQUANTS else 32
+    return 256 if qtype in KQUANTS or qtype == Q.IQ4_XS else 32
 
 
 @st.composite
-def matrices(draw, qtypes=QUANTIZABLE + FLOATS + KQUANTS):
+def matrices(draw, qtypes=QUANTIZABLE + FLOATS + KQUANTS + IQUANTS):
     qtype = draw(st.sampled_from(qtypes))
     rows = draw(st.integers(1, 150))
     cols = block_of(qtype) * draw(st.integers(1, 3))
@@ -77,7 +80,7 @@ def bound(x: np.ndarray, t: QuantTensor) -> np.ndarray:
 
 
 # ---- relayout exactness ----------------------------------------------------------------------
-@pytest.mark.parametrize("qtype", QUANTIZABLE + FLOATS + KQUANTS)
+@pytest.mark.parametrize("qtype", QUANTIZABLE + FLOATS + KQUANTS + IQUANTS)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_relayout_is_bit_exact(qtype: Q, seed: int) -> None:
     t = make_tensor(qtype, 37, block_of(qtype) * 2, seed)

@@ -45,8 +45,8 @@ from tests.test_cpu_kernels import make_tensor
 pytestmark = pytest.mark.skipif(not q8_available(), reason="needs AVX2 or AVX-512 VNNI")
 
 Q = gguf.GGMLQuantizationType
-TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-KQUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
+TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+KQUANTS = {Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}  # 256-weight superblocks
 U = 2.0**-24
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 
@@ -109,7 +109,9 @@ def test_rows_bit_identical_and_within_derived_bound(case) -> None:
 
 #: The storage each type's values fit: (bits, bias), stored value = q + bias, and its scales'.
 STORAGE = {Q.Q4_0: (4, 8, "f16"), Q.Q4_1: (4, 0, "f16"), Q.Q4_K: (4, 0, "fac"), Q.Q5_0: (5, 16, "f16"),
-           Q.Q5_1: (5, 0, "f16"), Q.Q5_K: (5, 0, "fac"), Q.Q6_K: (6, 32, "fac"), Q.Q8_0: (8, 128, "f16")}
+           Q.Q5_1: (5, 0, "f16"), Q.Q5_K: (5, 0, "fac"), Q.Q6_K: (6, 32, "fac"), Q.Q8_0: (8, 128, "f16"),
+           # the IQ4 levels span −127…113: one byte each; IQ4_XS's scales are d times a 6-bit int
+           Q.IQ4_NL: (8, 128, "f16"), Q.IQ4_XS: (8, 128, "fac")}
 
 
 @pytest.mark.parametrize("qtype", TYPES)

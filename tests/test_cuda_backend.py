@@ -31,7 +31,8 @@ from tests.synth import encode_matrix  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 Q = gguf.GGMLQuantizationType
-QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,
+          Q.IQ4_NL, Q.IQ4_XS]
 REL_TOL = 2e-6
 
 
@@ -600,6 +601,29 @@ def test_model_forward_matches_numpy(models, arch, rng):
     assert rel_err(got, want) < 1e-4
 
 
+@pytest.mark.parametrize("arch,qtype", [("llama", Q.IQ4_NL), ("qwen2", Q.IQ4_XS)], ids=["iq4_nl", "iq4_xs"])
+def test_iq4_model_matches_numpy_and_decode_equals_verify(tmp_path, cb, arch, qtype, rng):
+    """A whole model in IQ4_NL / IQ4_XS (the tensor-core products of their non-linear levels):
+    close to the numpy reference (gguf's own dequantization), and rows one at a time == all
+    at once, bit for bit."""
+    from echoline.engine.model import load_model
+
+    from tests.synth import write_model
+
+    path = write_model(tmp_path / "iq4.gguf", arch, qtype=qtype, vocab=300, d_model=256, n_ff=512,
+                       n_heads=4, n_kv_heads=2)
+    from echoline.engine.gguf_file import GGUFFile
+
+    assert GGUFFile(path).tensor("blk.0.ffn_up.weight").qtype == qtype
+    gpu, cpu = load_model(path, cb)[1], load_model(path, "numpy")[1]
+    ids = rng.integers(0, 300, size=21)
+    whole = gpu.backend.to_host(gpu.forward(ids, gpu.new_cache(64)))
+    assert rel_err(whole, cpu.forward(ids, cpu.new_cache(64))) < 1e-4
+    cache = gpu.new_cache(16)
+    parts = [gpu.backend.to_host(gpu.forward(ids[s:e], cache)) for s, e in ((0, 1), (1, 2), (2, 11), (11, 21))]
+    assert np.array_equal(np.concatenate(parts), whole)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_model_decode_equals_verify_and_warm_equals_cold(models, arch, rng):
     """Rows computed one at a time, k at a time, or in odd prefill chunks are bit-identical."""
@@ -780,7 +804,7 @@ def test_programmatic_launch_changes_no_bits(models, arch, early, rng):
 
 
 # ---- tensor-core products (round 6: CupyBackend.tensor_products, kernels.cu mt_body) ----
-TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 
 
 @pytest.fixture

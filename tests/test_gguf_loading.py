@@ -19,15 +19,15 @@ from echoline.engine.gguf_file import GGUFFile
 from echoline.engine.model import load_model
 from echoline.engine.models_registry import resolve_model
 
-from tests.synth import GGUF_QUANTIZABLE, K_QUANTS, Q, write_model
+from tests.synth import GGUF_QUANTIZABLE, IQ_QUANTS, K_QUANTS, Q, write_model
 
 ARCHS = ("llama", "qwen2", "gemma3")
-QTYPES = GGUF_QUANTIZABLE + K_QUANTS
+QTYPES = GGUF_QUANTIZABLE + K_QUANTS + IQ_QUANTS
 
 
 def _dims(qtype) -> dict:
     # K-quants need rows that are multiples of 256.
-    if qtype in K_QUANTS:
+    if qtype in K_QUANTS or qtype == Q.IQ4_XS:
         return dict(d_model=256, n_ff=512, n_heads=4, n_kv_heads=2)
     return {}
 
@@ -47,6 +47,29 @@ def test_synthetic_forward_matches_float64(tmp_path, arch, qtype):
     assert l32.dtype == np.float32 and l64.dtype == np.float64
     assert np.isfinite(l32).all()
     np.testing.assert_allclose(l32, l64, rtol=2e-4, atol=2e-4 * np.abs(l64).max())
+
+
+@pytest.mark.parametrize("qtype", IQ_QUANTS, ids=lambda q: q.name)
+def test_iq4_model_on_the_cpu_backend(tmp_path, qtype):
+    """IQ4_NL / IQ4_XS files run on the CPU kernels (their levels as int8 values, the block
+    scales exact): with float32 activations close to the numpy reference (gguf's own
+    dequantization), and in every activation mode rows one at a time == all at once."""
+    from echoline.engine.backends.cpu_backend import CpuBackend
+    from echoline.kernels.cpu.q8act import q8_available
+
+    path = write_model(tmp_path / "m.gguf", "qwen2", qtype=qtype, **_dims(Q.IQ4_XS))
+    assert GGUFFile(path).tensor("blk.0.ffn_down.weight").qtype == qtype
+    _, ref = load_model(path, NumpyBackend())
+    ids = [1, 5, 9, 2, 7, 3, 11, 4, 6, 8, 10, 12]
+    want = ref.forward(ids, ref.new_cache())
+    for mode in ("f32", "q8") if q8_available() else ("f32",):
+        _, cpu = load_model(path, CpuBackend(activations=mode))
+        whole = cpu.backend.to_host(cpu.forward(ids, cpu.new_cache()))
+        if mode == "f32":
+            np.testing.assert_allclose(whole, want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+        cache = cpu.new_cache()
+        parts = [cpu.backend.to_host(cpu.forward(ids[s:e], cache)) for s, e in ((0, 1), (1, 5), (5, 6), (6, 12))]
+        assert np.array_equal(np.concatenate(parts), whole), mode
 
 
 def test_tensor_views_are_memory_mapped(tmp_path):

@@ -45,6 +45,8 @@ _KERNEL_NAMES: dict[Q, str] = {
     Q.Q4_K: "q4_k",
     Q.Q5_K: "q5_k",
     Q.Q6_K: "q6_k",
+    Q.IQ4_NL: "iq4_nl",
+    Q.IQ4_XS: "iq4_xs",
 }
 _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
 

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 import gguf
 import numpy as np
-from echoline.kernels.gguf_blocks import half, high_bits_32, k_codes_4, k_scale_min, nibbles_32
+from echoline.kernels.gguf_blocks import (
+    half,
+    high_bits_32,
+    iq4_levels_32,
+    iq4_xs_scales,
+    k_codes_4,
+    k_scale_min,
+    nibbles_32,
+)
 
 Q = gguf.GGMLQuantizationType
 QK_K = 256
@@ -41,6 +49,9 @@ KINDS: dict[Q, Kind] = {
     Q.Q4_K: Kind(32, True, True, "int8"),
     Q.Q5_K: Kind(32, True, True, "int8"),
     Q.Q6_K: Kind(16, True, False, "int8"),
+    # non-linear 4-bit levels (int8 values of a fixed table) times a block scale
+    Q.IQ4_NL: Kind(32, True, False, "int8"),
+    Q.IQ4_XS: Kind(32, True, False, "int8"),
 }
 
 
@@ -105,6 +116,15 @@ def unpack(qtype: Q, data: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarra
         q = (low | (high << 4)).astype(np.int8) - np.int8(32)
         scale = d * sc  # (rows, nsb, 16)
         return q.reshape(rows, cols), scale.reshape(rows, nsb * 16), None
+    if qtype == Q.IQ4_NL:
+        b = raw.reshape(rows, cols // 32, 18)
+        return iq4_levels_32(b[..., 2:18]).reshape(rows, cols), half(b[..., 0:2]), None
+    if qtype == Q.IQ4_XS:  # 136-byte superblocks: d, scales_h[2], scales_l[4], qs[128]
+        b = raw.reshape(rows, nsb, 136)
+        d = half(b[..., 0:2])[..., None]
+        scale = d * iq4_xs_scales(b[..., 2:4], b[..., 4:8]).astype(np.float32)  # ggml's f32(d * ls)
+        q = iq4_levels_32(b[..., 8:136].reshape(rows, nsb, 8, 16))
+        return q.reshape(rows, cols), scale.reshape(rows, nsb * 8), None
     raise ValueError(f"unsupported quant type {qtype!r}")
 
 

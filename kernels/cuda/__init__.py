@@ -33,6 +33,8 @@ QUANT_TYPES = {
     "q4_k": "QT_Q4_K",
     "q5_k": "QT_Q5_K",
     "q6_k": "QT_Q6_K",
+    "iq4_nl": "QT_IQ4_NL",
+    "iq4_xs": "QT_IQ4_XS",
 }
 
 
@@ -42,7 +44,7 @@ FACTORED = frozenset({"q4_k", "q6_k"})
 #: types with tensor-core product kernels (quant.cuh tc_frag, kernels mt_<q>_n<NT>_m<MT>, and
 #: mtw_<q>_n<NT>_s<ST> for very wide weights: tiles staged in shared memory, mts_<q>_n<NT>_w<KW>
 #: for long rows: K split over blocks)
-TENSOR = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
+TENSOR = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"})
 
 
 def kernel_source(qtype: str | None = None) -> str:

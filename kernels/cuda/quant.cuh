@@ -16,6 +16,8 @@
 #define QT_Q4_K 12
 #define QT_Q5_K 13
 #define QT_Q6_K 14
+#define QT_IQ4_NL 20
+#define QT_IQ4_XS 23
 #define QT_BF16 30
 
 #ifndef INFINITY
@@ -35,6 +37,11 @@ __device__ __forceinline__ float h2f(u16 h) {
 __device__ __forceinline__ float ldh(const u8* p) {
     // 2-byte aligned in every block layout used here.
     return h2f(*reinterpret_cast<const u16*>(p));
+}
+
+__device__ __forceinline__ u32 ldh16(const u8* p) {
+    // A 2-byte aligned little-endian 16-bit integer.
+    return *reinterpret_cast<const u16*>(p);
 }
 
 __device__ __forceinline__ u32 ld32u(const u8* p) {
@@ -253,6 +260,61 @@ __device__ __forceinline__ void dq8<QT_Q6_K>(const u8* row, int c, float w[8]) {
     for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(ds, f[i]);
 }
 
+// IQ4_NL / IQ4_XS: a 4-bit index picks one of 16 fixed int8 levels (ggml's table), which
+// the block scale multiplies. iq4_levels maps four indices (one per byte, 0..15) to their
+// levels + 128 (one per byte, 1..241) with two byte permutes, one per half of the table,
+// and bit 3 of each index choosing between them: the "offset" code bytes that both the
+// CUDA-core path (bytes4_f with bias 128) and the tensor-core path (TcTraits::off) read.
+__device__ __forceinline__ u32 iq4_levels(u32 idx) {
+    const u32 t0 = 0x3F2D1801u, t1 = 0x766A5D4Fu;  // levels 0-7 + 128: 1 24 45 63 79 93 106 118
+    const u32 t2 = 0xA6998D81u, t3 = 0xF1D9C5B5u;  // levels 8-15 + 128: 129 ... 241
+    u32 x = idx & 0x07070707u;
+    u32 y = x | (x >> 4);
+    u32 sel = (y & 0xFFu) | ((y >> 8) & 0xFF00u);  // byte i's index in nibble i
+    u32 lo = __byte_perm(t0, t1, sel), hi = __byte_perm(t2, t3, sel);
+    u32 m = ((idx >> 3) & 0x01010101u) * 0xFFu;
+    return (lo & ~m) | (hi & m);
+}
+
+// IQ4_NL (18-byte blocks: d, 16 index bytes; Q4_0's nibble order): w = d * level.
+template <>
+__device__ __forceinline__ void dq8<QT_IQ4_NL>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 2) * 18;
+    int sub = c & 3;
+    float d = ldh(blk);
+    const u8* qs = blk + 2 + (sub & 1) * 8;
+    int shift = (sub >> 1) * 4;
+    float f[8];
+    bytes4_f(iq4_levels((ld32u(qs) >> shift) & 0x0F0F0F0Fu), MAGIC + 128.0f, f);
+    bytes4_f(iq4_levels((ld32u(qs + 4) >> shift) & 0x0F0F0F0Fu), MAGIC + 128.0f, f + 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, f[i]);
+}
+
+// IQ4_XS sub-block ib's scale: f32(d * (ls - 32)), ls = 4 low bits from scales_l (nibble ib,
+// low first) and 2 high bits from the 16-bit scales_h (bits 2 ib, 2 ib + 1), as ggml.
+__device__ __forceinline__ float iq4_xs_scale(const u8* blk, int ib) {
+    int ls = ((blk[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((ldh16(blk + 2) >> (2 * ib)) & 3) << 4);
+    return __fmul_rn(ldh(blk), (float)(ls - 32));
+}
+
+// IQ4_XS (136-byte superblocks: d, scales_h, scales_l[4], qs[128]; sub-block ib's 32 weights
+// are qs[16 ib .. 16 ib + 15], low nibbles first): w = f32(d * (ls - 32)) * level.
+template <>
+__device__ __forceinline__ void dq8<QT_IQ4_XS>(const u8* row, int c, float w[8]) {
+    const u8* blk = row + (c >> 5) * 136;
+    int e0 = (c & 31) * 8;
+    int ib = e0 >> 5, l = e0 & 31;
+    float dl = iq4_xs_scale(blk, ib);
+    const u8* qs = blk + 8 + 16 * ib + (l & 15);
+    int shift = (l >> 4) * 4;
+    float f[8];
+    bytes4_f(iq4_levels((ld32u(qs) >> shift) & 0x0F0F0F0Fu), MAGIC + 128.0f, f);
+    bytes4_f(iq4_levels((ld32u(qs + 4) >> shift) & 0x0F0F0F0Fu), MAGIC + 128.0f, f + 4);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(dl, f[i]);
+}
+
 // ---- factored form: codes plus one scale (and min) per 8-weight chunk ----
 // A chunk's weights are w_i = scale * q_i + mn (q_i exact small integers as floats), so a
 // product can sum q_i * x_i first and apply scale and mn once per chunk: two fewer
@@ -325,6 +387,8 @@ template <> struct TcTraits<QT_Q8_0> { static constexpr bool ok = true, split = 
 template <> struct TcTraits<QT_Q4_K> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
 template <> struct TcTraits<QT_Q5_K> { static constexpr bool ok = true, split = false, has_min = true; static constexpr int off = 0; };
 template <> struct TcTraits<QT_Q6_K> { static constexpr bool ok = true, split = true, has_min = false; static constexpr int off = 32; };
+template <> struct TcTraits<QT_IQ4_NL> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 128; };
+template <> struct TcTraits<QT_IQ4_XS> { static constexpr bool ok = true, split = false, has_min = false; static constexpr int off = 128; };
 
 template <int QT>
 __device__ __forceinline__ void tc_unit(const u8* row, int u, int t, u32 w[2][2], float s0[2],
@@ -482,6 +546,40 @@ __device__ __forceinline__ void tc_unit<QT_Q6_K>(const u8* row, int u, int t, u3
         w[i][1] = ((ld32u(l + 16) >> lshift) & 0x0F0F0F0Fu) | (((h1 >> hshift) & 0x03030303u) << 4);
         s0[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i)) & 0xFF)), MAGIC + 128.0f));
         s1[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i + 8)) & 0xFF)), MAGIC + 128.0f));
+        mn[i] = 0.0f;
+    }
+}
+
+// IQ4_NL: Q4_0's element order (byte j's low nibble is element j, its high nibble j + 16),
+// each index mapped to its level + 128 (iq4_levels).
+template <>
+__device__ __forceinline__ void tc_unit<QT_IQ4_NL>(const u8* row, int u, int t, u32 w[2][2],
+                                                   float s0[2], float s1[2], float mn[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const u8* blk = row + (long long)(2 * u + i) * 18;  // 2-aligned
+        u32 v = ld32u(blk + 2 + 4 * t);
+        w[i][0] = iq4_levels(v & 0x0F0F0F0Fu);
+        w[i][1] = iq4_levels((v >> 4) & 0x0F0F0F0Fu);
+        s0[i] = s1[i] = ldh(blk);
+        mn[i] = 0.0f;
+    }
+}
+
+// IQ4_XS: unit u is sub-blocks 2j, 2j + 1 (j = u & 3) of superblock u >> 2, each with its
+// own scale (iq4_xs_scale) and IQ4_NL's element order within its 16 bytes.
+template <>
+__device__ __forceinline__ void tc_unit<QT_IQ4_XS>(const u8* row, int u, int t, u32 w[2][2],
+                                                   float s0[2], float s1[2], float mn[2]) {
+    const u8* blk = row + (long long)(u >> 2) * 136;  // 8-aligned
+    int j = u & 3;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int ib = 2 * j + i;
+        u32 v = *reinterpret_cast<const u32*>(blk + 8 + 16 * ib + 4 * t);
+        w[i][0] = iq4_levels(v & 0x0F0F0F0Fu);
+        w[i][1] = iq4_levels((v >> 4) & 0x0F0F0F0Fu);
+        s0[i] = s1[i] = iq4_xs_scale(blk, ib);
         mn[i] = 0.0f;
     }
 }

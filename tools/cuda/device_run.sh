@@ -54,7 +54,7 @@ if [ "$1" = ab ]; then  # session 15: an interleaved policy A/B of bench_device 
   timeout ${AB_BENCH_S:-300} python3 -m tools.cuda.bench_device --reps 30 ${AB_FLAGS:---minblocks} --quick --ks 1,8,16 --context 1024 --models ${AB_MODELS:-qwen2.5-0.5b} > "$OUT/bench.log" 2>&1
   echo "bench rc=$? at $SECONDS s"; sed -n '/== summary ==/,$p' "$OUT/bench.log" | grep -v "ops n=[248] "; tail -3 "$OUT/bench.log"
 fi
-SUITE_MODS="@a7 @a8 f32 f16 bf16 q4_0@b5 q4_1@b5 q5_0@b5 q5_1@b5 q8_0@b5 q4_k@b5 q5_k@b5 q6_k@b5 \
+SUITE_MODS="@a7 @a8 f32 f16 bf16 iq4_nl@b5 iq4_xs@b5 q4_0@b5 q4_1@b5 q5_0@b5 q5_1@b5 q8_0@b5 q4_k@b5 q5_k@b5 q6_k@b5 \
   q5_0+q8_0@b5 q4_k+q6_k@b5 q4_1+q8_0@b5 q4_k+q8_0@b5 q4_k@u2@b5 q4_k+q6_k@u2@b5 q5_0@b6 q4_k@b6 \
   q4_k+q6_k@b6 q5_0 q4_k q4_k+q6_k q4_1 q4_1+q8_0 q8_0"
 if [ "$1" = modules ]; then echo $SUITE_MODS; exit 0; fi  # the list, for split_run.sh first
