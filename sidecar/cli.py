@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench spec: source file(s) to copy/edit; bench lsp: the file to rewrite (the first)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     b.add_argument("--max-tokens", type=int, default=256)
+    b.add_argument("--verify-reps", type=int, default=None, metavar="N",
+                   help="bench spec: timed forwards per row count for verify_cost (median; default 15 "
+                        "on a GPU, where a forward takes a millisecond, 3 on the CPU)")
     b.add_argument("--instruction", default="", help="bench lsp: the rewrite instruction ('' = reproduce)")
     b.add_argument("--selection-lines", type=int, default=None, metavar="N",
                    help="bench lsp: select N whole lines (default: ~700 characters of lines)")

@@ -62,6 +62,10 @@ SHAPES = {
         embd_q=Q.Q6_K,
     ),
 }
+# The same shapes in the non-linear 4-bit types of IQ4 files (llama.cpp writes IQ4_NL where a
+# row of 896 is no multiple of IQ4_XS's 256-weight superblock)
+SHAPES["qwen2.5-0.5b-iq4nl"] = dict(SHAPES["qwen2.5-0.5b"], layer_q=Q.IQ4_NL, heavy_q=Q.IQ4_NL)
+SHAPES["qwen2.5-1.5b-iq4xs"] = dict(SHAPES["qwen2.5-1.5b"], layer_q=Q.IQ4_XS, heavy_q=Q.IQ4_XS)
 
 
 def random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:

@@ -4,9 +4,10 @@
 #   first  : wheels; NVRTC builds in parallel; every CUDA test; then the llama.cpp CUDA build in
 #            the background (.lcpp/lcpp.tgz, setsid); PROBE_S=N: python3 -m tools.cuda.split_probe
 #   part   : copy the carried model part (.mdl/qwenpartNN) to /tmp/models; then BENCH=qwen|smol|
-#            q15 runs python3 -m tools.cuda.bench_device --reps 30 --quick --chain --gap on that shape
+#            q15|iq4 (the IQ4 shapes beside their usual types) runs python3 -m tools.cuda.bench_device --reps 30 --quick --chain --gap on that shape
 #            (BENCH_FLAGS replaces --chain --gap, e.g. --tc)
-#   final  : join the parts; bench decode (chained vs stepwise plain); bench spec for each of
+#   final  : join the parts (.mdl/qwenpartNN, .mdl/smolpartNN); for each of MODELS (default qwen;
+#            smol too) bench decode (chained vs stepwise plain) and bench spec for each of
 #            TRAFFIC (default copy edit); the real-file GPU tests; then, where the llama.cpp build
 #            finished, python3 -m tools.versus_llamacpp against it (VS_TRAFFIC, default copy,edit,rewrite)
 export PYTHONUNBUFFERED=1
@@ -48,7 +49,8 @@ first)
   ;;
 part)
   case "$BENCH" in
-    qwen) M=qwen2.5-0.5b ;; smol) M=smollm2-135m ;; q15) M=qwen2.5-1.5b ;; *) M= ;;
+    qwen) M=qwen2.5-0.5b ;; smol) M=smollm2-135m ;; q15) M=qwen2.5-1.5b ;;
+    iq4) M=qwen2.5-0.5b-iq4nl,qwen2.5-0.5b,qwen2.5-1.5b-iq4xs,qwen2.5-1.5b ;; *) M= ;;
   esac
   if [ -n "$M" ]; then
     timeout ${BENCH_S:-150} $BENCH_CMD --models $M > "$OUT/bench_$BENCH.log" 2>&1
@@ -60,24 +62,31 @@ final)
   if [ ! -f /tmp/models/qwen.gguf ] && [ -f /tmp/models/qwenpart09 ]; then
     cat /tmp/models/qwenpart* > /tmp/models/qwen.gguf && rm /tmp/models/qwenpart* && sha256sum /tmp/models/qwen.gguf
   fi
+  if [ ! -f /tmp/models/smol.gguf ] && [ -f /tmp/models/smolpart01 ]; then
+    cat /tmp/models/smolpart* > /tmp/models/smol.gguf && rm /tmp/models/smolpart* && sha256sum /tmp/models/smol.gguf
+  fi
   M=/tmp/models/qwen.gguf
   # WAIT_S=N: first wait up to N s for the llama.cpp build (its 12 jobs would share the host)
   for _ in $(seq 1 $((${WAIT_S:-0} / 5))); do grep -q "rc=" /tmp/lcpp.log 2>/dev/null && break; sleep 5; done
   [ "${WAIT_S:-0}" = 0 ] || stamp "build: $(tail -1 /tmp/lcpp.log)"
-  [ -f $M ] || { echo "no model"; ls -l /tmp/models; exit 1; }
-  timeout ${DECODE_S:-90} python3 -m echoline bench decode --backend cuda --model $M --json > "$OUT/decode.json" 2> "$OUT/decode.err"
-  stamp "decode rc=$?"; tail -8 "$OUT/decode.err"; tail -c 600 "$OUT/decode.json"; echo
-  for t in ${TRAFFIC:-copy edit}; do  # t: a traffic, or traffic:ENV=VALUE for an A/B arm
-    tr=${t%%:*}; f=spec_${t//[:=]/_}; [ "$t" = "$tr" ] || export "${t#*:}"
-    timeout ${SPEC_S:-100} python3 -m echoline bench spec --backend cuda --model $M --traffic $tr --rounds 3 --json > "$OUT/$f.json" 2> "$OUT/$f.err"
-    stamp "spec $t rc=$?"; [ "$t" = "$tr" ] || unset "$(echo "${t#*:}" | cut -d= -f1)"
-    python3 - "$OUT/$f.json" <<'PY'
+  # MODELS: the joined files to measure (qwen, smol), each with bench decode and TRAFFIC
+  for name in ${MODELS:-qwen}; do
+    F=/tmp/models/$name.gguf
+    [ -f $F ] || { echo "no model $name"; ls -l /tmp/models; continue; }
+    timeout ${DECODE_S:-90} python3 -m echoline bench decode --backend cuda --model $F --json > "$OUT/decode_$name.json" 2> "$OUT/decode_$name.err"
+    stamp "decode $name rc=$?"; tail -8 "$OUT/decode_$name.err"; tail -c 600 "$OUT/decode_$name.json"; echo
+    for t in ${TRAFFIC:-copy edit}; do  # t: a traffic, or traffic:ENV=VALUE for an A/B arm
+      tr=${t%%:*}; f=spec_${name}_${t//[:=]/_}; [ "$t" = "$tr" ] || export "${t#*:}"
+      timeout ${SPEC_S:-100} python3 -m echoline bench spec --backend cuda --model $F --traffic $tr --rounds 3 --json > "$OUT/$f.json" 2> "$OUT/$f.err"
+      stamp "spec $name $t rc=$?"; [ "$t" = "$tr" ] || unset "$(echo "${t#*:}" | cut -d= -f1)"
+      python3 - "$OUT/$f.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 keep = ("plain_tok_s", "spec_tok_s", "ratio", "identical", "acceptance", "tokens_per_round",
         "round_split_ms", "verify_cost", "oracle_ratio", "limit_ratio", "lookups_ahead_share")
 print(json.dumps({k: r.get(k) for k in keep}))
 PY
+    done
   done
   if [ "${E2E_S:-90}" != 0 ]; then  # E2E_S=0 / VS_S=0: skip that step
     ECHOLINE_CUDA_MODEL=$M timeout ${E2E_S:-90} python3 -m pytest -q -p no:cacheprovider tests/test_cuda_e2e.py > "$OUT/e2e.log" 2>&1
