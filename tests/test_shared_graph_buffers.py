@@ -109,3 +109,41 @@ def test_graph_backends_reserve_power_of_two_capacities(path):
     tokens = (1, 300, 600, 1024, 1100, 2100, 5000, 9000)
     assert [shared._capacity_for(t) for t in tokens] == [256, 512, 1024, 1024, 2048, 4096, 8192, 8192]
     assert [plain._capacity_for(t) for t in tokens] == [256, 512, 768, 1024, 1280, 2304, 5120, 8192]
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_short_prefills_replay_verify_widths(path, spec, monkeypatch):
+    """A prefill tail of up to 64 rows runs as pieces padded to the verify widths (1, 2, 4,
+    8, 16 rows: engine/generate.py ``_graph_width``), so follow-up requests whose changed
+    tails have new lengths capture no graph of their own, and every reply and every cached
+    row equals a run without the padding."""
+    from echoline.engine.generate import GRAPH_WIDTHS
+
+    turns = [("a", buffer(150, 4))]
+    for extra in (1, 3, 7, 12, 17, 30, 64, 65):  # each turn: the last reply plus new tokens
+        turns.append(("a", None, extra))
+    runs = {}
+    for padded in (True, False):
+        monkeypatch.setenv("ECHOLINE_PREFILL_GRAPH_WIDTHS", "1" if padded else "0")
+        backend = GraphNumpy()
+        engine = Engine(path, backend=backend, tokenizer=StandInTokenizer())
+        replies, prompt = [], None
+        for turn in turns:
+            if len(turn) == 2:
+                prompt = turn[1]
+            else:
+                prompt = prompt + replies[-1] + buffer(turn[2], turn[2])
+            replies.append(engine.generate(prompt, max_tokens=12, spec=spec, session="a").token_ids)
+        sess = engine.sessions.sessions["a"]
+        # the session's buffers' graphs (the cost calibration measures on a cache of its own)
+        keys = {k for (owner, _), graphs in backend.graphs.items() if owner == id(sess.cache.buffers)
+                for k in graphs}
+        runs[padded] = (replies, rows(sess.cache), keys)
+    (got, got_rows, keys), (want, want_rows, plain_keys) = runs[True], runs[False]
+    assert got == want
+    for g, w in zip(got_rows, want_rows, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-5)
+    prefill_keys = {k for k in keys if k[0] == "forward" and not k[2]}
+    assert not prefill_keys, prefill_keys  # no prefill-only shape was captured
+    assert {k[1] for k in keys if k[0] == "forward"} <= set(GRAPH_WIDTHS) | {17}
+    assert any(k[0] == "forward" and not k[2] for k in plain_keys)  # without: one per tail length

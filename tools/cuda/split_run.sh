@@ -50,7 +50,7 @@ first)
 part)
   case "$BENCH" in
     qwen) M=qwen2.5-0.5b ;; smol) M=smollm2-135m ;; q15) M=qwen2.5-1.5b ;;
-    iq4) M=qwen2.5-0.5b-iq4nl,qwen2.5-0.5b,qwen2.5-1.5b-iq4xs,qwen2.5-1.5b ;; *) M= ;;
+    iq4) M=qwen2.5-0.5b-iq4nl,qwen2.5-0.5b,qwen2.5-1.5b-iq4xs ;; *) M= ;;
   esac
   if [ -n "$M" ]; then
     timeout ${BENCH_S:-150} $BENCH_CMD --models $M > "$OUT/bench_$BENCH.log" 2>&1
