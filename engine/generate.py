@@ -140,8 +140,11 @@ def run_rows(model: Transformer, cache: KVCache, rows: Sequence[int], all_logits
 
 #: Verify widths on a graph-replaying backend (generate_tokens' ``pow2`` rule): rows 1, 2, 4, 8, 16.
 GRAPH_WIDTHS = (1, 2, 4, 8, 16)
-#: A prefill chunk this short runs as graph-width pieces (``prefill``).
-SHORT_PREFILL = 64
+#: A prefill chunk this short runs as graph-width pieces (``prefill``): one or two 16-row
+#: replays cost less than one eager forward, which is host-bound (H200: SmolLM2 14 ms, Qwen
+#: 0.5B 7 ms, Qwen 1.5B 8 ms against 1.0, 1.3 and 2.7 ms a 16-row replay). Past 17 rows an
+#: unpadded chunk runs eagerly and captures nothing, so longer chunks stay whole.
+SHORT_PREFILL = 32
 
 
 def _graph_width(backend: object, cache: KVCache, n: int) -> int:
@@ -184,8 +187,7 @@ def prefill(
     chunk = max(1, chunk)
     spans = [(s, min(len(tokens), s + chunk)) for s in range(0, len(tokens), chunk)]
     if spans and _graph_width(backend, cache, 1):
-        # A short last chunk as verify-width pieces: up to four graph replays cost less
-        # than one eager forward (SmolLM2 14 ms, Qwen 0.5B 7 ms on the H200: host-bound).
+        # A short last chunk as verify-width pieces (SHORT_PREFILL says why).
         s0, end = spans[-1]
         if end - s0 <= SHORT_PREFILL:
             w = GRAPH_WIDTHS[-1]

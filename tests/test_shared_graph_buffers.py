@@ -113,14 +113,14 @@ def test_graph_backends_reserve_power_of_two_capacities(path):
 
 @pytest.mark.parametrize("spec", [False, True])
 def test_short_prefills_replay_verify_widths(path, spec, monkeypatch):
-    """A prefill tail of up to 64 rows runs as pieces padded to the verify widths (1, 2, 4,
+    """A prefill tail of up to 32 rows runs as pieces padded to the verify widths (1, 2, 4,
     8, 16 rows: engine/generate.py ``_graph_width``), so follow-up requests whose changed
     tails have new lengths capture no graph of their own, and every reply and every cached
     row equals a run without the padding."""
     from echoline.engine.generate import GRAPH_WIDTHS
 
     turns = [("a", buffer(150, 4))]
-    for extra in (1, 3, 7, 12, 17, 30, 64, 65):  # each turn: the last reply plus new tokens
+    for extra in (1, 3, 7, 12, 17, 30, 32, 33, 64):  # each turn: the last reply plus new tokens
         turns.append(("a", None, extra))
     runs = {}
     for padded in (True, False):
