@@ -125,18 +125,15 @@ __device__ __forceinline__ void dq8<QT_BF16>(const u8* row, int c, float w[8]) {
     }
 }
 
+// Q4_0 and IQ4_NL share a layout (18-byte blocks: d, 16 index bytes; byte j's low nibble is
+// element j, its high nibble element j + 16); IQ4_NL maps each index to its level
+// (iq4_levels, below), as a byte + 128.
+template <bool LEVELS>
+__device__ __forceinline__ void dq8_d16(const u8* row, int c, float w[8]);
+
 template <>
 __device__ __forceinline__ void dq8<QT_Q4_0>(const u8* row, int c, float w[8]) {
-    const u8* blk = row + (c >> 2) * 18;
-    int sub = c & 3;
-    float d = ldh(blk);
-    const u8* qs = blk + 2 + (sub & 1) * 8;
-    int shift = (sub >> 1) * 4;
-    float f[8];
-    bytes4_f((ld32u(qs) >> shift) & 0x0F0F0F0Fu, MAGIC + 8.0f, f);
-    bytes4_f((ld32u(qs + 4) >> shift) & 0x0F0F0F0Fu, MAGIC + 8.0f, f + 4);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, f[i]);
+    dq8_d16<false>(row, c, w);
 }
 
 template <>
@@ -276,19 +273,27 @@ __device__ __forceinline__ u32 iq4_levels(u32 idx) {
     return (lo & ~m) | (hi & m);
 }
 
-// IQ4_NL (18-byte blocks: d, 16 index bytes; Q4_0's nibble order): w = d * level.
-template <>
-__device__ __forceinline__ void dq8<QT_IQ4_NL>(const u8* row, int c, float w[8]) {
+template <bool LEVELS>
+__device__ __forceinline__ void dq8_d16(const u8* row, int c, float w[8]) {
     const u8* blk = row + (c >> 2) * 18;
     int sub = c & 3;
     float d = ldh(blk);
     const u8* qs = blk + 2 + (sub & 1) * 8;
     int shift = (sub >> 1) * 4;
+    constexpr float bias = MAGIC + (LEVELS ? 128.0f : 8.0f);
     float f[8];
-    bytes4_f(iq4_levels((ld32u(qs) >> shift) & 0x0F0F0F0Fu), MAGIC + 128.0f, f);
-    bytes4_f(iq4_levels((ld32u(qs + 4) >> shift) & 0x0F0F0F0Fu), MAGIC + 128.0f, f + 4);
+    u32 v0 = (ld32u(qs) >> shift) & 0x0F0F0F0Fu;
+    bytes4_f(LEVELS ? iq4_levels(v0) : v0, bias, f);
+    u32 v1 = (ld32u(qs + 4) >> shift) & 0x0F0F0F0Fu;
+    bytes4_f(LEVELS ? iq4_levels(v1) : v1, bias, f + 4);
 #pragma unroll
     for (int i = 0; i < 8; ++i) w[i] = __fmul_rn(d, f[i]);
+}
+
+// IQ4_NL: w = d * level.
+template <>
+__device__ __forceinline__ void dq8<QT_IQ4_NL>(const u8* row, int c, float w[8]) {
+    dq8_d16<true>(row, c, w);
 }
 
 // IQ4_XS sub-block ib's scale: f32(d * (ls - 32)), ls = 4 low bits from scales_l (nibble ib,
@@ -394,18 +399,26 @@ template <int QT>
 __device__ __forceinline__ void tc_unit(const u8* row, int u, int t, u32 w[2][2], float s0[2],
                                         float s1[2], float mn[2]);
 
-template <>
-__device__ __forceinline__ void tc_unit<QT_Q4_0>(const u8* row, int u, int t, u32 w[2][2],
-                                                 float s0[2], float s1[2], float mn[2]) {
+// Q4_0 / IQ4_NL (dq8_d16's layout): element j < 16 is the low nibble of byte j, j >= 16 the
+// high nibble; IQ4_NL's indices become their levels + 128 (TcTraits::off 128, Q4_0's 8).
+template <bool LEVELS>
+__device__ __forceinline__ void tc_unit_d16(const u8* row, int u, int t, u32 w[2][2],
+                                            float s0[2], float s1[2], float mn[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const u8* blk = row + (long long)(2 * u + i) * 18;
-        u32 v = ld32u(blk + 2 + 4 * t);  // element j < 16: low nibble of byte j, j >= 16: high
-        w[i][0] = v & 0x0F0F0F0Fu;
-        w[i][1] = (v >> 4) & 0x0F0F0F0Fu;
+        const u8* blk = row + (long long)(2 * u + i) * 18;  // 2-aligned
+        u32 v = ld32u(blk + 2 + 4 * t);
+        w[i][0] = LEVELS ? iq4_levels(v & 0x0F0F0F0Fu) : v & 0x0F0F0F0Fu;
+        w[i][1] = LEVELS ? iq4_levels((v >> 4) & 0x0F0F0F0Fu) : (v >> 4) & 0x0F0F0F0Fu;
         s0[i] = s1[i] = ldh(blk);
         mn[i] = 0.0f;
     }
+}
+
+template <>
+__device__ __forceinline__ void tc_unit<QT_Q4_0>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+    tc_unit_d16<false>(row, u, t, w, s0, s1, mn);
 }
 
 template <>
@@ -550,20 +563,10 @@ __device__ __forceinline__ void tc_unit<QT_Q6_K>(const u8* row, int u, int t, u3
     }
 }
 
-// IQ4_NL: Q4_0's element order (byte j's low nibble is element j, its high nibble j + 16),
-// each index mapped to its level + 128 (iq4_levels).
 template <>
 __device__ __forceinline__ void tc_unit<QT_IQ4_NL>(const u8* row, int u, int t, u32 w[2][2],
                                                    float s0[2], float s1[2], float mn[2]) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const u8* blk = row + (long long)(2 * u + i) * 18;  // 2-aligned
-        u32 v = ld32u(blk + 2 + 4 * t);
-        w[i][0] = iq4_levels(v & 0x0F0F0F0Fu);
-        w[i][1] = iq4_levels((v >> 4) & 0x0F0F0F0Fu);
-        s0[i] = s1[i] = ldh(blk);
-        mn[i] = 0.0f;
-    }
+    tc_unit_d16<true>(row, u, t, w, s0, s1, mn);
 }
 
 // IQ4_XS: unit u is sub-blocks 2j, 2j + 1 (j = u & 3) of superblock u >> 2, each with its

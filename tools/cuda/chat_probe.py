@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections import defaultdict
 
-from echoline.engine import generate
 from echoline.engine.api import Engine
 from echoline.engine.bench import traffic
+
+from tools.cuda.probe_common import log_loop_forwards
 
 
 def main() -> None:
@@ -28,21 +28,8 @@ def main() -> None:
     args = ap.parse_args()
     eng = Engine.load(args.model, backend=args.backend)
     backend = eng.model.backend
-    log: list[tuple[int, int, float]] = []
-    pending: list[tuple[int, int, float]] = []
-    run_rows, argmax = generate.run_rows, backend.argmax
+    log = log_loop_forwards(backend)
     captures = [0]
-
-    def timed_rows(model, cache, rows, all_logits=True):
-        pending[:] = [(len(rows), cache.length, time.perf_counter())] if all_logits else []
-        return run_rows(model, cache, rows, all_logits=all_logits)
-
-    def timed_argmax(logits):
-        out = argmax(logits)
-        if pending:
-            rows, ctx, t0 = pending.pop()
-            log.append((rows, ctx, time.perf_counter() - t0))
-        return out
 
     capture = getattr(type(backend), "_capture", None)
     if capture is not None:
@@ -50,8 +37,6 @@ def main() -> None:
             captures[0] += 1
             return capture(stream, fn, statics)
         type(backend)._capture = staticmethod(counted)
-    generate.run_rows = timed_rows
-    backend.argmax = timed_argmax
 
     def chat_pass(mode: str) -> tuple[int, float, int]:
         tokens = rounds = 0

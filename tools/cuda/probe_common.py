@@ -51,3 +51,31 @@ def release(b) -> None:
 
     b._uploads.clear()
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+def log_loop_forwards(backend) -> list[tuple[int, int, float]]:
+    """Time every decode round's forward as the generation loop does (run_rows, then the
+    argmax that waits for it): patches ``generate.run_rows`` and ``backend.argmax`` and
+    returns the list they append (rows, context, seconds) to. Prefill chunks are skipped."""
+    import time
+
+    from echoline.engine import generate
+
+    log: list[tuple[int, int, float]] = []
+    pending: list[tuple[int, int, float]] = []
+    run_rows, argmax = generate.run_rows, backend.argmax
+
+    def timed_rows(model, cache, rows, all_logits=True):
+        pending[:] = [(len(rows), cache.length, time.perf_counter())] if all_logits else []
+        return run_rows(model, cache, rows, all_logits=all_logits)
+
+    def timed_argmax(logits):
+        out = argmax(logits)
+        if pending:
+            rows, ctx, t0 = pending.pop()
+            log.append((rows, ctx, time.perf_counter() - t0))
+        return out
+
+    generate.run_rows = timed_rows
+    backend.argmax = timed_argmax
+    return log

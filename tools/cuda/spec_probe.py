@@ -18,10 +18,11 @@ import statistics
 import time
 from collections import defaultdict
 
-from echoline.engine import generate
 from echoline.engine.api import Engine
 from echoline.engine.bench import traffic
 from echoline.engine.bench.spec import _prompts
+
+from tools.cuda.probe_common import log_loop_forwards
 
 
 def main() -> None:
@@ -34,27 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     eng = Engine.load(args.model, backend=args.backend)
     prompts = _prompts(eng, "copy", traffic.source_paths([]))
-    log: list[tuple[int, int, float]] = []
-    backend = eng.model.backend
-    run_rows, argmax = generate.run_rows, backend.argmax
-    pending: list[tuple[int, int, float]] = []
-
-    # The loop times run_rows + argmax as one forward; so does this (plain mode has no
-    # controller to report it). Prefill chunks call run_rows too but never argmax alone.
-    def timed_rows(model, cache, rows, all_logits=True):
-        # Prefill chunks (all_logits=False) are not decode rounds: forget any pending start.
-        pending[:] = [(len(rows), cache.length, time.perf_counter())] if all_logits else []
-        return run_rows(model, cache, rows, all_logits=all_logits)
-
-    def timed_argmax(logits):
-        out = argmax(logits)
-        if pending:
-            rows, ctx, t0 = pending.pop()
-            log.append((rows, ctx, time.perf_counter() - t0))
-        return out
-
-    generate.run_rows = timed_rows
-    backend.argmax = timed_argmax
+    log = log_loop_forwards(eng.model.backend)
     for p in prompts:  # warm-up: graphs for every row count, calibration cells
         eng.generate(p, max_tokens=args.max_tokens, spec=True)
         eng.generate(p, max_tokens=args.max_tokens, spec=False)
