@@ -216,3 +216,17 @@ def test_bench_spec_prompts_without_a_chat_template_are_plain_text() -> None:
         (ids,) = spec._prompts(engine, kind, [Path("engine/kvcache.py")])
         text = bytes(ids).decode()
         assert text.startswith("Here is part of a file:") and text.endswith("\n\n```python\n"), kind
+
+
+def test_verify_cost_sample_count_follows_the_backend_unless_given() -> None:
+    """15 timed forwards per row count where a forward is a millisecond (CUDA), 3 on the CPU,
+    ``--verify-reps N`` over both."""
+    from types import SimpleNamespace
+
+    from echoline.engine.bench.spec import GPU_VERIFY_REPS, _verify_reps
+
+    cuda, cpu = SimpleNamespace(backend_name="cuda"), SimpleNamespace(backend_name="cpu")
+    none = SimpleNamespace(verify_reps=None)
+    assert (_verify_reps(cuda, none), _verify_reps(cpu, none)) == (GPU_VERIFY_REPS, 3) == (15, 3)
+    assert _verify_reps(cpu, SimpleNamespace(verify_reps=9)) == 9
+    assert _verify_reps(cuda, SimpleNamespace()) == 15  # callers built before the flag
