@@ -4,7 +4,7 @@ Only ``load_module`` imports CuPy, so importing this package costs nothing on a
 machine without a GPU. The quant-independent kernels (norms, RoPE, attention,
 argmax) form the common module; each quant type's products and embedding lookup
 form their own module, compiled only when a model uses that type (a model has
-two or three types: compiling all eleven would cost every fresh process a minute).
+two or three types: compiling all thirteen would cost every fresh process a minute).
 CuPy caches each compiled binary on disk, keyed by source and options.
 """
 
