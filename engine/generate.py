@@ -117,23 +117,20 @@ def run_rows(model: Transformer, cache: KVCache, rows: Sequence[int], all_logits
     Padding makes decode, verify and prefill all run the same multi-row kernels,
     so a row's result cannot depend on how many rows shared its pass. Pad rows
     sit after the real ones, which causal attention never lets the real rows
-    see, and the cache is cut back to the real rows.
+    see, and the cache is cut back to the real rows. The same padding takes a short
+    prefill on a graph-replaying backend to a verify width (``_graph_width``).
     """
     backend = model.backend
-    fixed = backend.padded_rows
-    if not fixed:
-        width = _graph_width(backend, cache, len(rows)) if not all_logits else 0
-        if width:  # a short prefill through the verify graph of its width (see _graph_width)
-            base, n = cache.length, len(rows)
-            logits = model.forward(list(rows) + [rows[-1]] * (width - n), cache, all_logits=True)
-            cache.truncate(base + n)
-            return logits[n - 1 : n]
-        return model.forward(rows, cache, all_logits=all_logits)
     n = len(rows)
-    if n > fixed:
-        raise ValueError(f"{n} rows exceed the backend's fixed row count {fixed}")
+    width = backend.padded_rows
+    if width and n > width:
+        raise ValueError(f"{n} rows exceed the backend's fixed row count {width}")
+    if not width and not all_logits:  # a short prefill through a verify graph (_graph_width)
+        width = _graph_width(backend, cache, n)
+    if not width:
+        return model.forward(rows, cache, all_logits=all_logits)
     base = cache.length
-    logits = model.forward(list(rows) + [rows[-1]] * (fixed - n), cache, all_logits=True)
+    logits = model.forward(list(rows) + [rows[-1]] * (width - n), cache, all_logits=True)
     cache.truncate(base + n)
     return logits[:n] if all_logits else logits[n - 1 : n]
 
