@@ -45,6 +45,8 @@ def _verify_reps(engine: Any, args: Any) -> int:
     if reps:
         return max(1, int(reps))
     return GPU_VERIFY_REPS if engine.backend_name == "cuda" else 3
+
+
 FOLLOWUP_TOKENS = 64  # an inline completion's length, not a rewrite's
 
 
