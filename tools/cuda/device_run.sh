@@ -8,7 +8,7 @@ export PYTHONPATH=/tmp/site:$PWD
 M=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p /tmp/models
 for p in .mdl/part0*; do [ -f "$p" ] && cp "$p" /tmp/models/; done
-ls -l /tmp/models
+ls -l /tmp/models >&2  # stderr: stdout of "modules" is the module list
 if [ "$1" = kernels ]; then
   timeout 330 python3 -m pytest -q -x -p no:cacheprovider --durations=8 tests/test_cuda_backend.py 2>&1 | tee "$OUT/tests.log" | grep -E "passed|failed|^E |Error|s call" | head -30
   timeout 240 python3 -m tools.cuda.bench_device --reps 30 > "$OUT/bench.log" 2>&1
