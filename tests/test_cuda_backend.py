@@ -667,6 +667,49 @@ def test_graph_replay_equals_eager(models, rng):
     b.drop_graphs()
 
 
+def test_later_captures_of_a_key_skip_the_eager_run(models, rng, monkeypatch):
+    """A key's first capture runs its step eagerly, then captures; the same key on another
+    owner's buffers (a new cache) captures at once and replays: one call of the step, not
+    two, and the same bits as the eager forward."""
+    gpu, _ = models["qwen2"]
+    b = gpu.backend
+    from echoline.engine.backends import cupy_backend
+
+    monkeypatch.setattr(cupy_backend, "GRAPH_AFTER", 1)
+    prompt = rng.integers(0, 300, size=12)
+    graph_rows = b.graph_max_rows
+    b.graph_max_rows = 0
+    try:
+        want = b.to_host(gpu.forward(prompt, gpu.new_cache(32)))
+    finally:
+        b.graph_max_rows = graph_rows
+
+    def run(cache, eager_every: bool) -> tuple[int, np.ndarray]:
+        calls = []
+
+        def step(ids_dev, pos_dev):
+            calls.append(1)
+            x = b.embed(gpu.embedding, ids_dev)
+            for li, lw in enumerate(gpu.layers):
+                x = gpu._block(x, li, lw, cache, pos_dev, pos_dev)
+            return b.norm_matmul(x, gpu.output_norm, gpu.config.rms_eps, gpu.output)
+
+        monkeypatch.setattr(cupy_backend, "GRAPH_EAGER_EVERY", eager_every)
+        for i in range(11):  # the prefix, eagerly
+            gpu.forward(prompt[i : i + 1], cache)
+        out = b.run_graph(("cold-capture", 1), step, [prompt[11:], np.array([11])], owner=cache.buffers,
+                          generation=cache.capacity)
+        return len(calls), b.to_host(out)[0]
+
+    b._eager_keys.discard(("cold-capture", 1))
+    first = run(gpu.new_cache(32), eager_every=False)
+    later = run(gpu.new_cache(32), eager_every=False)
+    every = run(gpu.new_cache(32), eager_every=True)
+    assert (first[0], later[0], every[0]) == (2, 1, 2)
+    for calls, row in (first, later, every):
+        assert np.array_equal(row, want[11]), calls
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_forward_graph_path_equals_eager_path(models, arch, rng):
     """Transformer.forward's graph path (≤ graph_max_rows rows) == eager path, bit for bit,

@@ -67,6 +67,10 @@ _ACT = {"silu": 1, "gelu": 2}  # kernels.cu act_glu
 #: 3.18x vs 3.08x, edit 2.57x vs 2.13x: no gain, so captures per cache are not what makes
 #: chat slower than plain (docs/history/cuda-rounds.md).
 GRAPH_AFTER = int(os.environ.get("ECHOLINE_GRAPH_AFTER", "1"))
+#: Every capture runs its step eagerly first (1), or only a key's first capture on the
+#: backend does (0, the default: later captures of that key, on other caches' buffers,
+#: capture at once and replay). Env: developer A/B only.
+GRAPH_EAGER_EVERY = os.environ.get("ECHOLINE_GRAPH_EAGER_EVERY", "0") == "1"
 
 
 @dataclass
@@ -245,6 +249,8 @@ class CupyBackend(Backend):
         self._pos_host: np.ndarray | None = None
         self._pos_dev: Any = None
         self._graphs: dict[Any, CapturedGraph] = {}
+        # graph keys already run eagerly once (kernels loaded): later captures skip that run
+        self._eager_keys: set[Any] = set()
         # graphs that read one owner's buffers (a KV cache): freed with the owner
         self._owned: weakref.WeakKeyDictionary[Any, tuple[Hashable, dict[Any, CapturedGraph]]] = (
             weakref.WeakKeyDictionary()
@@ -1190,6 +1196,18 @@ class CupyBackend(Backend):
             cached.inputs[0].set(packed, stream=current)  # one copy for all inputs
             cached.graph.launch(stream=current)
             return cached.output
+        if GRAPH_EAGER_EVERY or key not in self._eager_keys:
+            return self._capture_after_eager(store, key, fn, inputs)
+        try:
+            return self._capture_direct(store, key, fn, inputs)
+        except Exception:  # noqa: BLE001 - a step that cannot be captured cold: the eager
+            self.synchronize()  # path runs it as before (and raises again if it is a real error)
+            return self._capture_after_eager(store, key, fn, inputs)
+
+    def _capture_after_eager(self, store: dict, key: Any, fn: Callable[..., Any], inputs: Any) -> Any:
+        """A key's first capture on this backend: run ``fn`` eagerly (it compiles and loads
+        the kernels, makes any lazy state outside a capture and does the real work), then
+        capture it. Returns the eager result, copied out of the graph's pool."""
         pool = cupy.cuda.MemoryPool()
         with cupy.cuda.using_allocator(pool.malloc):  # eager run on the caller's stream
             packed = cupy.asarray(self._pack(inputs))
@@ -1198,14 +1216,37 @@ class CupyBackend(Backend):
         result = cupy.array(eager, copy=True)  # default pool: stays out of the graph's
         del eager
         self.synchronize()
+        self._store_capture(store, key, fn, packed, statics, pool)
+        self._eager_keys.add(key)
+        return result
+
+    def _capture_direct(self, store: dict, key: Any, fn: Callable[..., Any], inputs: Any) -> Any:
+        """A key already captured once (on another cache's buffers): capture at once and
+        replay, with no eager run. Why: a capture after an eager run cost about two forwards
+        (~28 ms on SmolLM2, whose eager forward is host-bound), paid on every new cache
+        capacity for every row count; the kernels are the same, so are the bits."""
+        pool = cupy.cuda.MemoryPool()
+        with cupy.cuda.using_allocator(pool.malloc):
+            packed = cupy.asarray(self._pack(inputs))
+            statics = self._statics(packed, inputs)
+        self.synchronize()
+        graph = self._store_capture(store, key, fn, packed, statics, pool)
+        graph.graph.launch(stream=cupy.cuda.get_current_stream())
+        return graph.output
+
+    def _store_capture(
+        self, store: dict, key: Any, fn: Callable[..., Any], packed: Any, statics: list[Any], pool: Any
+    ) -> CapturedGraph:
+        """Capture ``fn`` on the static inputs into ``store[key]`` (buffers from ``pool``)."""
         stream = cupy.cuda.Stream(non_blocking=True)  # capture only: nothing runs on it
         with stream, cupy.cuda.using_allocator(pool.malloc):
             output = self._capture(stream, fn, statics)
         upload = getattr(output[0], "upload", None)
         if upload is not None:  # the first replay would otherwise pay the upload (~0.5 ms)
             upload(cupy.cuda.get_current_stream())
-        store[key] = CapturedGraph(output[0], [packed], output[1], pool, stream)
-        return result
+        captured = CapturedGraph(output[0], [packed], output[1], pool, stream)
+        store[key] = captured
+        return captured
 
     @staticmethod
     def _statics(packed: Any, inputs: Sequence[np.ndarray]) -> list[Any]:
