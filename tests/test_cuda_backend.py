@@ -643,6 +643,16 @@ def test_model_decode_equals_verify_and_warm_equals_cold(models, arch, rng):
     assert np.array_equal(again, whole[30:])
 
 
+def without_graphs(b, run):
+    """``run()`` with the backend's forwards eager (no graph replays), the setting restored."""
+    graph_rows = b.graph_max_rows
+    b.graph_max_rows = 0
+    try:
+        return run()
+    finally:
+        b.graph_max_rows = graph_rows
+
+
 def test_graph_replay_equals_eager(models, rng):
     gpu, _ = models["qwen2"]
     b = gpu.backend
@@ -677,12 +687,7 @@ def test_later_captures_of_a_key_skip_the_eager_run(models, rng, monkeypatch):
 
     monkeypatch.setattr(cupy_backend, "GRAPH_AFTER", 1)
     prompt = rng.integers(0, 300, size=12)
-    graph_rows = b.graph_max_rows
-    b.graph_max_rows = 0
-    try:
-        want = b.to_host(gpu.forward(prompt, gpu.new_cache(32)))
-    finally:
-        b.graph_max_rows = graph_rows
+    want = without_graphs(b, lambda: b.to_host(gpu.forward(prompt, gpu.new_cache(32))))
 
     def run(cache, eager_every: bool) -> tuple[int, np.ndarray]:
         calls = []
@@ -695,7 +700,7 @@ def test_later_captures_of_a_key_skip_the_eager_run(models, rng, monkeypatch):
             return b.norm_matmul(x, gpu.output_norm, gpu.config.rms_eps, gpu.output)
 
         monkeypatch.setattr(cupy_backend, "GRAPH_EAGER_EVERY", eager_every)
-        for i in range(11):  # the prefix, eagerly
+        for i in range(11):  # the prefix, through this cache's one-row graph
             gpu.forward(prompt[i : i + 1], cache)
         out = b.run_graph(("cold-capture", 1), step, [prompt[11:], np.array([11])], owner=cache.buffers,
                           generation=cache.capacity)
@@ -717,12 +722,7 @@ def test_forward_graph_path_equals_eager_path(models, arch, rng):
     gpu, _ = models[arch]
     b = gpu.backend
     ids = rng.integers(0, 300, size=60)
-    graph_rows = b.graph_max_rows
-    b.graph_max_rows = 0
-    try:
-        eager = b.to_host(gpu.forward(ids, gpu.new_cache(64)))
-    finally:
-        b.graph_max_rows = graph_rows
+    eager = without_graphs(b, lambda: b.to_host(gpu.forward(ids, gpu.new_cache(64))))
     cache = gpu.new_cache(16)  # grows twice below: graphs of the old buffers must be dropped
     parts = []
     for s, e in ((0, 5), (5, 6), (6, 7), (7, 24), (24, 25), (25, 42), (42, 43), (43, 60)):
@@ -750,12 +750,7 @@ def test_graph_forwards_queued_without_reads_stay_ordered(models, rng):
             gpu.forward([t], cache, all_logits=False)
         return b.to_host(gpu.forward(ids[32 : 32 + k], cache))[0]
 
-    graph_rows = b.graph_max_rows
-    b.graph_max_rows = 0
-    try:
-        want = rows(1)
-    finally:
-        b.graph_max_rows = graph_rows
+    want = without_graphs(b, lambda: rows(1))
     for k in (1, 2, 8, 16, 1):
         assert np.array_equal(rows(k), want), f"{k} rows after a queued prefix"
 
