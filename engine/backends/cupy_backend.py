@@ -251,6 +251,8 @@ class CupyBackend(Backend):
         self._graphs: dict[Any, CapturedGraph] = {}
         # graph keys already run eagerly once (kernels loaded): later captures skip that run
         self._eager_keys: set[Any] = set()
+        #: why the last capture without an eager run failed (it then ran eagerly), if one did
+        self.cold_capture_fallback: str | None = None
         # graphs that read one owner's buffers (a KV cache): freed with the owner
         self._owned: weakref.WeakKeyDictionary[Any, tuple[Hashable, dict[Any, CapturedGraph]]] = (
             weakref.WeakKeyDictionary()
@@ -1200,8 +1202,11 @@ class CupyBackend(Backend):
             return self._capture_after_eager(store, key, fn, inputs)
         try:
             return self._capture_direct(store, key, fn, inputs)
-        except Exception:  # noqa: BLE001 - a step that cannot be captured cold: the eager
-            self.synchronize()  # path runs it as before (and raises again if it is a real error)
+        except Exception as exc:  # noqa: BLE001 - a step that cannot be captured cold: the
+            # eager path runs it as before (and raises again if it is a real error); the
+            # reason is kept for the probes (``cold_capture_fallback``)
+            self.cold_capture_fallback = f"{key!r}: {type(exc).__name__}: {exc}"
+            self.synchronize()
             return self._capture_after_eager(store, key, fn, inputs)
 
     def _capture_after_eager(self, store: dict, key: Any, fn: Callable[..., Any], inputs: Any) -> Any:
@@ -1232,7 +1237,9 @@ class CupyBackend(Backend):
         self.synchronize()
         graph = self._store_capture(store, key, fn, packed, statics, pool)
         graph.graph.launch(stream=cupy.cuda.get_current_stream())
-        return graph.output
+        # a copy, as the eager path returns: the static output lives in the graph's pool,
+        # which dies with the cache's buffers
+        return cupy.array(graph.output, copy=True)
 
     def _store_capture(
         self, store: dict, key: Any, fn: Callable[..., Any], packed: Any, statics: list[Any], pool: Any
@@ -1304,7 +1311,9 @@ class CupyBackend(Backend):
         return HostCopy(event, view)
 
     def drop_graphs(self) -> None:
-        """Forget captured graphs (after a cache grows or weights change)."""
+        """Forget captured graphs (after a cache grows or weights change); the next capture
+        of every key runs eagerly first again."""
         self.synchronize()
         self._graphs.clear()
         self._owned.clear()
+        self._eager_keys.clear()

@@ -80,6 +80,8 @@ def main() -> None:
                 print(f"  rows: (rounds, median / one-row median, max / one-row median) {rel}", flush=True)
                 slow = sorted(log, key=lambda x: -x[2])[:6]
                 print(f"  slowest (rows, ctx, ms): {[(r, c, round(s * 1e3, 2)) for r, c, s in slow]}", flush=True)
+    fallback = getattr(backend, "cold_capture_fallback", None)
+    print(f"captures without an eager run that fell back to one: {fallback or 'none'}", flush=True)
 
 
 if __name__ == "__main__":
