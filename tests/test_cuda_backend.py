@@ -691,13 +691,11 @@ def test_later_captures_of_a_key_skip_the_eager_run(models, rng, monkeypatch):
 
     def run(cache, eager_every: bool) -> tuple[int, np.ndarray]:
         calls = []
+        forward = gpu.graph_step(cache, 1, True)  # what the model's own graphs capture
 
         def step(ids_dev, pos_dev):
             calls.append(1)
-            x = b.embed(gpu.embedding, ids_dev)
-            for li, lw in enumerate(gpu.layers):
-                x = gpu._block(x, li, lw, cache, pos_dev, pos_dev)
-            return b.norm_matmul(x, gpu.output_norm, gpu.config.rms_eps, gpu.output)
+            return forward(ids_dev, pos_dev)
 
         monkeypatch.setattr(cupy_backend, "GRAPH_EAGER_EVERY", eager_every)
         for i in range(11):  # the prefix, through this cache's one-row graph
@@ -1049,17 +1047,61 @@ def test_tensor_row_split_only_in_one_wave(tensor_on, rng, monkeypatch):
     try:
         cb.tensor_row_split_warps_per_sm = 1000
         cb.tensor_row_split_one_wave = True
-        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (1, 2)  # fits: split
+        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (1, 2, None)  # fits: split
         split = {name: cb.to_host(op(16)) for name, op in ops.items()}
         monkeypatch.setattr(cb, "_resident_blocks", lambda fn, smem, warps=1: xblocks)
-        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (2, 1)  # a second wave: passes
-        assert cb._row_plan(w, 17, mt, kw, xblocks, False) == (4, 1)
-        assert cb._row_plan(w, 8, mt, kw, xblocks, False) == (1, 1)
+        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (2, 1, None)  # a second wave: passes
+        assert cb._row_plan(w, 17, mt, kw, xblocks, False) == (4, 1, None)
+        assert cb._row_plan(w, 8, mt, kw, xblocks, False) == (1, 1, None)
         for name, op in ops.items():
             poison()
             assert np.array_equal(cb.to_host(op(16)), split[name]), name
     finally:
         cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave = keep
+
+
+def test_tensor_row_split_lean_build_changes_no_bits(tensor_on, rng, monkeypatch):
+    """A split whose grid fits in one wave only with the kernels built for more blocks per
+    SM (``tensor_row_split_min_blocks``) runs on that build, and every launch kind (plain,
+    norm, residual, gated, two-type pair) gives the bits of its passes in one block."""
+    cb = tensor_on
+    ops = _tensor_launch_ops(cb, rng, Q.Q5_0, 512)
+    keep = cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave, cb.tensor_row_split_min_blocks
+    lean: set[int] = set()
+    launched: list[tuple[str, int | None]] = []
+    real_k = cb._k
+
+    def k(name, qtype=None, attn_blocks=1, min_blocks=None):
+        fn = real_k(name, qtype, attn_blocks, min_blocks)
+        if min_blocks == 8:
+            lean.add(id(fn))
+        if name.startswith("mt"):
+            launched.append((name, min_blocks))
+        return fn
+
+    try:
+        cb.tensor_row_split_warps_per_sm = 1000
+        cb.tensor_row_split_one_wave = True
+        monkeypatch.setattr(cb, "_k", k)
+        # the usual build holds too few blocks for any split, the lean build all of them
+        monkeypatch.setattr(cb, "_resident_blocks", lambda fn, smem, warps=1: 10**6 if id(fn) in lean else 1)
+        cb.tensor_row_split_min_blocks = 0
+        passes = {}
+        for name, op in ops.items():
+            launched.clear()
+            passes[name] = cb.to_host(op(16))
+            assert "_n2_" in launched[-1][0] and launched[-1][1] is None, (name, launched)
+        cb.tensor_row_split_min_blocks = 8
+        for name, op in ops.items():
+            launched.clear()
+            poison()
+            got = cb.to_host(op(16))
+            assert "_n1_" in launched[-1][0] and launched[-1][1] == 8, (name, launched)
+            assert np.array_equal(got, passes[name]), name
+            assert np.array_equal(cb.to_host(op(1))[0], got[0]), f"{name}: row 0 alone"
+    finally:
+        (cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave,
+         cb.tensor_row_split_min_blocks) = keep
 
 
 @pytest.mark.parametrize("d", [768, 1280], ids=lambda d: f"K{d}")

@@ -76,6 +76,14 @@ class CudaTuning:
     #: per SM, so Qwen 0.5B's 72-tile q|k|v split in two (144 blocks) ran a second wave on
     #: 12 SMs. The same bits either way. Env ``ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE=0|1``
     tensor_row_split_one_wave: bool = True
+    #: ... and a split that would run a second wave with the launch's own kernel takes that
+    #: kernel built for this many 4-warp blocks per SM instead (``MT_MINB``, module suffix
+    #: "@bN"; 0: never) when the grid then fits in one wave: fewer registers, the same
+    #: arithmetic (every multiply-add is written out), so the same bits. Why: Qwen 0.5B's
+    #: q|k|v is 72 column tiles of 16 warps, one block per SM, so its 16-row verify ran both
+    #: 8-row passes in each block on 72 of 132 SMs; split, it is 144 blocks, which fit only at
+    #: two blocks per SM (64 registers). Env ``ECHOLINE_CUDA_TENSOR_ROW_SPLIT_MIN_BLOCKS=0..8``
+    tensor_row_split_min_blocks: int = 0
     #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
     #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body,
     #: issue 21): one-warp blocks stage whole 16-column tiles (16 consecutive rows of blocks)
@@ -271,6 +279,9 @@ class CudaTuning:
             blocks = env.get(name, "")
             if blocks in tuple("12345678"):
                 setattr(tuning, field, int(blocks))
+        split_blocks = env.get("ECHOLINE_CUDA_TENSOR_ROW_SPLIT_MIN_BLOCKS", "")
+        if split_blocks in tuple("012345678"):
+            tuning.tensor_row_split_min_blocks = int(split_blocks)
         for name, field in (
             ("ECHOLINE_CUDA_XPREP_MIN_ROWS", "tensor_xprep_min_rows"),
             ("ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS", "tensor_xprep_wide_min_rows"),

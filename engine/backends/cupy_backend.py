@@ -260,19 +260,21 @@ class CupyBackend(Backend):
         self._uploads: dict[tuple[str, int, int, int], tuple[np.ndarray, Any]] = {}
 
     # ---- kernels -------------------------------------------------------------------------
-    def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1) -> Any:
+    def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1, min_blocks: int | None = None) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use);
-        ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
+        ``attn_blocks``: the attention build asking for that many resident blocks per SM;
+        ``min_blocks``: a tensor product built for that many (default ``tensor_min_blocks``)."""
         pdl = self.programmatic_launch and self._pdl_ok
         early = pdl and self.programmatic_early
-        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks, pdl, early)
+        minb = self.tensor_min_blocks if min_blocks is None else min_blocks
+        key = (name, qtype, self.tensor_units, minb, attn_blocks, pdl, early)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
                 if self.tensor_units != 1:  # more loads in flight
                     qtype = f"{qtype}@u{self.tensor_units}"
-                if self.tensor_min_blocks != 1:  # fewer registers, more blocks per SM
-                    qtype = f"{qtype}@b{self.tensor_min_blocks}"
+                if minb != 1:  # fewer registers, more blocks per SM
+                    qtype = f"{qtype}@b{minb}"
             if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
                 qtype = f"@a{attn_blocks}"
             if early:  # every module: each kernel releases the next one at its start
@@ -693,14 +695,14 @@ class CupyBackend(Backend):
             for seg in w.segments
         )
         pair = len(w.segments) == 2 and not act and self.fuse_segment_pairs
-        nt, gy = self._row_plan(w, n, mt, kw, xblocks, pair)
+        nt, gy, minb = self._row_plan(w, n, mt, kw, xblocks, pair)
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_min_rows)
 
         if pair:
             a, b = w.segments
             nblk_a = (a.rows + per_block - 1) // per_block
             nblk_b = (b.rows + per_block - 1) // per_block
-            self._tensor_kernel(w, nt, mt, kw, pair)(
+            self._tensor_kernel(w, nt, mt, kw, pair, minb)(
                 (nblk_a + nblk_b, gy),
                 (32 * kw,),
                 _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr) + xp,
@@ -708,7 +710,7 @@ class CupyBackend(Backend):
             return
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
-            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)(
+            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, min_blocks=minb)(
                 ((out_cols + per_block - 1) // per_block, gy),
                 (32 * kw,),
                 (
@@ -721,25 +723,36 @@ class CupyBackend(Backend):
 
     def _row_plan(
         self, w: CudaWeight, n: int, mt: int, kw: int, xblocks: int, pair: bool
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, int | None]:
         """``_row_passes``, and a split only while its grid fits in one wave of resident
         blocks (``tensor_row_split_one_wave``): a second wave of whole blocks costs more than
-        the passes the split spreads. Neither choice changes a value."""
+        the passes the split spreads. Where the launch's kernel does not fit, the same kernel
+        built for ``tensor_row_split_min_blocks`` blocks per SM may (fewer registers). Returns
+        (NT, grid y, that build's blocks per SM or None: the usual build). No choice changes
+        a value."""
         nt, gy = self._row_passes(n, xblocks * kw)
         if gy > 1 and self.tensor_row_split_one_wave:
             fn = self._tensor_kernel(w, 1, mt, kw, pair)
             if xblocks * gy > self._resident_blocks(fn, 0, kw):
-                return (2 if n <= 16 else 4), 1
-        return nt, gy
+                minb = self.tensor_row_split_min_blocks
+                if minb and minb != self.tensor_min_blocks:
+                    lean = self._tensor_kernel(w, 1, mt, kw, pair, minb)
+                    if xblocks * gy <= self._resident_blocks(lean, 0, kw):
+                        return nt, gy, minb
+                return (2 if n <= 16 else 4), 1, None
+        return nt, gy, None
 
-    def _tensor_kernel(self, w: CudaWeight, nt: int, mt: int, kw: int, pair: bool) -> Any:
+    def _tensor_kernel(
+        self, w: CudaWeight, nt: int, mt: int, kw: int, pair: bool, min_blocks: int | None = None
+    ) -> Any:
         """mt_body's kernel for ``w`` (the pair kernel of a two-type weight, else the first
-        segment's): the one whose residency decides a row split."""
+        segment's): the one whose residency decides a row split; ``min_blocks`` as in ``_k``."""
         if pair:
             a, b = w.segments
-            return self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")
+            return self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}",
+                           min_blocks=min_blocks)
         seg = w.segments[0]
-        return self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)
+        return self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, min_blocks=min_blocks)
 
     def _xprep(
         self, x2: Any, ldx: int, n: int, k: int, norm: Any, kwg: int, min_rows: int
@@ -1199,46 +1212,40 @@ class CupyBackend(Backend):
             cached.graph.launch(stream=current)
             return cached.output
         if GRAPH_EAGER_EVERY or key not in self._eager_keys:
-            return self._capture_after_eager(store, key, fn, inputs)
+            return self._capture_new(store, key, fn, inputs, eager=True)
         try:
-            return self._capture_direct(store, key, fn, inputs)
+            return self._capture_new(store, key, fn, inputs, eager=False)
         except Exception as exc:  # noqa: BLE001 - a step that cannot be captured cold: the
             # eager path runs it as before (and raises again if it is a real error); the
             # reason is kept for the probes (``cold_capture_fallback``)
             self.cold_capture_fallback = f"{key!r}: {type(exc).__name__}: {exc}"
             self.synchronize()
-            return self._capture_after_eager(store, key, fn, inputs)
+            return self._capture_new(store, key, fn, inputs, eager=True)
 
-    def _capture_after_eager(self, store: dict, key: Any, fn: Callable[..., Any], inputs: Any) -> Any:
-        """A key's first capture on this backend: run ``fn`` eagerly (it compiles and loads
-        the kernels, makes any lazy state outside a capture and does the real work), then
-        capture it. Returns the eager result, copied out of the graph's pool."""
+    def _capture_new(self, store: dict, key: Any, fn: Callable[..., Any], inputs: Any, eager: bool) -> Any:
+        """Capture ``fn`` for ``key`` into ``store`` and return this call's result, a copy
+        outside the graph's pool (which dies with the cache's buffers).
+
+        ``eager``: run ``fn`` first, then capture. A key's first capture on this backend
+        needs it: the run compiles and loads the kernels, makes any lazy state outside a
+        capture and does the real work. A key captured before (on another cache's buffers)
+        is captured at once and replayed instead: the eager run cost about a forward more
+        (~28 ms with the capture on SmolLM2, whose eager forward is host-bound), paid on
+        every new cache capacity for every row count; the kernels are the same, so are the
+        bits."""
         pool = cupy.cuda.MemoryPool()
-        with cupy.cuda.using_allocator(pool.malloc):  # eager run on the caller's stream
+        with cupy.cuda.using_allocator(pool.malloc):  # on the caller's stream
             packed = cupy.asarray(self._pack(inputs))
             statics = self._statics(packed, inputs)
-            eager = fn(*statics)
-        result = cupy.array(eager, copy=True)  # default pool: stays out of the graph's
-        del eager
-        self.synchronize()
-        self._store_capture(store, key, fn, packed, statics, pool)
-        self._eager_keys.add(key)
-        return result
-
-    def _capture_direct(self, store: dict, key: Any, fn: Callable[..., Any], inputs: Any) -> Any:
-        """A key already captured once (on another cache's buffers): capture at once and
-        replay, with no eager run. Why: a capture after an eager run cost about two forwards
-        (~28 ms on SmolLM2, whose eager forward is host-bound), paid on every new cache
-        capacity for every row count; the kernels are the same, so are the bits."""
-        pool = cupy.cuda.MemoryPool()
-        with cupy.cuda.using_allocator(pool.malloc):
-            packed = cupy.asarray(self._pack(inputs))
-            statics = self._statics(packed, inputs)
+            ran = fn(*statics) if eager else None
+        result = None if ran is None else cupy.array(ran, copy=True)  # the default pool
+        del ran
         self.synchronize()
         graph = self._store_capture(store, key, fn, packed, statics, pool)
+        if eager:
+            self._eager_keys.add(key)
+            return result
         graph.graph.launch(stream=cupy.cuda.get_current_stream())
-        # a copy, as the eager path returns: the static output lives in the graph's pool,
-        # which dies with the cache's buffers
         return cupy.array(graph.output, copy=True)
 
     def _store_capture(
