@@ -1559,6 +1559,60 @@ def test_xprep_wide_changes_no_bits(wide_on, xprep_keep, rng, qtype, warps):
                 assert np.array_equal(cb.to_host(op()), want), f"{variant}: {m} rows differ"
 
 
+@pytest.fixture
+def prefetch_keep(xprep_keep):
+    """Restores the x prefetch setting a test changes (and the xprep thresholds)."""
+    cb = xprep_keep
+    keep = cb.tensor_x_prefetch
+    yield cb
+    cb.tensor_x_prefetch = keep
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("policy", ["m2w4", "m1w16"])
+def test_x_prefetch_changes_no_bits(prefetch_keep, tc_policy, rng, qtype, policy):
+    """The converted x loaded one unit ahead or at its use: the same bits for plain, norm,
+    gated, residual and two-type launches, at every row count (units past a warp's last
+    one load nothing)."""
+    cb = prefetch_keep
+    tc_policy(policy)
+    cb.tensor_xprep_min_rows = 1
+    ops = _tensor_launch_ops(cb, rng, qtype, 1280)
+    assert_setting_keeps_bits(cb, ops, "tensor_x_prefetch", False, True, rows=(1, 3, 8, 9, 16, 17))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K], ids=lambda q: q.name)
+def test_x_prefetch_wide_changes_no_bits(wide_on, prefetch_keep, rng, qtype):
+    """The heads' staged kernel (every warp count) reads x one unit ahead with the same bits."""
+    cb = wide_on
+    w, gd, bd, x, _ = wide_case(cb, rng, qtype, 512, 200, 40)
+    for warps in WIDE_WARPS:
+        cb.tensor_wide_warps = warps
+        for m in (1, 3, 16, 40):
+            for op in (lambda m=m: cb.matmul(x[:m], w), lambda m=m: cb.norm_matmul(x[:m], gd, 1e-6, w, bd)):
+                cb.tensor_x_prefetch = False
+                want = cb.to_host(op())
+                cb.tensor_x_prefetch = True
+                poison()
+                assert np.array_equal(cb.to_host(op()), want), f"w{warps}: {m} rows differ"
+
+
+@pytest.mark.parametrize("variant", ["w4x4", "w4x8c"])
+def test_x_prefetch_split_changes_no_bits(split_on, prefetch_keep, monkeypatch, rng, variant):
+    """The split-K kernels (scratch planes, clusters) read x one unit ahead with the same bits."""
+    cb = split_on
+    cb.tensor_xprep_min_rows = 1
+    w, x, res = split_case(cb, monkeypatch, rng, Q.Q4_K, variant, 40)
+    for m in (1, 3, 16, 40):
+        for op in (lambda m=m: cb.matmul(x[:m], w), lambda m=m: cb.matmul_add(x[:m], w, res[:m])):
+            cb.tensor_x_prefetch = False
+            want = cb.to_host(op())
+            cb.tensor_x_prefetch = True
+            poison()
+            assert np.array_equal(cb.to_host(op()), want), f"{variant}: {m} rows differ"
+            assert counters_zero(cb)
+
+
 def test_xprep_propagates_nan(xprep_keep, rng):
     """A NaN in x still reaches its row's outputs, and only its row, through xprep."""
     cb = xprep_keep

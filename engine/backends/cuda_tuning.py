@@ -166,6 +166,13 @@ class CudaTuning:
     #: shape, verify 16 rows 1.718 ms without, 1.730 from 9 rows, 1.732 always; always
     #: costs one-row decode 7 %: a launch per product). Env ``ECHOLINE_CUDA_XPREP_MIN_ROWS=N``
     tensor_xprep_min_rows: int = 0
+    #: products that read the converted x load the next unit's words while this unit's math
+    #: runs (kernels.cu MT_XPREFETCH, module suffix "@x1"; one unit in flight only): the same
+    #: words reach the same mma, so the same bits. Why (session 26, ncu of the Qwen 0.5B head at
+    #: 16 rows): long-scoreboard stalls doubled against one row (2.02 against 1.04 cycles per
+    #: issued instruction), the x loads right before the mma that needs them.
+    #: Env ``ECHOLINE_CUDA_TENSOR_X_PREFETCH=0|1``
+    tensor_x_prefetch: bool = False
     #: ... and for the wide-weight kernels (mtw: the heads, whose 9,496 tiles each converted
     #: x again): decode 1.198 -> 1.184 ms, 16 rows 1.718 -> 1.690 on the Qwen 0.5B shape.
     #: Env ``ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS=N``
@@ -266,6 +273,7 @@ class CudaTuning:
              tuple(str(i) for i in range(17))),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
+            ("ECHOLINE_CUDA_TENSOR_X_PREFETCH", "tensor_x_prefetch", ("0", "1")),
         ):
             value = env.get(name)
             if value in ok:

@@ -267,7 +267,8 @@ class CupyBackend(Backend):
         pdl = self.programmatic_launch and self._pdl_ok
         early = pdl and self.programmatic_early
         minb = self.tensor_min_blocks if min_blocks is None else min_blocks
-        key = (name, qtype, self.tensor_units, minb, attn_blocks, pdl, early)
+        prefetch = self.tensor_x_prefetch
+        key = (name, qtype, self.tensor_units, minb, attn_blocks, pdl, early, prefetch)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
@@ -275,6 +276,8 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@u{self.tensor_units}"
                 if minb != 1:  # fewer registers, more blocks per SM
                     qtype = f"{qtype}@b{minb}"
+                if prefetch:  # the converted x loaded one unit ahead
+                    qtype = f"{qtype}@x1"
             if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
                 qtype = f"@a{attn_blocks}"
             if early:  # every module: each kernel releases the next one at its start

@@ -415,6 +415,14 @@ SPLITBLOCKS_CONFIGS = {
     "usual": {"tensor_row_split_min_blocks": 0},
     "lean-b8": {"tensor_row_split_min_blocks": 8},
 }
+#: session 26 (--xprefetch): the converted x loaded one unit ahead (heads; with xprep from 9
+#: rows, every 16-row product too); the same bits in every config
+XPREFETCH_CONFIGS = {
+    "off": {"tensor_x_prefetch": False, "tensor_xprep_min_rows": 0},
+    "pf": {"tensor_x_prefetch": True, "tensor_xprep_min_rows": 0},
+    "xprep9+": {"tensor_x_prefetch": False, "tensor_xprep_min_rows": 9},
+    "pf,xprep9+": {"tensor_x_prefetch": True, "tensor_xprep_min_rows": 9},
+}
 #: interleaved policy A/Bs by switch name (``--units`` …): each a dict of configs, run in
 #: this order; with --quick the run ends after them
 POLICY_SWITCHES = {
@@ -428,6 +436,7 @@ POLICY_SWITCHES = {
     "pdl": PDL_CONFIGS,
     "wide": WIDE_CONFIGS,
     "splitblocks": SPLITBLOCKS_CONFIGS,
+    "xprefetch": XPREFETCH_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
@@ -766,6 +775,7 @@ def main() -> int:
         "pdl": "interleaved A/B: programmatic dependent launch of every kernel or not",
         "wide": "interleaved A/B: the head's warps per tile and row groups",
         "splitblocks": "interleaved A/B: row splits on kernels built for 8 blocks per SM",
+        "xprefetch": "interleaved A/B: converted x loaded one unit ahead (and xprep from 9 rows)",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",

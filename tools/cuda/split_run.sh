@@ -23,7 +23,8 @@ first)
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
   # the modules the tests load (device_run.sh suite's list), built before anything else runs:
   # with the llama.cpp build beside them the NVRTC builds and the tests ran past their limits
-  for q in $(bash tools/cuda/device_run.sh modules); do
+  # EXTRA_MODULES: more to build beside them (e.g. "q5_0@b5@x1": a setting under A/B)
+  for q in $(bash tools/cuda/device_run.sh modules) $EXTRA_MODULES; do
     timeout 300 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" 2>&1 | tail -3 &
   done
   timeout 300 python3 -c "from echoline.kernels.cuda import load_module; load_module(None)" &
