@@ -1047,61 +1047,17 @@ def test_tensor_row_split_only_in_one_wave(tensor_on, rng, monkeypatch):
     try:
         cb.tensor_row_split_warps_per_sm = 1000
         cb.tensor_row_split_one_wave = True
-        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (1, 2, None)  # fits: split
+        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (1, 2)  # fits: split
         split = {name: cb.to_host(op(16)) for name, op in ops.items()}
         monkeypatch.setattr(cb, "_resident_blocks", lambda fn, smem, warps=1: xblocks)
-        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (2, 1, None)  # a second wave: passes
-        assert cb._row_plan(w, 17, mt, kw, xblocks, False) == (4, 1, None)
-        assert cb._row_plan(w, 8, mt, kw, xblocks, False) == (1, 1, None)
+        assert cb._row_plan(w, 16, mt, kw, xblocks, False) == (2, 1)  # a second wave: passes
+        assert cb._row_plan(w, 17, mt, kw, xblocks, False) == (4, 1)
+        assert cb._row_plan(w, 8, mt, kw, xblocks, False) == (1, 1)
         for name, op in ops.items():
             poison()
             assert np.array_equal(cb.to_host(op(16)), split[name]), name
     finally:
         cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave = keep
-
-
-def test_tensor_row_split_lean_build_changes_no_bits(tensor_on, rng, monkeypatch):
-    """A split whose grid fits in one wave only with the kernels built for more blocks per
-    SM (``tensor_row_split_min_blocks``) runs on that build, and every launch kind (plain,
-    norm, residual, gated, two-type pair) gives the bits of its passes in one block."""
-    cb = tensor_on
-    ops = _tensor_launch_ops(cb, rng, Q.Q5_0, 512)
-    keep = cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave, cb.tensor_row_split_min_blocks
-    lean: set[int] = set()
-    launched: list[tuple[str, int | None]] = []
-    real_k = cb._k
-
-    def k(name, qtype=None, attn_blocks=1, min_blocks=None):
-        fn = real_k(name, qtype, attn_blocks, min_blocks)
-        if min_blocks == 8:
-            lean.add(id(fn))
-        if name.startswith("mt"):
-            launched.append((name, min_blocks))
-        return fn
-
-    try:
-        cb.tensor_row_split_warps_per_sm = 1000
-        cb.tensor_row_split_one_wave = True
-        monkeypatch.setattr(cb, "_k", k)
-        # the usual build holds too few blocks for any split, the lean build all of them
-        monkeypatch.setattr(cb, "_resident_blocks", lambda fn, smem, warps=1: 10**6 if id(fn) in lean else 1)
-        cb.tensor_row_split_min_blocks = 0
-        passes = {}
-        for name, op in ops.items():
-            launched.clear()
-            passes[name] = cb.to_host(op(16))
-            assert "_n2_" in launched[-1][0] and launched[-1][1] is None, (name, launched)
-        cb.tensor_row_split_min_blocks = 8
-        for name, op in ops.items():
-            launched.clear()
-            poison()
-            got = cb.to_host(op(16))
-            assert "_n1_" in launched[-1][0] and launched[-1][1] == 8, (name, launched)
-            assert np.array_equal(got, passes[name]), name
-            assert np.array_equal(cb.to_host(op(1))[0], got[0]), f"{name}: row 0 alone"
-    finally:
-        (cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave,
-         cb.tensor_row_split_min_blocks) = keep
 
 
 @pytest.mark.parametrize("d", [768, 1280], ids=lambda d: f"K{d}")
@@ -1557,60 +1513,6 @@ def test_xprep_wide_changes_no_bits(wide_on, xprep_keep, rng, qtype, warps):
                 cb.tensor_xprep_wide_min_rows = 1
                 poison()
                 assert np.array_equal(cb.to_host(op()), want), f"{variant}: {m} rows differ"
-
-
-@pytest.fixture
-def prefetch_keep(xprep_keep):
-    """Restores the x prefetch setting a test changes (and the xprep thresholds)."""
-    cb = xprep_keep
-    keep = cb.tensor_x_prefetch
-    yield cb
-    cb.tensor_x_prefetch = keep
-
-
-@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
-@pytest.mark.parametrize("policy", ["m2w4", "m1w16"])
-def test_x_prefetch_changes_no_bits(prefetch_keep, tc_policy, rng, qtype, policy):
-    """The converted x loaded one unit ahead or at its use: the same bits for plain, norm,
-    gated, residual and two-type launches, at every row count (units past a warp's last
-    one load nothing)."""
-    cb = prefetch_keep
-    tc_policy(policy)
-    cb.tensor_xprep_min_rows = 1
-    ops = _tensor_launch_ops(cb, rng, qtype, 1280)
-    assert_setting_keeps_bits(cb, ops, "tensor_x_prefetch", False, True, rows=(1, 3, 8, 9, 16, 17))
-
-
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K], ids=lambda q: q.name)
-def test_x_prefetch_wide_changes_no_bits(wide_on, prefetch_keep, rng, qtype):
-    """The heads' staged kernel (every warp count) reads x one unit ahead with the same bits."""
-    cb = wide_on
-    w, gd, bd, x, _ = wide_case(cb, rng, qtype, 512, 200, 40)
-    for warps in WIDE_WARPS:
-        cb.tensor_wide_warps = warps
-        for m in (1, 3, 16, 40):
-            for op in (lambda m=m: cb.matmul(x[:m], w), lambda m=m: cb.norm_matmul(x[:m], gd, 1e-6, w, bd)):
-                cb.tensor_x_prefetch = False
-                want = cb.to_host(op())
-                cb.tensor_x_prefetch = True
-                poison()
-                assert np.array_equal(cb.to_host(op()), want), f"w{warps}: {m} rows differ"
-
-
-@pytest.mark.parametrize("variant", ["w4x4", "w4x8c"])
-def test_x_prefetch_split_changes_no_bits(split_on, prefetch_keep, monkeypatch, rng, variant):
-    """The split-K kernels (scratch planes, clusters) read x one unit ahead with the same bits."""
-    cb = split_on
-    cb.tensor_xprep_min_rows = 1
-    w, x, res = split_case(cb, monkeypatch, rng, Q.Q4_K, variant, 40)
-    for m in (1, 3, 16, 40):
-        for op in (lambda m=m: cb.matmul(x[:m], w), lambda m=m: cb.matmul_add(x[:m], w, res[:m])):
-            cb.tensor_x_prefetch = False
-            want = cb.to_host(op())
-            cb.tensor_x_prefetch = True
-            poison()
-            assert np.array_equal(cb.to_host(op()), want), f"{variant}: {m} rows differ"
-            assert counters_zero(cb)
 
 
 def test_xprep_propagates_nan(xprep_keep, rng):

@@ -56,15 +56,6 @@ def test_wide_warps_and_row_groups_from_env() -> None:
     assert CudaTuning().tensor_wide_warps in (1, 2, 4) and CudaTuning().tensor_wide_row_groups in (1, 2, 4)
 
 
-def test_row_split_min_blocks_from_env() -> None:
-    """The lean build for row splits takes 0 (never) to 8 blocks per SM and nothing else."""
-    key = "ECHOLINE_CUDA_TENSOR_ROW_SPLIT_MIN_BLOCKS"
-    assert CudaTuning.from_env({key: "8"}).tensor_row_split_min_blocks == 8
-    assert CudaTuning.from_env({key: "0"}).tensor_row_split_min_blocks == 0
-    for bad in ("9", "-1", "two", ""):
-        assert CudaTuning.from_env({key: bad}) == CudaTuning()
-
-
 def test_backend_attributes_read_and_write_the_tuning() -> None:
     @install_tuned_attributes
     class Holder:

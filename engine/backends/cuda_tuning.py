@@ -76,14 +76,6 @@ class CudaTuning:
     #: per SM, so Qwen 0.5B's 72-tile q|k|v split in two (144 blocks) ran a second wave on
     #: 12 SMs. The same bits either way. Env ``ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE=0|1``
     tensor_row_split_one_wave: bool = True
-    #: ... and a split that would run a second wave with the launch's own kernel takes that
-    #: kernel built for this many 4-warp blocks per SM instead (``MT_MINB``, module suffix
-    #: "@bN"; 0: never) when the grid then fits in one wave: fewer registers, the same
-    #: arithmetic (every multiply-add is written out), so the same bits. Why: Qwen 0.5B's
-    #: q|k|v is 72 column tiles of 16 warps, one block per SM, so its 16-row verify ran both
-    #: 8-row passes in each block on 72 of 132 SMs; split, it is 144 blocks, which fit only at
-    #: two blocks per SM (64 registers). Env ``ECHOLINE_CUDA_TENSOR_ROW_SPLIT_MIN_BLOCKS=0..8``
-    tensor_row_split_min_blocks: int = 0
     #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
     #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body,
     #: issue 21): one-warp blocks stage whole 16-column tiles (16 consecutive rows of blocks)
@@ -166,13 +158,6 @@ class CudaTuning:
     #: shape, verify 16 rows 1.718 ms without, 1.730 from 9 rows, 1.732 always; always
     #: costs one-row decode 7 %: a launch per product). Env ``ECHOLINE_CUDA_XPREP_MIN_ROWS=N``
     tensor_xprep_min_rows: int = 0
-    #: products that read the converted x load the next unit's words while this unit's math
-    #: runs (kernels.cu MT_XPREFETCH, module suffix "@x1"; one unit in flight only): the same
-    #: words reach the same mma, so the same bits. Why (session 26, ncu of the Qwen 0.5B head at
-    #: 16 rows): long-scoreboard stalls doubled against one row (2.02 against 1.04 cycles per
-    #: issued instruction), the x loads right before the mma that needs them.
-    #: Env ``ECHOLINE_CUDA_TENSOR_X_PREFETCH=0|1``
-    tensor_x_prefetch: bool = False
     #: ... and for the wide-weight kernels (mtw: the heads, whose 9,496 tiles each converted
     #: x again): decode 1.198 -> 1.184 ms, 16 rows 1.718 -> 1.690 on the Qwen 0.5B shape.
     #: Env ``ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS=N``
@@ -273,7 +258,6 @@ class CudaTuning:
              tuple(str(i) for i in range(17))),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
-            ("ECHOLINE_CUDA_TENSOR_X_PREFETCH", "tensor_x_prefetch", ("0", "1")),
         ):
             value = env.get(name)
             if value in ok:
@@ -287,9 +271,6 @@ class CudaTuning:
             blocks = env.get(name, "")
             if blocks in tuple("12345678"):
                 setattr(tuning, field, int(blocks))
-        split_blocks = env.get("ECHOLINE_CUDA_TENSOR_ROW_SPLIT_MIN_BLOCKS", "")
-        if split_blocks in tuple("012345678"):
-            tuning.tensor_row_split_min_blocks = int(split_blocks)
         for name, field in (
             ("ECHOLINE_CUDA_XPREP_MIN_ROWS", "tensor_xprep_min_rows"),
             ("ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS", "tensor_xprep_wide_min_rows"),

@@ -260,24 +260,19 @@ class CupyBackend(Backend):
         self._uploads: dict[tuple[str, int, int, int], tuple[np.ndarray, Any]] = {}
 
     # ---- kernels -------------------------------------------------------------------------
-    def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1, min_blocks: int | None = None) -> Any:
+    def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use);
-        ``attn_blocks``: the attention build asking for that many resident blocks per SM;
-        ``min_blocks``: a tensor product built for that many (default ``tensor_min_blocks``)."""
+        ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
         pdl = self.programmatic_launch and self._pdl_ok
         early = pdl and self.programmatic_early
-        minb = self.tensor_min_blocks if min_blocks is None else min_blocks
-        prefetch = self.tensor_x_prefetch
-        key = (name, qtype, self.tensor_units, minb, attn_blocks, pdl, early, prefetch)
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks, pdl, early)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
                 if self.tensor_units != 1:  # more loads in flight
                     qtype = f"{qtype}@u{self.tensor_units}"
-                if minb != 1:  # fewer registers, more blocks per SM
-                    qtype = f"{qtype}@b{minb}"
-                if prefetch:  # the converted x loaded one unit ahead
-                    qtype = f"{qtype}@x1"
+                if self.tensor_min_blocks != 1:  # fewer registers, more blocks per SM
+                    qtype = f"{qtype}@b{self.tensor_min_blocks}"
             if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
                 qtype = f"@a{attn_blocks}"
             if early:  # every module: each kernel releases the next one at its start
@@ -698,14 +693,14 @@ class CupyBackend(Backend):
             for seg in w.segments
         )
         pair = len(w.segments) == 2 and not act and self.fuse_segment_pairs
-        nt, gy, minb = self._row_plan(w, n, mt, kw, xblocks, pair)
+        nt, gy = self._row_plan(w, n, mt, kw, xblocks, pair)
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_min_rows)
 
         if pair:
             a, b = w.segments
             nblk_a = (a.rows + per_block - 1) // per_block
             nblk_b = (b.rows + per_block - 1) // per_block
-            self._tensor_kernel(w, nt, mt, kw, pair, minb)(
+            self._tensor_kernel(w, nt, mt, kw, pair)(
                 (nblk_a + nblk_b, gy),
                 (32 * kw,),
                 _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr) + xp,
@@ -713,7 +708,7 @@ class CupyBackend(Backend):
             return
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
-            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, min_blocks=minb)(
+            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)(
                 ((out_cols + per_block - 1) // per_block, gy),
                 (32 * kw,),
                 (
@@ -726,36 +721,25 @@ class CupyBackend(Backend):
 
     def _row_plan(
         self, w: CudaWeight, n: int, mt: int, kw: int, xblocks: int, pair: bool
-    ) -> tuple[int, int, int | None]:
+    ) -> tuple[int, int]:
         """``_row_passes``, and a split only while its grid fits in one wave of resident
         blocks (``tensor_row_split_one_wave``): a second wave of whole blocks costs more than
-        the passes the split spreads. Where the launch's kernel does not fit, the same kernel
-        built for ``tensor_row_split_min_blocks`` blocks per SM may (fewer registers). Returns
-        (NT, grid y, that build's blocks per SM or None: the usual build). No choice changes
-        a value."""
+        the passes the split spreads. Neither choice changes a value."""
         nt, gy = self._row_passes(n, xblocks * kw)
         if gy > 1 and self.tensor_row_split_one_wave:
             fn = self._tensor_kernel(w, 1, mt, kw, pair)
             if xblocks * gy > self._resident_blocks(fn, 0, kw):
-                minb = self.tensor_row_split_min_blocks
-                if minb and minb != self.tensor_min_blocks:
-                    lean = self._tensor_kernel(w, 1, mt, kw, pair, minb)
-                    if xblocks * gy <= self._resident_blocks(lean, 0, kw):
-                        return nt, gy, minb
-                return (2 if n <= 16 else 4), 1, None
-        return nt, gy, None
+                return (2 if n <= 16 else 4), 1
+        return nt, gy
 
-    def _tensor_kernel(
-        self, w: CudaWeight, nt: int, mt: int, kw: int, pair: bool, min_blocks: int | None = None
-    ) -> Any:
+    def _tensor_kernel(self, w: CudaWeight, nt: int, mt: int, kw: int, pair: bool) -> Any:
         """mt_body's kernel for ``w`` (the pair kernel of a two-type weight, else the first
-        segment's): the one whose residency decides a row split; ``min_blocks`` as in ``_k``."""
+        segment's): the one whose residency decides a row split."""
         if pair:
             a, b = w.segments
-            return self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}",
-                           min_blocks=min_blocks)
+            return self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")
         seg = w.segments[0]
-        return self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, min_blocks=min_blocks)
+        return self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)
 
     def _xprep(
         self, x2: Any, ldx: int, n: int, k: int, norm: Any, kwg: int, min_rows: int

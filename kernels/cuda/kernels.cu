@@ -27,13 +27,6 @@
 #endif
 #define MT_BOUNDS(KW) __launch_bounds__((KW) * 32, (MT_MINB * 4 / (KW)) > 0 ? (MT_MINB * 4 / (KW)) : 1)
 
-// x of the next 64-weight unit loaded while this unit's math runs (tensor-core products that
-// read xprep's converted x, one unit in flight): the same words reach the same mma, so the
-// same bits; a speed choice (module suffix "@x1", backend setting tensor_x_prefetch).
-#ifndef MT_XPREFETCH
-#define MT_XPREFETCH 0
-#endif
-
 #define MM_WARPS 4
 
 // Programmatic dependent launch (Hopper and later; backend setting programmatic_launch).
@@ -487,23 +480,6 @@ __device__ __forceinline__ XPre xpre_rows(XPre xp, int row0, int K) {
     return {xp.h + units * 32, xp.s + units, xp.ss ? xp.ss + row0 : nullptr};
 }
 
-// A lane's words of xprep's x for (row, unit u) and the unit's power inverse; zeros and 0
-// for a row past n or a unit past the row (computed, never stored).
-__device__ __forceinline__ float xpre_load(XPre xp, int row, int n, int nunits, int u, int t,
-                                           u32 (&b)[4][2]) {
-    if (row < n && u < nunits) {
-        long long at = (long long)row * nunits + u;
-        const uint4* bp = reinterpret_cast<const uint4*>(xp.h + (at * 4 + t) * 8);
-        uint4 b0 = bp[0], b1 = bp[1];
-        b[0][0] = b0.x; b[0][1] = b0.y; b[1][0] = b0.z; b[1][1] = b0.w;
-        b[2][0] = b1.x; b[2][1] = b1.y; b[3][0] = b1.z; b[3][1] = b1.w;
-        return xp.s[at];
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) b[q][0] = b[q][1] = 0u;
-    return 0.0f;
-}
-
 // Four offset code bytes (code + OFF) of w as two f16 pairs of exact codes: bytes 0,2
 // and bytes 1,3 (1024 + byte is exact in f16; subtracting 1024 + OFF is exact too).
 template <int OFF>
@@ -672,16 +648,9 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
     int nunits = K >> 6;
     const u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
     const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    constexpr bool PF = MT_XPREFETCH && U == 1;
     for (int r0 = 0; r0 < n; r0 += 8 * NT) {
         float acc[NT][MT][4];
         float ss[NT];
-        u32 xq[NT][4][2];  // PF: the next unit's x words and power inverses, in flight
-        float xqs[NT];
-        if (PF && xp.h) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) xqs[nt] = xpre_load(xp, r0 + nt * 8 + gq, n, nunits, gw, t, xq[nt]);
-        }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             ss[nt] = 0.0f;
@@ -724,19 +693,6 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                 int u = ub + kwg * v;
                 if (u >= nunits) break;
                 int k0 = 64 * u + 4 * t;
-                u32 xc[NT][4][2];  // PF: this unit's x, loaded one unit ago
-                float xcs[NT];
-                if (PF && xp.h) {
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        xcs[nt] = xqs[nt];
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) xc[nt][q][0] = xq[nt][q][0], xc[nt][q][1] = xq[nt][q][1];
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        xqs[nt] = xpre_load(xp, r0 + nt * 8 + gq, n, nunits, u + kwg, t, xq[nt]);
-                }
                 float gv[16];
                 if (norm && !xp.h) {
 #pragma unroll
@@ -750,12 +706,19 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                     int row = r0 + nt * 8 + gq;
                     u32 b[4][2];
                     float Pinv;
-                    if (PF && xp.h) {  // loaded one unit ago: the same words
-                        Pinv = xcs[nt];
+                    if (xp.h) {  // x converted once for every tile by xprep: the same b, Pinv
+                        if (row < n) {
+                            long long at = (long long)row * nunits + u;
+                            const uint4* bp = reinterpret_cast<const uint4*>(xp.h + (at * 4 + t) * 8);
+                            uint4 b0 = bp[0], b1 = bp[1];
+                            b[0][0] = b0.x; b[0][1] = b0.y; b[1][0] = b0.z; b[1][1] = b0.w;
+                            b[2][0] = b1.x; b[2][1] = b1.y; b[3][0] = b1.z; b[3][1] = b1.w;
+                            Pinv = xp.s[at];
+                        } else {
 #pragma unroll
-                        for (int q = 0; q < 4; ++q) b[q][0] = xc[nt][q][0], b[q][1] = xc[nt][q][1];
-                    } else if (xp.h) {  // x converted once for every tile by xprep: the same b, Pinv
-                        Pinv = xpre_load(xp, row, n, nunits, u, t, b);  // past n: 0, never stored
+                            for (int q = 0; q < 4; ++q) b[q][0] = b[q][1] = 0u;
+                            Pinv = 0.0f;  // a row past n: computed, never stored
+                        }
                     } else {
                         Pinv = x_lane_convert(X, ldx, row, n, k0, norm, gv, ss[nt], b);
                     }

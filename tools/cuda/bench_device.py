@@ -216,8 +216,6 @@ def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[
     chosen = [name for name in POLICY_SWITCHES if name in POLICY_AB]
     for name in chosen:
         lines += ab_policies(b, model, cache, context, prompt, reps, ks, POLICY_SWITCHES[name], name)
-    if "splitblocks" in POLICY_AB:
-        lines += lean_kernel_report(b, model)
     if chosen and QUICK:
         return lines
     if GAP:
@@ -409,20 +407,6 @@ ROWSPLIT_CONFIGS = {  # session 22: "split-20,1wave" (the default) splits only w
     "split-20,1wave": {"tensor_row_split_warps_per_sm": 20, "tensor_row_split_one_wave": True},
     "split-all": {"tensor_row_split_warps_per_sm": 10**6, "tensor_row_split_one_wave": False},
 }
-#: session 26 (--splitblocks): a 9-17-row split that needs a second wave with the usual
-#: build runs on the kernel built for 8 blocks per SM (Qwen 0.5B's 16-warp q|k|v: two per SM)
-SPLITBLOCKS_CONFIGS = {
-    "usual": {"tensor_row_split_min_blocks": 0},
-    "lean-b8": {"tensor_row_split_min_blocks": 8},
-}
-#: session 26 (--xprefetch): the converted x loaded one unit ahead (heads; with xprep from 9
-#: rows, every 16-row product too); the same bits in every config
-XPREFETCH_CONFIGS = {
-    "off": {"tensor_x_prefetch": False, "tensor_xprep_min_rows": 0},
-    "pf": {"tensor_x_prefetch": True, "tensor_xprep_min_rows": 0},
-    "xprep9+": {"tensor_x_prefetch": False, "tensor_xprep_min_rows": 9},
-    "pf,xprep9+": {"tensor_x_prefetch": True, "tensor_xprep_min_rows": 9},
-}
 #: interleaved policy A/Bs by switch name (``--units`` …): each a dict of configs, run in
 #: this order; with --quick the run ends after them
 POLICY_SWITCHES = {
@@ -435,27 +419,8 @@ POLICY_SWITCHES = {
     "attngroup2": ATTNGROUP2_CONFIGS,
     "pdl": PDL_CONFIGS,
     "wide": WIDE_CONFIGS,
-    "splitblocks": SPLITBLOCKS_CONFIGS,
-    "xprefetch": XPREFETCH_CONFIGS,
 }
 POLICY_AB: set[str] = set()
-
-
-def lean_kernel_report(b, model) -> list[str]:
-    """Registers and spilled bytes of layer 0's one-pass product kernels, the usual build
-    and the one built for 8 blocks per SM (``--splitblocks``): spills would cost the split."""
-    lw = model.layers[0]
-    lines = []
-    for label, w, act in (("q|k|v", lw.wqkv, 0), ("o", lw.wo, 0), ("gate|up", lw.w_gate_up, 1)):
-        mt, kw = b._tensor_shape(w, act)
-        pair = len(w.segments) == 2 and not act
-        parts = []
-        for minb in (None, 8):
-            fn = b._tensor_kernel(w, 1, mt, kw, pair, minb)
-            regs, spill = getattr(fn, "num_regs", "?"), getattr(fn, "local_size_bytes", "?")
-            parts.append(f"{'usual' if minb is None else 'b8'} {regs} regs {spill} B local")
-        lines.append(f"  {label:<8s} KW {kw}: " + ", ".join(parts))
-    return lines
 
 
 def ab_policies(
@@ -774,8 +739,6 @@ def main() -> int:
         "attngroup2": "interleaved A/B: two items per warp, resident blocks and items per block",
         "pdl": "interleaved A/B: programmatic dependent launch of every kernel or not",
         "wide": "interleaved A/B: the head's warps per tile and row groups",
-        "splitblocks": "interleaved A/B: row splits on kernels built for 8 blocks per SM",
-        "xprefetch": "interleaved A/B: converted x loaded one unit ahead (and xprep from 9 rows)",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
