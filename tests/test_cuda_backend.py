@@ -1475,26 +1475,6 @@ def test_xprep_changes_no_bits(xprep_keep, tc_policy, rng, qtype, policy, d):
     assert_setting_keeps_bits(cb, ops, "tensor_xprep_min_rows", 0, 1, rows=(1, 3, 8, 9, 16, 17))
 
 
-@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
-@pytest.mark.parametrize("xprep", [0, 1], ids=lambda x: f"xprep{x}")
-def test_two_tiles_per_warp_by_rows_change_no_bits(tensor_on, tc_policy, rng, qtype, xprep):
-    """Launches of one tile and 4 warps a block taking two tiles a warp from N rows
-    (``tensor_mt2_min_rows``): the same bits for plain, norm, gated, residual and two-type
-    launches at every row count, each row equal to its one-row call."""
-    cb = tensor_on
-    tc_policy("m1w4")
-    keep = cb.tensor_xprep_min_rows
-    cb.tensor_xprep_min_rows = xprep
-    try:
-        ops = _tensor_launch_ops(cb, rng, qtype, 1280)
-        w = cb.prepare_matrix([make_tensor(rng, 144, 1280, qtype)])
-        assert cb._tensor_shape(w, 0) == (1, 4)
-        assert_setting_keeps_bits(cb, ops, "tensor_mt2_min_rows", 0, 2, rows=(1, 2, 8, 9, 16, 17))
-        assert_setting_keeps_bits(cb, ops, "tensor_mt2_min_rows", 0, 9, rows=(8, 9, 16, 17))
-    finally:
-        cb.tensor_xprep_min_rows = keep
-
-
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("variant", ["w4x4", "w2x8", "w4x4u2", "w4x8c"])
 def test_xprep_split_changes_no_bits(split_on, xprep_keep, monkeypatch, rng, qtype, variant):

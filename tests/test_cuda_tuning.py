@@ -56,15 +56,6 @@ def test_wide_warps_and_row_groups_from_env() -> None:
     assert CudaTuning().tensor_wide_warps in (1, 2, 4) and CudaTuning().tensor_wide_row_groups in (1, 2, 4)
 
 
-def test_mt2_min_rows_from_env() -> None:
-    """Two tiles per warp from N rows: a row count up to 4096, 0 for never, nothing else."""
-    key = "ECHOLINE_CUDA_TENSOR_MT2_MIN_ROWS"
-    assert CudaTuning.from_env({key: "9"}).tensor_mt2_min_rows == 9
-    assert CudaTuning.from_env({key: "0"}).tensor_mt2_min_rows == 0
-    for bad in ("-1", "nine", "5000", ""):
-        assert CudaTuning.from_env({key: bad}) == CudaTuning()
-
-
 def test_backend_attributes_read_and_write_the_tuning() -> None:
     @install_tuned_attributes
     class Holder:

@@ -58,13 +58,6 @@ class CudaTuning:
     tensor_units: int = 1
     #: ... two 16-column tiles per warp once a launch has this many blocks per SM
     tensor_wide_min_blocks: int = 4
-    #: ... and two tiles per warp from this many rows (0: never) where the shape gives one tile
-    #: and 4 warps (Qwen 0.5B's gate|up: 608 blocks): each warp converts its x units once for
-    #: both tiles, and x's conversion is what grows most from 1 to 16 rows (session 26, ncu:
-    #: +39 % instructions). MT moves columns between warps and leaves KW, the order of a
-    #: row's sums, alone: the same bits, so it may follow the row count.
-    #: Env ``ECHOLINE_CUDA_TENSOR_MT2_MIN_ROWS=N``
-    tensor_mt2_min_rows: int = 0
     #: ... else more warps per block (K split 8 or 16 ways) until this many warps per SM
     tensor_min_warps_per_sm: int = 8
     #: ... or until a warp would get fewer than this many 64-weight units of a row (KW sets
@@ -279,7 +272,6 @@ class CudaTuning:
             if blocks in tuple("12345678"):
                 setattr(tuning, field, int(blocks))
         for name, field in (
-            ("ECHOLINE_CUDA_TENSOR_MT2_MIN_ROWS", "tensor_mt2_min_rows"),
             ("ECHOLINE_CUDA_XPREP_MIN_ROWS", "tensor_xprep_min_rows"),
             ("ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS", "tensor_xprep_wide_min_rows"),
         ):

@@ -685,12 +685,8 @@ class CupyBackend(Backend):
         norm: Any, eps: float, res: Any, ldr: int, act: int,
     ) -> None:  # fmt: skip
         """mt_body launches: 8-row tiles per pass (NT) follow the row count (values do not
-        depend on it); MT and KW follow the weight (``_tensor_shape``), and MT may follow the
-        row count too (``tensor_mt2_min_rows``): it moves columns between warps, never the
-        order of a row's sums."""
+        depend on it); MT and KW follow the weight (``_tensor_shape``)."""
         mt, kw = self._tensor_shape(w, act)
-        if mt == 1 and kw == 4 and self.tensor_mt2_min_rows and n >= self.tensor_mt2_min_rows:
-            mt = 2
         per_block = mt * (8 if act else 16)
         xblocks = sum(
             ((seg.rows // 2 if act else seg.rows) + per_block - 1) // per_block

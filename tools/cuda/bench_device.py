@@ -407,9 +407,6 @@ ROWSPLIT_CONFIGS = {  # session 22: "split-20,1wave" (the default) splits only w
     "split-20,1wave": {"tensor_row_split_warps_per_sm": 20, "tensor_row_split_one_wave": True},
     "split-all": {"tensor_row_split_warps_per_sm": 10**6, "tensor_row_split_one_wave": False},
 }
-#: session 26 (--mt2rows): two column tiles per warp from N rows where the shape gives one
-#: tile and 4 warps (Qwen 0.5B's gate|up); the same bits in every config
-MT2ROWS_CONFIGS = {f"mt2-{n}+" if n else "off": {"tensor_mt2_min_rows": n} for n in (0, 9, 2)}
 #: interleaved policy A/Bs by switch name (``--units`` …): each a dict of configs, run in
 #: this order; with --quick the run ends after them
 POLICY_SWITCHES = {
@@ -422,7 +419,6 @@ POLICY_SWITCHES = {
     "attngroup2": ATTNGROUP2_CONFIGS,
     "pdl": PDL_CONFIGS,
     "wide": WIDE_CONFIGS,
-    "mt2rows": MT2ROWS_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
@@ -743,7 +739,6 @@ def main() -> int:
         "attngroup2": "interleaved A/B: two items per warp, resident blocks and items per block",
         "pdl": "interleaved A/B: programmatic dependent launch of every kernel or not",
         "wide": "interleaved A/B: the head's warps per tile and row groups",
-        "mt2rows": "interleaved A/B: two column tiles per warp from N rows (gate|up)",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
