@@ -130,18 +130,21 @@ def test_absorbing_tile_plan_changes_no_bit(qtype) -> None:
     r passes of 5 when q >= r). Every n from 1 to 23 gives each row the bits of a one-row
     tile set, and the plan is what codegen says it is."""
     from echoline.kernels.cpu.codegen import KernelSpec, matmul_source
-    from echoline.kernels.cpu.matmul import DEFAULT_TILES
+    from echoline.kernels.cpu.matmul import DEFAULT_TILES, NARROW_TILES
 
-    assert DEFAULT_TILES[0][0] == DEFAULT_TILES[1][0] + 1  # the absorbing form is in use
     t = make_tensor(qtype, 130, 512, 7)
-    pd, p1 = prepare([t], DEFAULT_TILES), prepare([t], ((1, 64),))
+    p1 = prepare([t], ((1, 64),))
     x = (np.random.default_rng(3).standard_normal((23, 512)) * 2).astype(np.float32)
     one = matmul(x, p1)
-    for n in range(1, 24):
-        got = matmul(x[:n], pd, out=np.full((n, pd.padded_out), np.nan, np.float32))
-        assert np.array_equal(got, one[:n]), n
-    spec = KernelSpec(64, 32, 2, True, True, "int8", DEFAULT_TILES)
-    assert "r0 < nabs * U5" in matmul_source(spec)  # the 5-row loop is bounded by the plan
+    # the target's set, and the narrow set (AVX2's) wherever the target's is the wide one
+    for tiles in dict.fromkeys((DEFAULT_TILES, NARROW_TILES)):
+        assert tiles[0][0] == tiles[1][0] + 1  # the absorbing form is in use
+        pd = prepare([t], tiles)
+        for n in range(1, 24):
+            got = matmul(x[:n], pd, out=np.full((n, pd.padded_out), np.nan, np.float32))
+            assert np.array_equal(got, one[:n]), (tiles, n)
+        spec = KernelSpec(64, 32, 2, True, True, "int8", tiles)
+        assert "r0 < nabs * U5" in matmul_source(spec)  # the 5-row loop is bounded by the plan
 
 
 def test_fused_mixed_types_equal_separate() -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from echoline.kernels.cpu import weight_cache
-from echoline.kernels.cpu._env import njit  # sets numba's flags before numba is imported
+from echoline.kernels.cpu._env import njit, target_has  # sets numba flags before numba loads
 from echoline.kernels.cpu.codegen import KernelSpec, load_kernel
 from echoline.kernels.cpu.relayout import KINDS, Kind, unpack
 
@@ -27,7 +27,16 @@ from echoline.kernels.cpu.relayout import KINDS, Kind, unpack
 #: 4 x 4): SmolLM2 at 5 / 9 / 13 rows 7.1 / 9.5 / 11.8 -> 5.7 / 8.8 / 11.3 ms. Same bits (the
 #: tile never changes a row's chain; tested).
 GROUP = 64
-DEFAULT_TILES: tuple[tuple[int, int], ...] = ((5, 64), (4, 64), (3, 64), (2, 64), (1, 64))
+WIDE_TILES: tuple[tuple[int, int], ...] = ((5, 64), (4, 64), (3, 64), (2, 64), (1, 64))
+#: The same plan at half the width, for code without AVX-512. Why: a 5 x 64 tile is 320
+#: float accumulators, 20 AVX-512 registers but 40 of AVX2's 16, and LLVM spent about 8
+#: minutes compiling one such kernel on a 2-core Zen 1 (AVX2, session 26; the test suite
+#: compiles a dozen), against 100 s for 32-wide tiles; the code spills either way less. Which
+#: tile computes a row never changes its bits (``test_matmul_tile_shape_does_not_change_bits``).
+#: AVX2 machines run the int8 path by default (``q8act``, its own tiles), so this set serves
+#: ``--cpu-activations f32`` there.
+NARROW_TILES: tuple[tuple[int, int], ...] = ((5, 32), (4, 32), (3, 32), (2, 32), (1, 32))
+DEFAULT_TILES: tuple[tuple[int, int], ...] = WIDE_TILES if target_has("avx512f") else NARROW_TILES
 #: Rows per kernel call: keeps the slice of x a call reads small and in cache.
 ROW_CHUNK = 64
 #: Row counts (inclusive range) that hand the kernels x transposed rather than as rows.
