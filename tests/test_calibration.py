@@ -21,6 +21,7 @@ def test_outliers_are_clamped_to_k_single_rows_and_monotone():
 
 def test_measured_curve_is_cached_and_plausible(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ECHOLINE_CACHE_DIR", raising=False)  # the caches follow XDG here
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
     _, model = load_model(path, NumpyBackend())
     cost = measure_verify_cost(model, path)
@@ -39,6 +40,7 @@ def test_extrapolated_grid_stays_monotone_in_rows(tmp_path, monkeypatch):
     from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ECHOLINE_CACHE_DIR", raising=False)  # the caches follow XDG here
     path = write_model(tmp_path / "m.gguf", "llama", context=16384)
     _, model = load_model(path, NumpyBackend())
     lo, hi = calibration.CAL_CONTEXTS
@@ -61,6 +63,7 @@ def test_cached_curve_is_keyed_by_the_kernel_sources(tmp_path, monkeypatch):
     from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ECHOLINE_CACHE_DIR", raising=False)  # the caches follow XDG here
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
     before = calibration._cache_file(path, "cpu")
     assert calibration._cache_file(path, "cpu") == before
@@ -75,6 +78,7 @@ def _measured(tmp_path, monkeypatch):
     from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ECHOLINE_CACHE_DIR", raising=False)  # the caches follow XDG here
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
     _, model = load_model(path, NumpyBackend())
     measure_verify_cost(model, path, recheck=False)
@@ -136,6 +140,7 @@ def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_
     from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ECHOLINE_CACHE_DIR", raising=False)  # the caches follow XDG here
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
     _, model = load_model(path, NumpyBackend())
     cache_file = calibration._cache_file(path, model.backend.name)
@@ -192,6 +197,7 @@ def test_an_unwritable_cache_costs_a_measurement_not_the_request(tmp_path, monke
     from echoline.engine import calibration
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ECHOLINE_CACHE_DIR", raising=False)  # the caches follow XDG here
     path = write_model(tmp_path / "m.gguf", "llama", context=1024)
     _, model = load_model(path, NumpyBackend())
 
