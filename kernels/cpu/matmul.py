@@ -31,7 +31,7 @@ WIDE_TILES: tuple[tuple[int, int], ...] = ((5, 64), (4, 64), (3, 64), (2, 64), (
 #: The same plan at half the width, for code without AVX-512. Why: a 5 x 64 tile is 320
 #: float accumulators, 20 AVX-512 registers but 40 of AVX2's 16, and LLVM spent about 8
 #: minutes compiling one such kernel on a 2-core Zen 1 (AVX2, session 26; the test suite
-#: compiles a dozen), against 100 s for 32-wide tiles; the code spills either way less. Which
+#: compiles a dozen), against 100 s for 32-wide tiles, and the narrow code spills less. Which
 #: tile computes a row never changes its bits (``test_matmul_tile_shape_does_not_change_bits``).
 #: AVX2 machines run the int8 path by default (``q8act``, its own tiles), so this set serves
 #: ``--cpu-activations f32`` there.
