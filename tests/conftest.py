@@ -58,3 +58,57 @@ def gemma_path() -> Path:
     from echoline.engine.models_registry import resolve_model
 
     return resolve_model("gemma3-270m")
+
+
+#: Test modules that run a real ``llama-server`` (``tools.llamacpp_peer``).
+_PEER_MODULES = {"test_remote_llamacpp.py", "test_versus_llamacpp.py"}
+_PREBUILD: dict[str, object] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the llama-server build in the background when selected tests need it.
+
+    Why: a cold build takes ~13 minutes on a 2-core machine, and those tests run late in
+    the suite. At the lowest priority (nice 19) the build takes only the CPU time the
+    tests leave idle (most of them compile or run on one core), so it is usually done by
+    the time its tests start; they call ``build()``, which waits on the same lock and
+    finds the stamped binary. A failed background build is not an error here: the tests'
+    own ``build()`` call reruns it and fails with its message."""
+    import shutil
+    import subprocess
+    import sys
+
+    if os.environ.get("ECHOLINE_TEST_NO_PREBUILD") == "1":
+        return
+    if not any(Path(str(item.fspath)).name in _PEER_MODULES for item in session.items):
+        return
+    if shutil.which("cmake") is None or not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        return
+    from tools import llamacpp_peer
+
+    if llamacpp_peer.is_built():
+        return
+    llamacpp_peer.ROOT.mkdir(parents=True, exist_ok=True)
+    log = open(llamacpp_peer.ROOT / "prebuild.log", "w")  # noqa: SIM115 (kept open for the child)
+    _PREBUILD["proc"] = subprocess.Popen(
+        [sys.executable, "-m", "tools.llamacpp_peer", "build"],
+        cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19), start_new_session=True,
+    )
+    _PREBUILD["log"] = log
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop a background build still running (its tests were deselected or never reached)."""
+    import signal
+
+    proc = _PREBUILD.pop("proc", None)
+    if proc is not None and proc.poll() is None:  # type: ignore[attr-defined]
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # type: ignore[attr-defined]
+        except ProcessLookupError:
+            pass
+        proc.wait(30)  # type: ignore[attr-defined]
+    log = _PREBUILD.pop("log", None)
+    if log is not None:
+        log.close()  # type: ignore[attr-defined]

@@ -84,6 +84,11 @@ def test_agreement_with_llamacpp(name, backend):
         pred = np.argmax(logits, axis=-1)[len(case["prompt_ids"]) - 1 : -1]
         agree += int((pred == np.array(case["greedy_ids"])).sum())
         total += len(case["greedy_ids"])
+        if backend == "mlx":
+            # The greedy prefix is a report, not a check; on mlx[cpu] it was 5 of this
+            # test's 7 minutes here. Greedy replies on MLX against llama.cpp's are checked
+            # in tests/test_mlx_backend.py; the teacher-forced rate is checked below.
+            continue
         greedy = eng.generate(case["prompt_ids"], max_tokens=len(case["greedy_ids"]), spec=False)
         same = 0
         for a, b in zip(greedy.token_ids, case["greedy_ids"], strict=False):

@@ -3,8 +3,9 @@
 llama-server is built from the llama.cpp sources vendored in the llama-cpp-python sdist
 (``tools/llamacpp_peer.py``: explicit ISA flags, only the ``llama-server`` target; cached
 under ~/.cache/echoline-peer, keyed by the sdist version and the flags). A cold build takes
-minutes on a 2-core machine (docs/team.md has the figure); a failed build fails these
-tests. They skip only where there is no C++ tool chain at all (no cmake or no compiler).
+about 13 minutes on a 2-core machine, so ``tests/conftest.py`` starts it in the background
+at the lowest priority as soon as these tests are collected; the fixture below waits for it.
+A failed build fails these tests. They skip only where there is no C++ tool chain at all (no cmake or no compiler).
 
 The server runs with ``-t 1 --poll 0``: one thread that sleeps when idle, so it leaves the
 other core to the test and the sidecar.

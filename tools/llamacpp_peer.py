@@ -118,10 +118,38 @@ def _configured_with(build_dir: Path, flags: list[str]) -> bool:
 def build(jobs: int | None = None) -> Path:
     """``llama-server`` built for this CPU, cached under ``ROOT`` and keyed by the sdist
     version and the CMake flags (``build/echoline-build.json``): a cached binary built
-    otherwise is rebuilt (incrementally, in place). A failed step raises."""
-    src = source_dir()
+    otherwise is rebuilt (incrementally, in place). A failed step raises.
+
+    Processes that call this at once take turns (an exclusive lock on ``ROOT/build.lock``):
+    the test suite starts one build in the background (``tests/conftest.py``) and its
+    tests then wait for that build instead of starting a second one in the same folder."""
+    import fcntl
+
+    ROOT.mkdir(parents=True, exist_ok=True)
+    with open(ROOT / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(jobs)
+
+
+def is_built() -> bool:
+    """Whether a cached ``llama-server`` matches this sdist and these flags (no build)."""
+    build_dir = _build_dir()
+    try:
+        stamp = json.loads((build_dir / "echoline-build.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (build_dir / "bin" / "llama-server").is_file() and stamp == _stamp(build_flags())
+
+
+def _build_dir() -> Path:
+    """The build folder: one per ISA cap (``ECHOLINE_PEER_ISA``), so builds never mix."""
     isa = os.environ.get("ECHOLINE_PEER_ISA", "")
-    build_dir = src / (f"build-{isa}" if isa in _ISA_CAP else "build")
+    return ROOT / "llama.cpp" / (f"build-{isa}" if isa in _ISA_CAP else "build")
+
+
+def _build_locked(jobs: int | None) -> Path:
+    src = source_dir()
+    build_dir = _build_dir()
     exe = build_dir / "bin" / "llama-server"
     flags = build_flags()
     stamp = build_dir / "echoline-build.json"

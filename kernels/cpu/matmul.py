@@ -28,14 +28,18 @@ from echoline.kernels.cpu.relayout import KINDS, Kind, unpack
 #: tile never changes a row's chain; tested).
 GROUP = 64
 WIDE_TILES: tuple[tuple[int, int], ...] = ((5, 64), (4, 64), (3, 64), (2, 64), (1, 64))
-#: The same plan at half the width, for code without AVX-512. Why: a 5 x 64 tile is 320
-#: float accumulators, 20 AVX-512 registers but 40 of AVX2's 16, and LLVM spent about 8
-#: minutes compiling one such kernel on a 2-core Zen 1 (AVX2, session 26; the test suite
-#: compiles a dozen), against 100 s for 32-wide tiles, and the narrow code spills less. Which
-#: tile computes a row never changes its bits (``test_matmul_tile_shape_does_not_change_bits``).
-#: AVX2 machines run the int8 path by default (``q8act``, its own tiles), so this set serves
-#: ``--cpu-activations f32`` there.
-NARROW_TILES: tuple[tuple[int, int], ...] = ((5, 32), (4, 32), (3, 32), (2, 32), (1, 32))
+#: The same plan for code without AVX-512: the multi-row tiles 16 wide, the one-row tile 64.
+#: Why: a 5 x 64 tile is 320 float accumulators, 20 AVX-512 registers but 40 of AVX2's 16.
+#: LLVM spent about 8 minutes compiling one such kernel on a 2-core Zen 1 (AVX2, session 26;
+#: the test suite compiles a dozen), 103 s with every tile 32 wide, 58 s with this set
+#: (``/tmp`` cache, one Q4_K kernel). It also runs faster there (session 27, same Zen 1, the
+#: first 4 layers' products and the head of Qwen2.5-Coder-0.5B, interleaved, medians of 9:
+#: ``python -m tools.cpu.bench_tiles MODEL --sets w32,w16,m32,m64``): against all-32 tiles,
+#: 0.94x the time at 1 row, 0.80 / 0.78 / 0.75x at 4 / 8 / 16 rows; all-16 tiles were as fast
+#: from 4 rows but 1.16x at one row. Which tile computes a row never changes its bits
+#: (``test_matmul_tile_shape_does_not_change_bits``). AVX2 machines run the int8 path by
+#: default (``q8act``, its own tiles), so this set serves ``--cpu-activations f32`` there.
+NARROW_TILES: tuple[tuple[int, int], ...] = ((5, 16), (4, 16), (3, 16), (2, 16), (1, 64))
 DEFAULT_TILES: tuple[tuple[int, int], ...] = WIDE_TILES if target_has("avx512f") else NARROW_TILES
 #: Rows per kernel call: keeps the slice of x a call reads small and in cache.
 ROW_CHUNK = 64
