@@ -77,7 +77,12 @@ def test_agreement_with_llamacpp(name, backend):
     ref = greedy_reference(MODELS[name].filename)
     agree = total = 0
     prefixes = {}
-    for key, case in ref.items():
+    cases = list(ref.items())
+    if backend == "mlx":
+        # mlx[cpu] on Linux computes a row at a time at ~0.2 s a row for Gemma 3 (12-22 s a
+        # case here): three cases of code, not all eight. Apple silicon is where MLX runs.
+        cases = cases[:3]
+    for key, case in cases:
         assert eng.tokenizer.encode(case["prompt"]) == case["prompt_ids"], key
         ids = case["prompt_ids"] + case["greedy_ids"]
         logits = eng.backend.to_host(eng.model.forward(ids, eng.model.new_cache(len(ids) + 8)))
@@ -85,9 +90,9 @@ def test_agreement_with_llamacpp(name, backend):
         agree += int((pred == np.array(case["greedy_ids"])).sum())
         total += len(case["greedy_ids"])
         if backend == "mlx":
-            # The greedy prefix is a report, not a check; on mlx[cpu] it was 5 of this
-            # test's 7 minutes here. Greedy replies on MLX against llama.cpp's are checked
-            # in tests/test_mlx_backend.py; the teacher-forced rate is checked below.
+            # The greedy prefix is a report, not a check; on mlx[cpu] it took 5 of this
+            # test's 7 minutes here. MLX's greedy replies are checked against llama.cpp's in
+            # tests/test_mlx_backend.py; the teacher-forced rate is checked below.
             continue
         greedy = eng.generate(case["prompt_ids"], max_tokens=len(case["greedy_ids"]), spec=False)
         same = 0
