@@ -69,7 +69,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the llama-server build in the background when selected tests need it.
 
     Why: a cold build takes ~13 minutes on a 2-core machine, and those tests run late in
-    the suite. At the lowest priority (nice 19) the build takes only the CPU time the
+    the suite. At idle priority (``_idle_priority``) the build takes only the CPU time the
     tests leave idle (most of them compile or run on one core), so it is usually done by
     the time its tests start; they call ``build()``, which waits on the same lock and
     finds the stamped binary. A failed background build is not an error here: the tests'
@@ -93,9 +93,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _PREBUILD["proc"] = subprocess.Popen(
         [sys.executable, "-m", "tools.llamacpp_peer", "build"],
         cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19), start_new_session=True,
+        stdin=subprocess.DEVNULL, preexec_fn=_idle_priority,
     )
     _PREBUILD["log"] = log
+
+
+def _idle_priority() -> None:
+    """In the child before exec: its own process group (so it can be stopped as a whole) in
+    the SAME session, and the idle scheduling class (else nice 19). Why not a new session:
+    with autogrouping (``/proc/sys/kernel/sched_autogroup_enabled``) each session is one
+    scheduling group that gets an equal share of the CPU whatever its nice value, and a
+    build started with ``setsid`` halved the test run's second numba thread."""
+    os.setpgid(0, 0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
