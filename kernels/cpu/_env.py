@@ -3,11 +3,14 @@
 Why: numba ships with SLP vectorization off, and the matmul kernels are written
 as many independent scalar accumulators that only SLP turns into SIMD code.
 The flag is not part of numba's cache key, so generated kernels live in a cache
-directory whose name hashes every setting that changes the machine code.
+directory whose name hashes every setting that changes the machine code. The kernels
+written in this package's own files are cached there too, by content rather than by path
+(``install_source_locator``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -100,3 +103,112 @@ def has_compiled_kernels() -> bool:
     """Whether numba has written compiled kernels (index files) into ``cache_root``: false
     on a machine's first run, when the first forward compiles them (a minute or two)."""
     return any((cache_root() / "__pycache__").glob("*.nbi"))
+
+
+#: This package's folder: the files whose njit(cache=True) functions the locator below serves.
+HERE = Path(__file__).resolve().parent
+
+
+@functools.cache
+def _package_digest() -> str:
+    """sha256 of every ``.py`` file of this package, in name order (the static kernels' key)."""
+    h = hashlib.sha256()
+    for f in sorted(HERE.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def static_folder() -> Path:
+    """Where this package's own kernels are cached: ``cache_root()/static/<package digest>``.
+    Once a process: every njit function asks at import (20 of them), and the functions
+    already located could not follow a later change of the cache root anyway."""
+    return cache_root() / "static" / _package_digest()
+
+
+#: Folders of static kernels kept per cache root: the current code's and the most recently
+#: written others (another install of an older version, a checkout on another branch).
+STATIC_KEEP = 3
+
+
+@functools.cache
+def prune_static(folder: Path, current: str, keep: int = STATIC_KEEP) -> list[str]:
+    """Remove the static-kernel folders of code no longer installed, once a process: all
+    but the current one and the ``keep`` - 1 most recently written. Why: every changed
+    version of the package (an upgrade, a developer's edit) compiles into a folder of its
+    own, about 5 MB, which nothing would ever read again. A process still running an older
+    version whose folder goes recreates it when it next saves a kernel (numba makes the
+    folder before each save). Returns the names removed."""
+    import shutil
+
+    others = [d for d in folder.iterdir() if d.is_dir() and d.name != current]
+    others.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    removed = []
+    for d in others[max(0, keep - 1):]:
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d.name)
+    return removed
+
+
+def install_source_locator() -> bool:
+    """Cache this package's own njit(cache=True) functions under ``cache_root()``, in a folder
+    named by the content of the package's files, instead of beside each file.
+
+    Why: numba's default keys a cache by the source file's path (its ``__pycache__``), so a
+    new install (a fresh venv, ``pipx reinstall``, a wheel of the same code) compiled every
+    static kernel again: 20 functions, about 80 s of a first rewrite on a 2-core AVX2 machine,
+    although the code was the same. Keyed by content, every install of the same kernels
+    shares one compile. The key covers the whole package, not one file, because a kernel
+    inlines functions from its neighbours (``ops`` calls ``attention_tiled``), which numba's
+    own per-file stamp does not see. Returns whether the locator is in place (numba's
+    internals moved: caching then falls back to numba's default, nothing else changes).
+    """
+    try:
+        from numba.core import caching
+
+        base = caching._CacheLocator
+        impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # renamed in numba 0.62
+        classes = impl._locator_classes
+    except (ImportError, AttributeError):
+        return False
+    if not isinstance(classes, list):
+        return False
+    if any(getattr(c, "_echoline_static", False) for c in classes):
+        return True
+
+    class PackageSourceLocator(base):  # type: ignore[misc, valid-type]
+        """Numba cache locator for the functions defined in this package's files."""
+
+        _echoline_static = True
+
+        def __init__(self, py_func, py_file: str) -> None:
+            self._lineno = py_func.__code__.co_firstlineno
+            self._path = static_folder()
+            self._stamp = self._path.name
+
+        def get_cache_path(self) -> str:
+            return str(self._path)
+
+        def get_source_stamp(self) -> str:
+            return self._stamp
+
+        def get_disambiguator(self) -> str:
+            return str(self._lineno)
+
+        @classmethod
+        def from_function(cls, py_func, py_file: str):
+            try:
+                if Path(py_file).resolve().parent != HERE:
+                    return None  # generated kernels (under cache_root) and everyone else's
+                self = cls(py_func, py_file)
+                self.ensure_cache_path()
+                prune_static(self._path.parent, self._stamp)
+            except OSError:  # an unwritable cache: numba's default locators take it
+                return None
+            return self
+
+    classes.insert(0, PackageSourceLocator)
+    return True
+
+
+install_source_locator()
