@@ -344,7 +344,7 @@ def _fill_cache(cb, ref, rng, cap, kvh, hd, length):
     return kc, vc, kr, vr
 
 
-@pytest.fixture(params=["tensor", "tensor-w8", "tensor-w4", "tensor-t4", "cuda-core", "cuda-core-g2", "cuda-core-g4"])
+@pytest.fixture(params=["tensor", "tensor-w8", "tensor-w4", "cuda-core", "cuda-core-g2", "cuda-core-g4"])
 def attn(cb, request):
     """The backend with one attention kernel family: tensor-core (3xTF32 mma tiles; off by
     default) or CUDA-core (a warp per item, the default; "-gN": from 2 rows a warp takes N
@@ -352,25 +352,23 @@ def attn(cb, request):
     kernel against the plain one). "tensor" runs one-tile calls (decode) on 8-warp blocks,
     two-tile calls on 4-warp ones and the rest on blocks of two tiles, so decode == verify
     checks one form against another; "tensor-w8" runs every call on 8 warps a tile,
-    "tensor-w4" on 4 warps and one tile a block, "tensor-t4" the calls of three tiles and
-    more on blocks of four tiles (16 warps). Each must match numpy and be batch-invariant;
+    "tensor-w4" on 4 warps and one tile a block. Each must match numpy and be batch-invariant;
     the two families need not give each other's bits."""
     keep = (
         cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp,
         cb.tensor_attention_w8_max_tiles, cb.tensor_attention_min_group,
-        cb.tensor_attention_pairs_min_tiles, cb.tensor_attention_tiles_per_block,
+        cb.tensor_attention_pairs_min_tiles,
     )  # fmt: skip
     cb.tensor_attention = request.param.startswith("tensor")
     cb.tensor_attention_min_group = 0  # the family asked for, whatever the shape's group
     cb.tensor_attention_w8_max_tiles = {"tensor-w8": 1 << 20, "tensor-w4": 0}.get(request.param, 1)
     cb.tensor_attention_pairs_min_tiles = 0 if request.param == "tensor-w4" else 3
-    cb.tensor_attention_tiles_per_block = 4 if request.param == "tensor-t4" else 2
     cb.attn_items_per_warp = int(request.param[-1]) if "-g" in request.param else 1
     yield cb
     (
         cb.tensor_attention, cb.attn_split, cb.attn_items_per_warp,
         cb.tensor_attention_w8_max_tiles, cb.tensor_attention_min_group,
-        cb.tensor_attention_pairs_min_tiles, cb.tensor_attention_tiles_per_block,
+        cb.tensor_attention_pairs_min_tiles,
     ) = keep  # fmt: skip
 
 

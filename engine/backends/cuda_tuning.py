@@ -210,10 +210,6 @@ class CudaTuning:
     #: ... and blocks of two tiles sharing one staging of the split's K and V from this many
     #: tiles a kv head (0: never). Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_PAIRS_MIN_TILES=0..8``
     tensor_attention_pairs_min_tiles: int = 3
-    #: ... tiles in such a block: 2 (8 warps) or 4 (16 warps; a call's K and V staged half
-    #: as often again, on half as many blocks). The same bits.
-    #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_TILES_PER_BLOCK=2|4``
-    tensor_attention_tiles_per_block: int = 2
     #: launch every kernel with programmatic stream serialization (PDL, sm_90 and later;
     #: kernels/cuda/launch.py): the next kernel is set up while one runs, and its blocks
     #: wait at ``griddepcontrol.wait`` for its results, so the gaps of a chain of ~200
@@ -258,8 +254,6 @@ class CudaTuning:
              tuple(str(i) for i in range(9))),
             ("ECHOLINE_CUDA_TENSOR_ATTENTION_PAIRS_MIN_TILES", "tensor_attention_pairs_min_tiles",
              tuple(str(i) for i in range(9))),
-            ("ECHOLINE_CUDA_TENSOR_ATTENTION_TILES_PER_BLOCK", "tensor_attention_tiles_per_block",
-             ("2", "4")),
             ("ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP", "tensor_attention_min_group",
              tuple(str(i) for i in range(17))),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),

@@ -956,9 +956,8 @@ class CupyBackend(Backend):
         """Pass 1 on the tensor cores (kernels.cu attn_tc_body): blocks of 8 warps on one
         sixteen-item tile while the call has at most ``tensor_attention_w8_max_tiles`` tiles
         a kv head (one-row decode: few blocks, so the shorter path per block); from
-        ``tensor_attention_pairs_min_tiles`` tiles, blocks of two (or
-        ``tensor_attention_tiles_per_block``) tiles that share one staging of the split's K
-        and V; else 4 warps on one tile. The same bits in every
+        ``tensor_attention_pairs_min_tiles`` tiles, blocks of two tiles that share one
+        staging of the split's K and V; else 4 warps on one tile. The same bits in every
         form, so the choice may follow the row count."""
         items = c.n * (c.heads // c.kvh)
         tiles = (items + 15) // 16
@@ -966,8 +965,7 @@ class CupyBackend(Backend):
         if tiles <= self.tensor_attention_w8_max_tiles:
             suffix, warps, per_block = "_w8", 8, 1
         elif pairs:
-            per_block = 4 if self.tensor_attention_tiles_per_block == 4 else 2
-            suffix, warps = f"_t{per_block}", 4 * per_block
+            suffix, warps, per_block = "_t2", 8, 2
         else:
             suffix, warps, per_block = "", 4, 1
         # K and V as f32, the tiles' q vectors as hi/lo planes, two 16 x 32 score planes a tile

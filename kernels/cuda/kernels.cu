@@ -1579,13 +1579,12 @@ __device__ __forceinline__ void attn_tc_pv(const u32 ph[4][4], const u32 pl[4][4
     }
 }
 
-// WPT warps a tile (4 or 8) and TPB tiles a block (1, 2 or 4): the same bits in every form.
+// WPT warps a tile (4 or 8) and TPB tiles a block (1 or 2): the same bits in every form.
 // With 8 warps a tile, warps 4-7 take the second half of every score's dims and of the
 // output tiles; with 4 each warp runs both halves as independent chains. One-row decode
 // has few blocks and wants the shorter path (8 a tile); a many-row launch has blocks
 // enough and wants fewer stagings of the same keys (two tiles share a block's K and V:
-// Qwen 0.5B's 16-row verify otherwise reads each split's K and V from L2 seven times; four
-// tiles a block, 16 warps, read them twice).
+// Qwen 0.5B's 16-row verify otherwise reads each split's K and V from L2 seven times).
 template <int DPL, int WPT, int TPB>
 __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const float* Kc,
                                              const float* Vc, const int* pos, int n, int H,
@@ -1777,9 +1776,7 @@ __device__ __forceinline__ void attn_tc_body(const float* Q, int ldq, const floa
         attn_tc_body<DPL, WPT, TPB>(Q, ldq, Kc, Vc, pos, n, H, KVH, window, scale, nsplit,      \
                                     Opart, Mpart, Lpart);                                        \
     }
-#define ATTN_TC(DPL)                                                                            \
-    ATTN_TC_W(DPL, 4, 1, ) ATTN_TC_W(DPL, 8, 1, _w8) ATTN_TC_W(DPL, 4, 2, _t2)                 \
-    ATTN_TC_W(DPL, 4, 4, _t4)
+#define ATTN_TC(DPL) ATTN_TC_W(DPL, 4, 1, ) ATTN_TC_W(DPL, 8, 1, _w8) ATTN_TC_W(DPL, 4, 2, _t2)
 ATTN_TC(1) ATTN_TC(2) ATTN_TC(3) ATTN_TC(4) ATTN_TC(5) ATTN_TC(6) ATTN_TC(7) ATTN_TC(8)
 
 // Merge one more (max, sum, output) triple into a running one, online-softmax style.

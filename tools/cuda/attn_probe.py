@@ -4,8 +4,8 @@
         [--shapes smollm2,qwen1.5b,qwen0.5b] [--context 2048]
 
 ``--time``: each pass inside CUDA graphs instead (µs a call at 1 / 8 / 16 rows): the whole
-attention, pass 1 alone, the combine alone, the tensor-core pass 1 (as chosen; on 4 warps, on 8,
-two tiles a block, four), the whole attention with the other kernel family than the shape's default, for a cache of ``context + 64`` rows and for one
+attention, pass 1 alone, the combine alone, the tensor-core pass 1 (as chosen; on 4 warps, on 8, two tiles a block), the whole attention with
+the other kernel family than the shape's default, for a cache of ``context + 64`` rows and for one
 of the next power of two (the session store's graph capacities), and items per block.
 """
 
@@ -69,15 +69,11 @@ def time_passes(b: CupyBackend, name: str, ctx: int) -> list[str]:
                 "pass1-tc": lambda call=call: b._attention_tc(call),
             }
             timed = [f"{k} {graph_op_time(b, fn) * 1e6:5.1f}" for k, fn in parts.items()]
-            keep = (b.tensor_attention_w8_max_tiles, b.tensor_attention_pairs_min_tiles,
-                    b.tensor_attention_tiles_per_block)
-            for form, w8, pairs, per in (("w4", 0, 0, 2), ("w8", 1 << 20, 0, 2), ("t2", 0, 1, 2),
-                                         ("t4", 0, 1, 4)):
-                (b.tensor_attention_w8_max_tiles, b.tensor_attention_pairs_min_tiles,
-                 b.tensor_attention_tiles_per_block) = w8, pairs, per
+            keep = b.tensor_attention_w8_max_tiles, b.tensor_attention_pairs_min_tiles
+            for form, w8, pairs in (("w4", 0, 0), ("w8", 1 << 20, 0), ("t2", 0, 1)):
+                b.tensor_attention_w8_max_tiles, b.tensor_attention_pairs_min_tiles = w8, pairs
                 timed.append(f"pass1-tc-{form} {graph_op_time(b, parts['pass1-tc']) * 1e6:5.1f}")
-            (b.tensor_attention_w8_max_tiles, b.tensor_attention_pairs_min_tiles,
-             b.tensor_attention_tiles_per_block) = keep
+            b.tensor_attention_w8_max_tiles, b.tensor_attention_pairs_min_tiles = keep
             keep = b.tensor_attention, b.tensor_attention_min_group
             tc = b._tensor_attention(call)
             b.tensor_attention, b.tensor_attention_min_group = not tc, 0

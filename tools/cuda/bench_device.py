@@ -407,9 +407,6 @@ ROWSPLIT_CONFIGS = {  # session 22: "split-20,1wave" (the default) splits only w
     "split-20,1wave": {"tensor_row_split_warps_per_sm": 20, "tensor_row_split_one_wave": True},
     "split-all": {"tensor_row_split_warps_per_sm": 10**6, "tensor_row_split_one_wave": False},
 }
-#: session 29 (--attntiles): tensor-core attention blocks of two tiles (8 warps) or four (16
-#: warps) from three tiles a kv head; the same bits
-ATTNTILES_CONFIGS = {f"t{n}": {"tensor_attention_tiles_per_block": n} for n in (2, 4)}
 #: interleaved policy A/Bs by switch name (``--units`` …): each a dict of configs, run in
 #: this order; with --quick the run ends after them
 POLICY_SWITCHES = {
@@ -422,7 +419,6 @@ POLICY_SWITCHES = {
     "attngroup2": ATTNGROUP2_CONFIGS,
     "pdl": PDL_CONFIGS,
     "wide": WIDE_CONFIGS,
-    "attntiles": ATTNTILES_CONFIGS,
 }
 POLICY_AB: set[str] = set()
 
@@ -743,7 +739,6 @@ def main() -> int:
         "attngroup2": "interleaved A/B: two items per warp, resident blocks and items per block",
         "pdl": "interleaved A/B: programmatic dependent launch of every kernel or not",
         "wide": "interleaved A/B: the head's warps per tile and row groups",
-        "attntiles": "interleaved A/B: tensor-core attention blocks of two tiles or four",
         "gap": "GPU idle time per decode step (host work)",
         "chain": "interleaved A/B: the plain loop with steps chained on the device or not",
         "quick": "skip the split / columns / split-K sweeps",
