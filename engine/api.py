@@ -36,6 +36,9 @@ HISTORY_CONTEXT = 16  # prompt tokens kept in front of a remembered reply
 # Room a prefill leaves for the request that follows it: a selection, an instruction and a
 # default-length reply (maxTokens 256) fit without growing the cache.
 PREFILL_HEADROOM = 1024
+#: Cached positions at which ``prefill_tokens_per_s`` reads the calibration: an inline
+#: prompt's head (~1,500-2,000 tokens) sits in front of the suffix it prices.
+PREFILL_RATE_CONTEXT = 2048
 
 #: ``progress(phase, done, total)`` while a model is fetched, loaded and warmed up, so that
 #: a first run (a download, a kernel compile, a calibration: minutes in all) is never
@@ -89,6 +92,7 @@ class Engine(PromptEncoding):
         self._history: list[str] = []  # source ids of the kept replies, oldest first
         self._history_count = 0
         self._controller: DraftController | None = None
+        self._prefill_rate: float | None = None
         self.load_s = time.perf_counter() - t0
 
     @property
@@ -100,7 +104,21 @@ class Engine(PromptEncoding):
         if self._controller is None:
             cost = measure_verify_cost(self.model, self.model_path, on_measure=on_measure)
             self._controller = DraftController(cost, max_draft=self.max_draft)
+            rows = max(cost.rows)
+            self._prefill_rate = rows / max(cost.time(rows, PREFILL_RATE_CONTEXT), 1e-9)
         return self._controller
+
+    def prefill_tokens_per_s(self) -> float:
+        """Tokens a second of a short prefill (the calibration's widest forward, 17 rows,
+        after 2,048 cached positions): what a caller that must choose how much prompt to
+        run again per request (the sidecar's inline suffix) budgets with.
+
+        Taken once per engine from the start-up measurement, not from the online timings:
+        a budget that moved between requests would change the prompts, and with them the
+        cached prefixes."""
+        self._calibrated()
+        assert self._prefill_rate is not None
+        return self._prefill_rate
 
     def warm_up(self, progress: LoadProgress | None = None) -> None:
         """Pay the one-off costs now rather than on the first request: the first forward

@@ -38,7 +38,7 @@ def parse_hostport(spec: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-BENCH_KINDS = ("decode", "spec", "cache", "lsp", "edits")
+BENCH_KINDS = ("decode", "spec", "cache", "lsp", "edits", "inline")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--traffic", choices=("copy", "edit", "chat", "followup", "rewrite"), default="copy",
                    help="bench spec only (rewrite: the editor's rewrite command, through the sidecar's prompt)")
     b.add_argument("--source", action="append", default=[],
-                   help="bench spec: source file(s) to copy/edit; bench lsp: the file to rewrite (the first)")
+                   help="bench spec, inline: source file(s) to copy/edit or type in; bench lsp: the file to "
+                        "rewrite (the first)")
     b.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     b.add_argument("--max-tokens", type=int, default=256)
     b.add_argument("--verify-reps", type=int, default=None, metavar="N",
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench edits: which part of the edit set")
     b.add_argument("--case", action="append", default=[], metavar="ID",
                    help="bench edits: run only these case ids (repeatable)")
+    b.add_argument("--step", type=int, default=4, metavar="N",
+                   help="bench inline: characters typed between two inline requests (default 4)")
+    b.add_argument("--positions", type=int, default=5, metavar="N",
+                   help="bench inline: single-line infilling positions per source (default 5)")
+    b.add_argument("--suffix-tokens", type=int, default=None, metavar="N",
+                   help="bench inline: the new layout's suffix budget (default: the server's auto)")
+    b.add_argument("--no-spec", action="store_true", help="bench inline: plain decoding (no speculation)")
     b.add_argument("--reply-history", type=int, default=None, metavar="N",
                    help="bench spec: earlier replies the engine keeps as draft sources (default 4; "
                         "0 = none, to measure followup traffic without them)")
@@ -272,6 +280,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from echoline.sidecar.bench_lsp import run
     elif args.kind == "edits":
         from echoline.sidecar.bench_edits import run
+    elif args.kind == "inline":
+        from echoline.sidecar.bench_inline import run
     else:
         from echoline.engine.bench.cache import run
     result = run(args)

@@ -36,6 +36,9 @@ class Settings:
     max_file_bytes: int = 512 * 1024
     max_index_mb: float = 64.0
     inline_max_tokens: int = 64
+    # Tokens after the cursor an inline prompt carries (whole lines); None: "auto", what the
+    # engine prefills in about 0.4 s (sidecar/prompts.py auto_suffix_tokens); 0: none.
+    inline_suffix_tokens: int | None = None
     ready_timeout_s: float = 60.0
     prefill_on_idle: bool = True
     prefill_idle_ms: int = 400
@@ -153,6 +156,20 @@ def _opt_int_range(lo: int, hi: int):
     return check
 
 
+def _auto_or_int_range(lo: int, hi: int):
+    inner = _int_range(lo, hi)
+
+    def check(v: Any) -> int | None:
+        if v is None or v == "auto":
+            return None
+        try:
+            return inner(v)
+        except ValueError as e:
+            raise ValueError(f'{e}, or "auto"') from None
+
+    return check
+
+
 def _pos_number(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
         raise ValueError("must be a positive number")
@@ -169,6 +186,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "maxFileBytes": ("max_file_bytes", _int_range(1, 1 << 31)),
     "maxIndexMB": ("max_index_mb", _pos_number),
     "inlineMaxTokens": ("inline_max_tokens", _int_range(1, 1024)),
+    "inlineSuffixTokens": ("inline_suffix_tokens", _auto_or_int_range(0, 4096)),
     "readyTimeoutS": ("ready_timeout_s", _pos_number),
     "prefillOnIdle": ("prefill_on_idle", _bool),
     "prefillIdleMs": ("prefill_idle_ms", _int_range(0, 60_000)),
@@ -190,6 +208,7 @@ NESTED: dict[tuple[str, str], str] = {
     ("index", "maxFileBytes"): "maxFileBytes",
     ("index", "maxIndexMB"): "maxIndexMB",
     ("inlineCompletion", "maxTokens"): "inlineMaxTokens",
+    ("inlineCompletion", "suffixTokens"): "inlineSuffixTokens",
 }
 
 

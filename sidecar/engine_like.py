@@ -65,6 +65,9 @@ class EngineLike(Protocol):
                 chunk: int | None = ...) -> int: ...
 
     def warm_up(self, progress: LoadProgress | None = None) -> None: ...
+    # Tokens a second of a short prefill, fixed per loaded engine (None: not measured, e.g. a
+    # server's): the inline prompt's suffix budget (sidecar/prompts.py auto_suffix_tokens).
+    def prefill_tokens_per_s(self) -> float | None: ...
 
     # Draft sources: workspace files and open buffers, by id. ``takes_source_ids``: whether
     # ``set_source_ids`` is how the engine wants them (the worker then tokenizes each file

@@ -15,6 +15,8 @@ from typing import Any
 
 from echoline.sidecar.lsp_utils import UTF16, unit_len
 from echoline.sidecar.prompts import (
+    INLINE_ANCHOR_CHARS,
+    auto_suffix_tokens,
     block_end,
     finish_completion,
     heal_prefix,
@@ -49,10 +51,17 @@ def completion_end(
 
 
 def inline_job(
-    prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool
-) -> Callable[[Any, threading.Event], InlineOutcome]:
+    prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool,
+    suffix_tokens: int | None = None, *, auto_suffix: bool = True,
+    anchor: int = INLINE_ANCHOR_CHARS,
+) -> Callable[[Any, threading.Event], InlineOutcome]:  # fmt: skip
     """The worker job completing at the cursor: text before it (``prefix``), after it
-    (``suffix``), the cursor line up to the cursor, the buffer's session name part."""
+    (``suffix``), the cursor line up to the cursor, the buffer's session name part.
+
+    ``suffix_tokens``: the most tokens after the cursor the prompt carries (the
+    ``inlineSuffixTokens`` setting); None with ``auto_suffix``: the engine's budget
+    (``auto_suffix_tokens``), without: characters only. ``anchor``: the head window's
+    grid (0: the sliding window; ``bench inline`` compares the two layouts)."""
     healed, removed = heal_prefix(prefix)
     indent = indentation(cursor_line)
 
@@ -60,7 +69,8 @@ def inline_job(
         return unheal(generated, removed)
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
-        prompt = inline_prompt(engine, healed, suffix)
+        budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
+        prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
             return InlineOutcome(None, {}, prompt.mode)
         ended = threading.Event()

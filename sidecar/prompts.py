@@ -34,6 +34,13 @@ def fence_for(file_text: str) -> str:
 MAX_FILE_CHARS = 16000  # about 4-5k tokens: keeps room in a small model's context
 INLINE_PREFIX_CHARS = 6000
 INLINE_SUFFIX_CHARS = 2000
+#: The inline prompt's head starts at a line found from a grid of this many characters, so
+#: its start holds while the user types (see ``inline_head``).
+INLINE_ANCHOR_CHARS = 2048
+#: Inline suffix budget ("auto"): the tail a request prefills again should take about this
+#: long at the engine's prefill speed (see ``auto_suffix_tokens``).
+INLINE_SUFFIX_BUDGET_S = 0.4
+INLINE_SUFFIX_TOKENS_MIN, INLINE_SUFFIX_TOKENS_MAX = 32, 1024
 
 _LANGS = {
     ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript",
@@ -101,7 +108,7 @@ def rewrite_prompt(
     context = file_window(file_text, start, end, window)
     fence = fence_for(file_text)
     stable = _stable_part(context, name, fence)
-    # Measured on SmolLM2-135M (the default), with the answer primed by an opening fence:
+    # Measured on SmolLM2-135M (the default when this was written), with the answer primed by an opening fence:
     # - reproducing: the instruction BEFORE the fenced selection copied it exactly in 3 of
     #   5 files tried (other layouts tried: 3/5 on the other files, or 0-1/5); the misses
     #   drop a docstring or respell a word — a limit of a 135M model;
@@ -218,21 +225,92 @@ class InlinePrompt:
     mode: str  # "fim" or "prefix"
 
 
-def inline_prompt(engine: Any, prefix: str, suffix: str) -> InlinePrompt:
-    """FIM (prefix-suffix-middle) when the model has FIM tokens, else a raw continuation."""
-    tok = engine.tokenizer
-    head = prefix[-INLINE_PREFIX_CHARS:]
-    if len(prefix) > INLINE_PREFIX_CHARS:  # start at a line boundary
+def inline_head(prefix: str, limit: int = INLINE_PREFIX_CHARS, step: int = INLINE_ANCHOR_CHARS) -> str:
+    """The last ``limit`` to ``limit + step`` characters of ``prefix``, from a line start.
+
+    Why a grid: a keystroke grows the prefix by a character. Had the window's start been
+    ``len(prefix) - limit``, it would slide with every keystroke and, each time it passed
+    a line break, change the prompt's first tokens, so the buffer's cached prompt would be
+    worth nothing and the whole window (~2,000 tokens) would run again. Snapped down to a
+    multiple of ``step``, the start moves once per ``step`` characters typed. ``step`` 0:
+    the sliding window (its first, partial line dropped), as before the grid.
+    """
+    if len(prefix) <= limit:
+        return prefix
+    cut = len(prefix) - limit
+    if step <= 0:
+        head = prefix[cut:]
         nl = head.find("\n")
-        head = head[nl + 1 :] if nl >= 0 else head
+        return head[nl + 1 :] if nl >= 0 else head
+    cut = cut // step * step
+    if cut == 0 or prefix[cut - 1] == "\n":
+        return prefix[cut:]
+    nl = prefix.find("\n", cut)
+    return prefix[nl + 1 :] if nl >= 0 else prefix[cut:]
+
+
+def inline_tail_ids(tok: Any, suffix: str, chars: int = INLINE_SUFFIX_CHARS, tokens: int | None = None) -> list[int]:
+    """Token ids of the text after the cursor that the prompt carries: at most ``chars``
+    characters and, with ``tokens``, the most whole lines that fit in ``tokens`` ids.
+
+    Why a token budget: in prefix-suffix-middle order every token after the cursor comes
+    after the text being typed, so each keystroke's request runs all of them again (the
+    cache holds the prompt only up to the cursor). On a laptop CPU 2,000 characters are
+    ~550 tokens, about 3 s a keystroke on two cores. Whole lines keep the cut where the
+    model expects text to end. If the cursor's own line alone is too long, its first
+    ``tokens`` ids.
+    """
+    tail = suffix[:chars]
+    ids = list(tok.encode(tail, add_bos=False, parse_special=False))
+    if tokens is None or len(ids) <= tokens:
+        return ids
+    ends = [i + 1 for i, c in enumerate(tail) if c == "\n"]
+
+    def fit(k: int) -> list[int] | None:  # the first k whole lines, if they fit
+        got = list(tok.encode(tail[: ends[k - 1]], add_bos=False, parse_special=False))
+        return got if len(got) <= tokens else None
+
+    lo, hi, best = 1, len(ends), None  # the most lines that fit: ids grow with the lines
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = fit(mid)
+        if got is None:
+            hi = mid - 1
+        else:
+            best, lo = got, mid + 1
+    return best if best is not None else ids[: max(0, tokens)]
+
+
+def auto_suffix_tokens(engine: Any, budget_s: float = INLINE_SUFFIX_BUDGET_S) -> int | None:
+    """The inline suffix's token budget for ``engine``: the tokens its prefill runs in
+    ``budget_s``, rounded down to a power of two within [32, 1024] so that small changes
+    of the measured speed do not change the prompt; None (characters only) for an engine
+    that does not report a prefill speed."""
+    rate_of = getattr(engine, "prefill_tokens_per_s", None)
+    rate = rate_of() if callable(rate_of) else None
+    if not rate or rate <= 0:
+        return None
+    want = max(INLINE_SUFFIX_TOKENS_MIN, min(INLINE_SUFFIX_TOKENS_MAX, int(rate * budget_s)))
+    return 1 << (want.bit_length() - 1)
+
+
+def inline_prompt(
+    engine: Any, prefix: str, suffix: str, *, suffix_tokens: int | None = None,
+    anchor: int = INLINE_ANCHOR_CHARS,
+) -> InlinePrompt:  # fmt: skip
+    """FIM (prefix-suffix-middle) when the model has FIM tokens, else a raw continuation.
+
+    ``suffix_tokens``: the most tokens after the cursor (whole lines; None: characters
+    only); ``anchor``: the head window's grid (``inline_head``)."""
+    tok = engine.tokenizer
+    head = inline_head(prefix, INLINE_PREFIX_CHARS, anchor)
     # Characters bound the work; tokens bound the context (dense text is ~1 token a char).
     limit = _context_tokens(engine)
     room = None if limit is None else max(64, limit // 2)  # the rest: reply and drafts
     fim = getattr(tok, "fim", None)
     if fim is not None:
-        tail = suffix[:INLINE_SUFFIX_CHARS]
         head_ids = list(tok.encode(head, add_bos=False, parse_special=False))
-        tail_ids = list(tok.encode(tail, add_bos=False, parse_special=False))
+        tail_ids = inline_tail_ids(tok, suffix, INLINE_SUFFIX_CHARS, suffix_tokens)
         if room is not None and len(head_ids) + len(tail_ids) + 3 > room:
             keep_tail = min(len(tail_ids), room // 4)
             tail_ids = tail_ids[:keep_tail]

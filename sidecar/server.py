@@ -1096,7 +1096,8 @@ async def on_inline_completion(
     prefix, suffix = text[:offset], text[offset:]
     cursor_line = text[line_start(text, offset) : offset]
     rest = rest_of_line(text, offset)
-    job = inline_job(prefix, suffix, cursor_line, uri, ls.settings.inline_max_tokens, ls.settings.speculation)
+    job = inline_job(prefix, suffix, cursor_line, uri, ls.settings.inline_max_tokens, ls.settings.speculation,
+                     ls.settings.inline_suffix_tokens)
     try:
         out = await ls.run_job(job, kind="inline", key=("inline", uri))
     except JobCancelled:

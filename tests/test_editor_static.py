@@ -214,3 +214,28 @@ def test_docs_name_every_vscode_command_and_keybinding() -> None:
 def test_server_settings_dataclass_is_covered() -> None:
     # Every Settings field has an LSP key (so the defaults above cover them all).
     assert {name for name, _ in KEYS.values()} == {f.name for f in fields(Settings)}
+
+
+def test_docs_sidecar_settings_table() -> None:
+    """docs/sidecar.md's settings table names every server key once, with the server's
+    default wherever the cell is a literal (it had said "smollm2" long after the default
+    became the 0.5B)."""
+    text = (REPO / "docs" / "sidecar.md").read_text()
+    text = text[text.index("## Settings") :]
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            key = re.match(r"`([^`]+)`", cells[0])
+            assert key, line
+            rows[key.group(1)] = cells[2]
+        elif rows and not line.startswith("|"):
+            break
+    assert set(rows) == set(KEYS), set(rows) ^ set(KEYS)
+    for key, cell in rows.items():
+        literal = re.fullmatch(r'`("[^"]*"|true|false|-?\d+(\.\d+)?)`|(-?\d+(\.\d+)?)', cell)
+        if literal:  # others say "null (engine default)" and the like
+            value = json.loads(literal.group(1) or literal.group(3))
+            assert _same(value, SERVER_DEFAULTS[key]), (key, cell, SERVER_DEFAULTS[key])
+        else:
+            assert SERVER_DEFAULTS[key] is None or key in ("engine", "serverKind"), (key, cell)

@@ -33,6 +33,7 @@ if __name__ == "__main__":  # the probe server: python tests/test_fim_inline.py 
                 "token_ids": [int(t) for t in result.token_ids],
                 "text": result.text,
                 "finish": result.finish_reason,
+                "prefilled": int(result.stats.prefilled_tokens),
             }
             with open(log_path, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
@@ -235,3 +236,61 @@ async def test_fim_prompt_mid_line(fim_lsp: LanguageClient, workspace: Path, ref
     [run] = generations(fim_lsp, "inline:" + uri)
     check_fim_prompt(run["prompt"], MID_PREFIX, MID_SUFFIX)
     check_reply(fim_lsp, reference_engine, uri, pos, res, MID_PREFIX, "")
+
+
+async def test_typing_reuses_the_cached_prompt_and_budgets_the_suffix(
+    fim_lsp: LanguageClient, workspace: Path, reference_engine: Any
+) -> None:
+    """Keystrokes at the cursor: each request carries the tail in whole lines within
+    ``inlineSuffixTokens`` and prefills only the typed text and that tail again (the
+    buffer's session keeps the prompt up to the cursor), and every reply is still the
+    model's greedy one on its prompt."""
+    budget = 24
+    fim_lsp.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"echoline": {"inlineSuffixTokens": budget}})
+    )
+    head = "def mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    "
+    tail = "".join(f"\ndef f{i}(a, b):\n    return a * {i} + b\n" for i in range(12))
+    try:
+        uri, pos, _ = await complete(fim_lsp, workspace, "typing.py", head, tail)
+        typed = "return total / len(xs)"
+        version = 1
+        for n in range(1, len(typed) + 1, 5):
+            version += 1
+            text = head + typed[:n] + tail
+            fim_lsp.text_document_did_change(
+                types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                    content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)],
+                )
+            )
+            cursor = types.Position(line=pos.line, character=pos.character + n)
+            await fim_lsp.text_document_inline_completion_async(
+                types.InlineCompletionParams(
+                    text_document=types.TextDocumentIdentifier(uri=uri),
+                    position=cursor,
+                    context=types.InlineCompletionContext(
+                        trigger_kind=types.InlineCompletionTriggerKind.Automatic
+                    ),
+                )
+            )
+        runs = generations(fim_lsp, "inline:" + uri)
+        assert len(runs) == 1 + len(range(1, len(typed) + 1, 5))
+        suf, mid = ID["<|fim_suffix|>"], ID["<|fim_middle|>"]
+        for k, run in enumerate(runs):
+            prompt = run["prompt"]
+            carried = prompt[prompt.index(suf) + 1 : -1]
+            assert prompt[-1] == mid and 0 < len(carried) <= budget
+            tail_text = decode_plain(carried)
+            assert tail.startswith(tail_text) and tail_text.endswith("\n"), "whole lines of the tail"
+            nxt = tail.index("\n", len(tail_text)) + 1
+            assert len(reference_engine.tokenizer.encode(tail[:nxt], add_bos=False, parse_special=False)) > budget
+            if k:  # the session kept the prompt up to the cursor: typed text and tail run again
+                typed_ids = prompt.index(suf) - runs[k - 1]["prompt"].index(suf) + 2
+                assert run["prefilled"] <= typed_ids + len(carried) + 2, (run["prefilled"], typed_ids)
+            plain = reference_engine.generate(prompt, max_tokens=INLINE_MAX, spec=False)
+            assert plain.token_ids[: len(run["token_ids"])] == run["token_ids"]
+    finally:
+        fim_lsp.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"echoline": {"inlineSuffixTokens": "auto"}})
+        )

@@ -283,9 +283,71 @@ def test_inline_prompt_fim_and_prefix() -> None:
 
     fim = inline_prompt(SimpleNamespace(tokenizer=CharTokenizer(True)), "ab", "cd")
     assert fim.mode == "fim" and fim.ids == [1, ord("a"), ord("b"), 2, ord("c"), ord("d"), 3]
-    plain = inline_prompt(SimpleNamespace(tokenizer=CharTokenizer(False)), "x" * 7000 + "\nab", "cd")
+    long = "x" * 9000 + "\nab"
+    plain = inline_prompt(SimpleNamespace(tokenizer=CharTokenizer(False)), long, "cd")
     assert plain.mode == "prefix" and plain.ids[0] == 0 and plain.ids[-2:] == [ord("a"), ord("b")]
-    assert len(plain.ids) < 6100  # trimmed to the budget
+    assert len(plain.ids) == 1 + 2  # the window starts at the next line start: "ab"
+    sliding = inline_prompt(SimpleNamespace(tokenizer=CharTokenizer(False)), "x" * 7000 + "\nab", "cd", anchor=0)
+    assert len(sliding.ids) < 6100  # trimmed to the budget
+
+
+def test_inline_head_start_holds_while_typing() -> None:
+    """Typing at the cursor must not move the head window's start (the cached prompt
+    would be lost each time it passed a line break), except once per grid step."""
+    from echoline.sidecar.prompts import INLINE_ANCHOR_CHARS, INLINE_PREFIX_CHARS, inline_head
+
+    body = "".join(f"line {i:05d} = {i * 7}\n" for i in range(1200))  # ~25k chars
+    typed = "total = sum(values) + 1\n    " * 60  # ~1,800 chars typed at the end
+    starts = []
+    for n in range(0, len(typed), 7):
+        prefix = body + typed[:n]
+        head = inline_head(prefix)
+        start = len(prefix) - len(head)
+        assert start == 0 or prefix[start - 1] == "\n", "the head starts at a line start"
+        assert INLINE_PREFIX_CHARS - 40 <= len(head) <= INLINE_PREFIX_CHARS + INLINE_ANCHOR_CHARS  # 40: a line
+        starts.append(start)
+    moves = sum(1 for a, b in zip(starts, starts[1:], strict=False) if a != b)
+    assert moves <= len(typed) // INLINE_ANCHOR_CHARS + 1, moves
+    # the sliding window (anchor 0) moves at nearly every line break typed
+    slid = [len(body + typed[:n]) - len(inline_head(body + typed[:n], step=0)) for n in range(0, len(typed), 7)]
+    assert sum(1 for a, b in zip(slid, slid[1:], strict=False) if a != b) > 20
+    assert inline_head("short\ntext") == "short\ntext"
+
+
+def test_inline_tail_keeps_whole_lines_within_the_token_budget() -> None:
+    from echoline.sidecar.prompts import inline_tail_ids
+
+    tok = CharTokenizer(True)
+    suffix = ")\n    return s\n\ndef g():\n    pass\n" + "x = 1\n" * 400
+    assert inline_tail_ids(tok, suffix) == [ord(c) for c in suffix[:2000]]  # no budget: characters
+    for budget in (1, 5, 14, 16, 30, 100):
+        ids = inline_tail_ids(tok, suffix, tokens=budget)
+        text = "".join(chr(i) for i in ids)
+        assert len(ids) <= budget
+        assert suffix.startswith(text)
+        if len(ids) > 2:
+            assert text.endswith("\n"), "whole lines"
+            nxt = suffix.find("\n", len(text)) + 1
+            assert nxt - 0 > budget, "the next whole line would not have fitted"
+    assert inline_tail_ids(tok, suffix, tokens=1) == [ord(")")]  # the cursor line alone is too long: cut
+    assert inline_tail_ids(tok, suffix, tokens=0) == []
+    assert inline_tail_ids(tok, "abc", tokens=8) == [ord(c) for c in "abc"]
+
+
+def test_auto_suffix_budget_follows_the_prefill_speed() -> None:
+    from types import SimpleNamespace
+
+    from echoline.sidecar.prompts import auto_suffix_tokens
+
+    def eng(rate):
+        return SimpleNamespace(prefill_tokens_per_s=lambda: rate)
+
+    assert auto_suffix_tokens(eng(180.0)) == 64  # 72 tokens in 0.4 s, rounded down to 2^k
+    assert auto_suffix_tokens(eng(470.0)) == 128
+    assert auto_suffix_tokens(eng(10.0)) == 32  # never below the floor
+    assert auto_suffix_tokens(eng(1e6)) == 1024  # a GPU: capped (the 2,000 characters bind first)
+    assert auto_suffix_tokens(eng(None)) is None  # a server's engine: characters only
+    assert auto_suffix_tokens(SimpleNamespace()) is None  # a stand-in without the call
 
 
 def test_completion_range_end() -> None:

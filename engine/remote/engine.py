@@ -160,6 +160,11 @@ class RemoteEngine(PromptEncoding):
         already ran requests through it."""
         return None
 
+    def prefill_tokens_per_s(self) -> float | None:
+        """Not measured: a server's prefill is its own and, on its GPU, far from the budgets
+        a local CPU needs (so the sidecar's inline prompt keeps its whole suffix)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What the status command shows about the server."""
         # Ids rebuilt from text since the probe (a text-only chunk, an ambiguous gap) void its verdict.

@@ -15,6 +15,7 @@ export const SERVER_KEYS = [
   'speculation',
   'maxTokens',
   'inlineMaxTokens',
+  'inlineSuffixTokens',
   'kvBudgetMB',
   'readyTimeoutS',
   'prefillOnIdle',
@@ -36,6 +37,7 @@ export interface ServerSettings {
   speculation: boolean;
   maxTokens: number;
   inlineMaxTokens: number;
+  inlineSuffixTokens: number | null; // null: sized by the server to its prefill speed
   kvBudgetMB: number | null; // null: the server's choice; sent so a reset reaches it
   readyTimeoutS: number;
   prefillOnIdle: boolean;
@@ -58,6 +60,7 @@ export function section(): vscode.WorkspaceConfiguration {
 export function serverSettings(): ServerSettings {
   const cfg = section();
   const budget = cfg.get<number | null>('kvBudgetMB', null);
+  const suffix = cfg.get<number | null>('inlineSuffixTokens', null);
   return {
     model: cfg.get<string>('model', 'qwen2.5-coder-0.5b'),
     backend: cfg.get<string>('backend', 'auto'),
@@ -65,6 +68,7 @@ export function serverSettings(): ServerSettings {
     speculation: cfg.get<boolean>('speculation', true),
     maxTokens: cfg.get<number>('maxTokens', 512),
     inlineMaxTokens: cfg.get<number>('inlineMaxTokens', 64),
+    inlineSuffixTokens: typeof suffix === 'number' ? suffix : null,
     kvBudgetMB: typeof budget === 'number' ? budget : null,
     readyTimeoutS: cfg.get<number>('readyTimeoutS', 60),
     prefillOnIdle: cfg.get<boolean>('prefillOnIdle', true),

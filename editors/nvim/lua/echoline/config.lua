@@ -22,6 +22,9 @@ M.defaults = {
   speculation = true,
   max_tokens = 512, -- longest rewrite (the server's default)
   inline_max_tokens = 64, -- longest inline completion (the server's default)
+  -- Tokens after the cursor an inline prompt carries; nil: the server sizes them to its
+  -- prefill speed (each keystroke's request runs them again); 0: none.
+  inline_suffix_tokens = nil,
   -- Seconds a request waits for a model that is still loading (nil: the server's, 60).
   ready_timeout_s = nil,
   kv_budget_mb = nil,
@@ -78,6 +81,7 @@ function M.server_settings(o)
     speculation = o.speculation,
     maxTokens = o.max_tokens,
     inlineMaxTokens = o.inline_max_tokens,
+    inlineSuffixTokens = o.inline_suffix_tokens,
     kvBudgetMB = o.kv_budget_mb,
     prefillOnIdle = o.prefill_on_idle,
     prefillIdleMs = o.prefill_idle_ms,
