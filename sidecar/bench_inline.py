@@ -12,25 +12,27 @@ layout on a session of its own:
 * ``before``: the head window sliding with the cursor, the suffix cut at 2,000 characters
   (the layout until 2026-12-05);
 * ``now``: the head's start on a 2,048-character grid, the suffix in whole lines within
-  ``--suffix-tokens`` (default: the server's "auto", what the engine prefills in ~0.4 s).
+  ``--suffix-tokens`` (default: the server's "auto", what the engine prefills within 1.25 s).
 
 Typing: in each source a line near three quarters of the way down is removed and typed
 back from its first non-blank character, ``--step`` characters per request (the first
 request on a cold session is left out of the timing: both layouts pay the whole prompt).
 Quality: single-line infilling at ``--positions`` lines per source (the cursor after the
 line's indentation, the line's content removed, the suffix from its end): a hit when the
-completion's first line is the removed content. Sources default to ``bench spec``'s six
+completion's first line is the removed content, and the mean similarity of the two
+(``difflib`` ratio, 0-1: a near miss counts for something). Sources default to ``bench spec``'s six
 modules, whole files.
 
 A table on stderr; with ``--json`` one object on stdout's last line: ``{"model", "backend",
 "suffix_tokens", "sources", "layouts": {"before"|"now": {"typing": {"requests",
 "median_s", "p90_s", "median_prefilled", "mean_prefilled"}, "quality": {"positions",
-"exact", "rate"}}}, "speedup"}``, ``speedup`` being before's median time over now's.
+"exact", "rate", "similarity"}}}, "speedup"}``, ``speedup`` being before's median time over now's.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import statistics
 import sys
 import threading
@@ -67,6 +69,11 @@ def spread(items: list[Any], n: int, lo: float = 0.3, hi: float = 0.95) -> list[
     return [pool[int(i * len(pool) / n)] for i in range(n)]
 
 
+def first_line(completion: str | None) -> str:
+    """The completion's first line, stripped: what a single-line infill is judged on."""
+    return (completion or "").split("\n", 1)[0].strip()
+
+
 def _complete(engine: Any, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
               spec: bool) -> tuple[InlineOutcome, float]:
     anchor, use_budget = LAYOUTS[layout]
@@ -90,6 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     times: dict[str, list[float]] = {k: [] for k in LAYOUTS}
     prefilled: dict[str, list[int]] = {k: [] for k in LAYOUTS}
     hits: dict[str, int] = dict.fromkeys(LAYOUTS, 0)
+    similar: dict[str, list[float]] = {k: [] for k in LAYOUTS}
     positions = 0
     order = list(LAYOUTS)
     for path in paths:
@@ -99,8 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         _, c0, end = spread(lines, 1, 0.75, 0.76)[0]
         before, content, after = text[:c0], text[c0:end], text[end:]
-        step = max(1, args.step)
-        for k, n in enumerate(range(0, len(content) + 1, step)):
+        for k, n in enumerate(range(0, len(content) + 1, args.step) if args.step > 0 else ()):
             order.reverse()  # who goes first alternates: earlier replies are draft sources
             for layout in order:
                 out, dt = _complete(engine, layout, path.name, before + content[:n], after, budget, spec)
@@ -112,8 +119,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             order.reverse()
             for layout in order:
                 out, _ = _complete(engine, layout, path.name, text[:c0], text[end:], budget, spec)
-                first = (out.text or "").split("\n", 1)[0].strip()
-                hits[layout] += int(first == text[c0:end].strip())
+                got, want = first_line(out.text), text[c0:end].strip()
+                hits[layout] += int(got == want)
+                similar[layout].append(difflib.SequenceMatcher(None, got, want).ratio())
         print(f"  {path.name}: typed {len(content)} characters, {positions} positions so far",
               file=sys.stderr, flush=True)
     result: dict[str, Any] = {
@@ -131,7 +139,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "mean_prefilled": round(statistics.fmean(ps), 1) if ps else None,
             },
             "quality": {"positions": positions, "exact": hits[layout],
-                        "rate": round(hits[layout] / positions, 3) if positions else None},
+                        "rate": round(hits[layout] / positions, 3) if positions else None,
+                        "similarity": round(statistics.fmean(similar[layout]), 3) if positions else None},
         }
     med = {k: result["layouts"][k]["typing"]["median_s"] for k in LAYOUTS}
     result["speedup"] = round(med["before"] / med["now"], 2) if med["before"] and med["now"] else None
@@ -142,11 +151,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _table(r: dict[str, Any]) -> None:
     print(f"\n{r['model']} ({r['backend']}), suffix budget {r['suffix_tokens']} tokens, "
           f"a request every {r['step']} characters typed", file=sys.stderr)
-    print(f"{'layout':<8} {'requests':>8} {'median s':>9} {'p90 s':>7} {'prefilled':>10} {'exact':>12}",
-          file=sys.stderr)
+    print(f"{'layout':<8} {'requests':>8} {'median s':>9} {'p90 s':>7} {'prefilled':>10} {'exact':>14} "
+          f"{'similarity':>10}", file=sys.stderr)
     for name, lay in r["layouts"].items():
         t, q = lay["typing"], lay["quality"]
         print(f"{name:<8} {t['requests']:>8} {t['median_s']!s:>9} {t['p90_s']!s:>7} "
-              f"{t['median_prefilled']!s:>10} {q['exact']:>5}/{q['positions']:<3} ({q['rate']})",
-              file=sys.stderr)
+              f"{t['median_prefilled']!s:>10} {q['exact']:>5}/{q['positions']:<3} ({q['rate']}) "
+              f"{q['similarity']!s:>10}", file=sys.stderr)
     print(f"speedup (median time, before / now): {r['speedup']}", file=sys.stderr)

@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--case", action="append", default=[], metavar="ID",
                    help="bench edits: run only these case ids (repeatable)")
     b.add_argument("--step", type=int, default=4, metavar="N",
-                   help="bench inline: characters typed between two inline requests (default 4)")
+                   help="bench inline: characters typed between two inline requests (default 4; 0: no typing, quality only)")
     b.add_argument("--positions", type=int, default=5, metavar="N",
                    help="bench inline: single-line infilling positions per source (default 5)")
     b.add_argument("--suffix-tokens", type=int, default=None, metavar="N",

@@ -37,7 +37,7 @@ class Settings:
     max_index_mb: float = 64.0
     inline_max_tokens: int = 64
     # Tokens after the cursor an inline prompt carries (whole lines); None: "auto", what the
-    # engine prefills in about 0.4 s (sidecar/prompts.py auto_suffix_tokens); 0: none.
+    # engine prefills within 1.25 s (sidecar/prompts.py auto_suffix_tokens); 0: none.
     inline_suffix_tokens: int | None = None
     ready_timeout_s: float = 60.0
     prefill_on_idle: bool = True

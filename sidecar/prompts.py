@@ -37,9 +37,13 @@ INLINE_SUFFIX_CHARS = 2000
 #: The inline prompt's head starts at a line found from a grid of this many characters, so
 #: its start holds while the user types (see ``inline_head``).
 INLINE_ANCHOR_CHARS = 2048
-#: Inline suffix budget ("auto"): the tail a request prefills again should take about this
-#: long at the engine's prefill speed (see ``auto_suffix_tokens``).
-INLINE_SUFFIX_BUDGET_S = 0.4
+#: Inline suffix budget ("auto"): the tail a request prefills again should take at most this
+#: long at the engine's prefill speed (see ``auto_suffix_tokens``). Why 1.25 s: on a 2-core
+#: AMD EPYC (Zen 2; prefill ~120 tok/s after 2,000 tokens) it is 128 tokens (1.05 s), whose
+#: single-line infill similarity was 0.40 against 0.47 for the whole 2,000 characters (~500
+#: tokens, ~4 s a keystroke) and 0.36-0.37 for 32-64 tokens; a machine twice as fast gets 256
+#: (``echoline bench inline``, docs/benchmarks.md "Inline completions while typing").
+INLINE_SUFFIX_BUDGET_S = 1.25
 INLINE_SUFFIX_TOKENS_MIN, INLINE_SUFFIX_TOKENS_MAX = 32, 1024
 
 _LANGS = {
@@ -282,16 +286,18 @@ def inline_tail_ids(tok: Any, suffix: str, chars: int = INLINE_SUFFIX_CHARS, tok
 
 
 def auto_suffix_tokens(engine: Any, budget_s: float = INLINE_SUFFIX_BUDGET_S) -> int | None:
-    """The inline suffix's token budget for ``engine``: the tokens its prefill runs in
-    ``budget_s``, rounded down to a power of two within [32, 1024] so that small changes
-    of the measured speed do not change the prompt; None (characters only) for an engine
-    that does not report a prefill speed."""
-    rate_of = getattr(engine, "prefill_tokens_per_s", None)
-    rate = rate_of() if callable(rate_of) else None
-    if not rate or rate <= 0:
+    """The inline suffix's token budget for ``engine``: the most tokens, a power of two
+    within [32, 1024] (so that small differences in the measured speed do not change the
+    prompt), whose prefill takes at most ``budget_s`` (``Engine.prefill_seconds``); 32 if
+    none does. None (characters only) for an engine that does not know its prefill time
+    (a remote one, whose server's GPU prefills 2,000 characters in milliseconds)."""
+    cost_of = getattr(engine, "prefill_seconds", None)
+    if not callable(cost_of) or cost_of(INLINE_SUFFIX_TOKENS_MIN) is None:
         return None
-    want = max(INLINE_SUFFIX_TOKENS_MIN, min(INLINE_SUFFIX_TOKENS_MAX, int(rate * budget_s)))
-    return 1 << (want.bit_length() - 1)
+    n = INLINE_SUFFIX_TOKENS_MIN
+    while n < INLINE_SUFFIX_TOKENS_MAX and cost_of(2 * n) <= budget_s:
+        n *= 2
+    return n
 
 
 def inline_prompt(

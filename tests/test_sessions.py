@@ -249,3 +249,19 @@ def test_prefill_reserves_room_for_the_request_that_follows(llama_path):
     assert eng.sessions.sessions["buf"].cache is cache and cache.capacity == capacity
     eng.prefill(stable, session="small", reserve_tokens=len(stable))
     assert eng.sessions.sessions["small"].cache.capacity < capacity
+
+
+def test_prefill_cost_is_fixed_for_the_engines_life(llama_path):
+    """The sidecar sizes inline suffixes by ``prefill_seconds``: it must come from the
+    start-up calibration and stay put while online timings move the controller's curve
+    (a moving budget would change the prompts, and their cached prefixes, between
+    keystrokes)."""
+    engine = make_engine(llama_path)
+    before = [engine.prefill_seconds(n) for n in (32, 64, 128, 256)]
+    assert 0 < before[0] < before[1] < before[2] < before[3]
+    cost = engine.controller.cost
+    seen = cost.observations
+    for seed in range(3):
+        engine.generate(buffer(40, seed), max_tokens=24, spec=True, session="rate")
+    assert cost.observations > seen, "the online timings did reach the curve"
+    assert [engine.prefill_seconds(n) for n in (32, 64, 128, 256)] == before

@@ -339,14 +339,16 @@ def test_auto_suffix_budget_follows_the_prefill_speed() -> None:
 
     from echoline.sidecar.prompts import auto_suffix_tokens
 
-    def eng(rate):
-        return SimpleNamespace(prefill_tokens_per_s=lambda: rate)
+    def eng(rate, fixed=0.0):
+        return SimpleNamespace(prefill_seconds=lambda n: fixed + n / rate)
 
-    assert auto_suffix_tokens(eng(180.0)) == 64  # 72 tokens in 0.4 s, rounded down to 2^k
-    assert auto_suffix_tokens(eng(470.0)) == 128
+    assert auto_suffix_tokens(eng(100.0)) == 64  # 128 tokens would take 1.28 s
+    assert auto_suffix_tokens(eng(120.0)) == 128  # 1.07 s: a power of two within 1.25 s
+    assert auto_suffix_tokens(eng(450.0)) == 512
+    assert auto_suffix_tokens(eng(450.0, fixed=0.2)) == 256  # a forward's fixed cost counts
     assert auto_suffix_tokens(eng(10.0)) == 32  # never below the floor
     assert auto_suffix_tokens(eng(1e6)) == 1024  # a GPU: capped (the 2,000 characters bind first)
-    assert auto_suffix_tokens(eng(None)) is None  # a server's engine: characters only
+    assert auto_suffix_tokens(SimpleNamespace(prefill_seconds=lambda n: None)) is None  # a server
     assert auto_suffix_tokens(SimpleNamespace()) is None  # a stand-in without the call
 
 

@@ -160,9 +160,9 @@ class RemoteEngine(PromptEncoding):
         already ran requests through it."""
         return None
 
-    def prefill_tokens_per_s(self) -> float | None:
-        """Not measured: a server's prefill is its own and, on its GPU, far from the budgets
-        a local CPU needs (so the sidecar's inline prompt keeps its whole suffix)."""
+    def prefill_seconds(self, tokens: int) -> float | None:
+        """Not known: a server's prefill is its own and, on its GPU, far from the budgets a
+        local CPU needs (so the sidecar's inline prompt keeps its whole suffix)."""
         return None
 
     def describe(self) -> dict[str, Any]:
