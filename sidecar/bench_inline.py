@@ -102,12 +102,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     order = list(LAYOUTS)
     for path in paths:
         text = path.read_text(encoding="utf-8", errors="replace")
-        lines = content_lines(text, 20)
-        if not lines:
-            continue
-        _, c0, end = spread(lines, 1, 0.75, 0.76)[0]
+        lines = content_lines(text, 20)  # the typed line: one of at least 20 characters
+        _, c0, end = spread(lines, 1, 0.75, 0.76)[0] if lines else (0, 0, 0)
         before, content, after = text[:c0], text[c0:end], text[end:]
-        for k, n in enumerate(range(0, len(content) + 1, args.step) if args.step > 0 else ()):
+        for k, n in enumerate(range(0, len(content) + 1, args.step) if args.step > 0 and lines else ()):
             order.reverse()  # who goes first alternates: earlier replies are draft sources
             for layout in order:
                 out, dt = _complete(engine, layout, path.name, before + content[:n], after, budget, spec)
