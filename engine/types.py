@@ -10,8 +10,8 @@ from typing import Any
 class GenerationStats:
     """What one request cost and how speculation fared.
 
-    ``per_source`` maps a draft source id ("prompt", "reply", "file:…") to
-    ``{"drafted": n, "accepted": m}``.
+    ``per_source`` maps a draft source id ("prompt", "reply", "file:…", or "history:n",
+    an earlier reply kept as a source) to ``{"drafted": n, "accepted": m}``.
     """
 
     prompt_tokens: int = 0
