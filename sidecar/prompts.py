@@ -39,10 +39,11 @@ INLINE_SUFFIX_CHARS = 2000
 INLINE_ANCHOR_CHARS = 2048
 #: Inline suffix budget ("auto"): the tail a request prefills again should take at most this
 #: long at the engine's prefill speed (see ``auto_suffix_tokens``). Why 1.25 s: on a 2-core
-#: AMD EPYC (Zen 2; prefill ~120 tok/s after 2,000 tokens) it is 128 tokens (1.05 s), whose
-#: single-line infill similarity was 0.40 against 0.47 for the whole 2,000 characters (~500
-#: tokens, ~4 s a keystroke) and 0.36-0.37 for 32-64 tokens; a machine twice as fast gets 256
-#: (``echoline bench inline``, docs/benchmarks.md "Inline completions while typing").
+#: AMD EPYC (Zen 2; prefill ~120 tok/s after 2,000 tokens) it is 128 tokens (1.05 s measured;
+#: a calibration reading 1.26 s gives 64), whose single-line infill similarity was 0.40
+#: against 0.47 for the whole 2,000 characters (~500 tokens, ~4 s a keystroke) and 0.36-0.37
+#: for 32-64 tokens; a machine twice as fast gets 256 (``echoline bench inline``,
+#: docs/benchmarks.md "Inline completions while typing").
 INLINE_SUFFIX_BUDGET_S = 1.25
 INLINE_SUFFIX_TOKENS_MIN, INLINE_SUFFIX_TOKENS_MAX = 32, 1024
 
