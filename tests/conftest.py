@@ -64,7 +64,7 @@ def gemma_path() -> Path:
 
 
 #: Test modules that run a real ``llama-server`` (``tools.llamacpp_peer``).
-_PEER_MODULES = {"test_remote_llamacpp.py", "test_versus_llamacpp.py"}
+_PEER_MODULES = {"test_remote_llamacpp.py", "test_versus_llamacpp.py", "test_versus_llamacpp_inline.py"}
 
 
 @dataclasses.dataclass

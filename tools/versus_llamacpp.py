@@ -90,7 +90,7 @@ def _rss_mb(pid: int) -> float:
 
 def cached_start_s(model: str) -> float:
     """A fresh process: load the (cached) model, prefill a short prompt, one token."""
-    script = ("import time; t=time.perf_counter(); from engine.api import Engine; "
+    script = ("import time; t=time.perf_counter(); from echoline.engine.api import Engine; "
               f"e=Engine.load({model!r}); e.generate(e.encode('def add(a, b):'), max_tokens=1, spec=False); "
               "print(time.perf_counter()-t)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
