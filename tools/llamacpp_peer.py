@@ -231,6 +231,15 @@ class LlamaServer:
                 "text": out.get("content", ""), "stop_type": out.get("stop_type")}
 
 
+def add_peer_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--llama-server`` and ``--llama-args``: what every side-by-side tool takes to run
+    llama-server built elsewhere (the GPU build) or with more flags (``-ngl 99``)."""
+    ap.add_argument("--llama-server", default="",
+                    help="a llama-server built elsewhere (the GPU build), instead of building one here")
+    ap.add_argument("--llama-args", default="",
+                    help="more llama-server arguments for its servers, e.g. '-ngl 99' on a GPU")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["build"])

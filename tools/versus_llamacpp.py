@@ -52,7 +52,7 @@ from echoline.engine.models_registry import resolve_model
 from echoline.engine.setup_check import cpu_model
 from echoline.sidecar.rewrite_traffic import rewrite_requests
 
-from tools.llamacpp_peer import LlamaServer, build
+from tools.llamacpp_peer import LlamaServer, add_peer_arguments, build
 
 #: Held-out source: a standard-library module, not this repository's code.
 HELD_OUT = Path(inspect.getfile(textwrap))
@@ -201,10 +201,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--llama-server", default="",
-                    help="a llama-server built elsewhere (the GPU build), instead of building one here")
-    ap.add_argument("--llama-args", default="",
-                    help="more llama-server arguments for both servers, e.g. '-ngl 99' on a GPU")
+    add_peer_arguments(ap)
     args = ap.parse_args()
     out = run(args)
     if args.json:

@@ -51,7 +51,7 @@ from echoline.engine.setup_check import cpu_model
 from echoline.sidecar.bench_inline import content_lines, spread
 from echoline.sidecar.prompts import auto_suffix_tokens, heal_prefix, inline_prompt
 
-from tools.llamacpp_peer import LlamaServer, build
+from tools.llamacpp_peer import LlamaServer, add_peer_arguments, build
 
 ENGINES = ("echoline", "llama")
 
@@ -159,10 +159,9 @@ def main() -> int:
     ap.add_argument("--suffix-tokens", type=int, default=None,
                     help="tokens after the cursor (whole lines); default: the server's auto budget")
     ap.add_argument("--ctx", type=int, default=4096, help="llama-server's context (-c)")
-    ap.add_argument("--llama-server", default="", help="a llama-server built elsewhere")
-    ap.add_argument("--llama-args", default="", help="more llama-server arguments ('-ngl 99' on a GPU)")
-    ap.add_argument("--verbose", action="store_true", help="a line per request")
     ap.add_argument("--json", action="store_true")
+    add_peer_arguments(ap)
+    ap.add_argument("--verbose", action="store_true", help="a line per request")
     args = ap.parse_args()
     out = run(args)
     if args.json:
