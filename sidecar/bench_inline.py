@@ -11,8 +11,13 @@ layout on a session of its own:
 
 * ``before``: the head window sliding with the cursor, the suffix cut at 2,000 characters
   (the layout until 2026-12-05);
-* ``now``: the head's start on a 2,048-character grid, the suffix in whole lines within
-  ``--suffix-tokens`` (default: the server's "auto", what the engine prefills within 1.25 s).
+* ``grid``: the head's start on a 2,048-character grid, the suffix in whole lines within
+  ``--suffix-tokens`` (default: the server's "auto", what the engine prefills within 1.25 s)
+  (the layout of 2026-12-05, session 30);
+* ``now``: the same, and the buffer's previous head start kept where it still fits
+  (``sidecar.prompts.inline_head_start``'s ``keep``), as the server runs it.
+
+``--layouts`` picks which (default ``before,now``).
 
 Typing: in each source a line near three quarters of the way down is removed and typed
 back from its first non-blank character, ``--step`` characters per request (the first
@@ -21,18 +26,25 @@ Quality: single-line infilling at ``--positions`` lines per source (the cursor a
 line's indentation, the line's content removed, the suffix from its end): a hit when the
 completion's first line is the removed content, and the mean similarity of the two
 (``difflib`` ratio, 0-1: a near miss counts for something). Sources default to ``bench spec``'s six
-modules, whole files.
+modules, whole files. Navigation (``--jumps N``): in each source the cursor jumps N times
+by 5 to 60 lines up or down (seeded, the same jumps for every layout) to the end of a line
+of code and asks there, the text unchanged: what reading and then typing elsewhere costs
+(the first request of a source is left out).
 
 A table on stderr; with ``--json`` one object on stdout's last line: ``{"model", "backend",
-"suffix_tokens", "sources", "layouts": {"before"|"now": {"typing": {"requests",
-"median_s", "p90_s", "median_prefilled", "mean_prefilled"}, "quality": {"positions",
-"exact", "rate", "similarity"}}}, "speedup"}``, ``speedup`` being before's median time over now's.
+"suffix_tokens", "sources", "step", "speculation", "jumps", "layouts": {"before"|"grid"|"now":
+{"typing": {"requests", "median_s", "mean_s", "p90_s", "median_prefilled", "mean_prefilled"},
+"quality": {"positions", "exact", "rate", "similarity"}, "navigation": {the keys of
+"typing"}}}, "speedup", "navigation_speedup"}``: ``speedup`` is before's median typing time
+over now's (None unless both ran), ``navigation_speedup`` each other layout's mean
+navigation time over now's (``{}`` without ``--jumps`` or ``now``).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import random
 import statistics
 import sys
 import threading
@@ -42,8 +54,10 @@ from typing import Any
 from echoline.sidecar.inline import InlineOutcome, inline_job
 from echoline.sidecar.prompts import INLINE_ANCHOR_CHARS, auto_suffix_tokens
 
-#: layout name -> (anchor grid, use the token budget)
-LAYOUTS = {"before": (0, False), "now": (INLINE_ANCHOR_CHARS, True)}
+#: layout name -> (anchor grid, use the token budget, keep the previous head start)
+LAYOUTS = {"before": (0, False, False), "grid": (INLINE_ANCHOR_CHARS, True, False),
+           "now": (INLINE_ANCHOR_CHARS, True, True)}  # fmt: skip
+DEFAULT_LAYOUTS = ("before", "now")
 MAX_TOKENS = 64  # the server's inlineMaxTokens default
 
 
@@ -74,49 +88,94 @@ def first_line(completion: str | None) -> str:
     return (completion or "").split("\n", 1)[0].strip()
 
 
+def jumps(text: str, n: int) -> list[int]:
+    """Cursor offsets of ``n + 1`` requests while reading ``text``: the end of a line of code
+    near the middle, then ``n`` jumps of 5 to 60 such lines up or down (seeded by the text,
+    so every layout gets the same)."""
+    lines = content_lines(text)
+    if not lines or n <= 0:
+        return []
+    rng = random.Random(len(text))
+    i, out = len(lines) // 2, []
+    for _ in range(n + 1):
+        out.append(lines[i][2])
+        i = min(len(lines) - 1, max(0, i + rng.choice((-1, 1)) * rng.randint(5, 60)))
+    return out
+
+
 def _complete(engine: Any, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
-              spec: bool) -> tuple[InlineOutcome, float]:
-    anchor, use_budget = LAYOUTS[layout]
+              spec: bool, keeps: dict[str, int]) -> tuple[InlineOutcome, float]:
+    """One request of ``layout`` on its own session; ``keeps``: each session's last head
+    start (the server's ``inline_head_starts``), read and updated for the layouts that keep it."""
+    anchor, use_budget, keep = LAYOUTS[layout]
     cursor_line = prefix.rsplit("\n", 1)[-1]
-    job = inline_job(prefix, suffix, cursor_line, f"file:///{layout}/{name}", MAX_TOKENS, spec,
-                     budget if use_budget else None, auto_suffix=False, anchor=anchor)
+    uri = f"file:///{layout}/{name}"
+    job = inline_job(prefix, suffix, cursor_line, uri, MAX_TOKENS, spec, budget if use_budget else None,
+                     auto_suffix=False, anchor=anchor, keep_start=keeps.get(uri) if keep else None)
     t0 = time.perf_counter()
     out = job(engine, threading.Event())
-    return out, time.perf_counter() - t0
+    dt = time.perf_counter() - t0
+    if out.head_start is not None:
+        keeps[uri] = out.head_start
+    return out, dt
+
+
+def _timing(ts: list[float], ps: list[int]) -> dict[str, Any]:
+    return {
+        "requests": len(ts),
+        "median_s": round(statistics.median(ts), 3) if ts else None,
+        "mean_s": round(statistics.fmean(ts), 3) if ts else None,
+        "p90_s": round(sorted(ts)[int(0.9 * (len(ts) - 1))], 3) if ts else None,
+        "median_prefilled": statistics.median(ps) if ps else None,
+        "mean_prefilled": round(statistics.fmean(ps), 1) if ps else None,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from echoline.engine.api import Engine
     from echoline.engine.bench.traffic import source_paths
 
+    layouts = list(getattr(args, "layouts", None) or DEFAULT_LAYOUTS)
+    unknown = sorted(set(layouts) - set(LAYOUTS))
+    if unknown:
+        raise SystemExit(f"unknown layout {', '.join(unknown)}: choose from {', '.join(LAYOUTS)}")
+    n_jumps = getattr(args, "jumps", 0) or 0
     engine = Engine.load(args.model, backend=args.backend)
     engine.warm_up()
     budget = args.suffix_tokens if args.suffix_tokens is not None else auto_suffix_tokens(engine)
     paths = source_paths(args.source)
     spec = not args.no_spec
-    times: dict[str, list[float]] = {k: [] for k in LAYOUTS}
-    prefilled: dict[str, list[int]] = {k: [] for k in LAYOUTS}
-    hits: dict[str, int] = dict.fromkeys(LAYOUTS, 0)
-    similar: dict[str, list[float]] = {k: [] for k in LAYOUTS}
+    scenes = ("typing", "navigation")
+    times = {s: {k: [] for k in layouts} for s in scenes}
+    prefilled = {s: {k: [] for k in layouts} for s in scenes}
+    hits: dict[str, int] = dict.fromkeys(layouts, 0)
+    similar: dict[str, list[float]] = {k: [] for k in layouts}
+    keeps: dict[str, int] = {}
     positions = 0
-    order = list(LAYOUTS)
+    order = list(layouts)
+
+    def ask(scene: str, k: int, prefix: str, suffix: str, name: str) -> None:
+        order.reverse()  # who goes first alternates: earlier replies are draft sources
+        for layout in order:
+            out, dt = _complete(engine, layout, name, prefix, suffix, budget, spec, keeps)
+            if k:  # the first request of a session prefills everything in every layout
+                times[scene][layout].append(dt)
+                prefilled[scene][layout].append(int(out.stats.get("prefilled_tokens", 0)))
+
     for path in paths:
         text = path.read_text(encoding="utf-8", errors="replace")
         lines = content_lines(text, 20)  # the typed line: one of at least 20 characters
         _, c0, end = spread(lines, 1, 0.75, 0.76)[0] if lines else (0, 0, 0)
         before, content, after = text[:c0], text[c0:end], text[end:]
         for k, n in enumerate(range(0, len(content) + 1, args.step) if args.step > 0 and lines else ()):
-            order.reverse()  # who goes first alternates: earlier replies are draft sources
-            for layout in order:
-                out, dt = _complete(engine, layout, path.name, before + content[:n], after, budget, spec)
-                if k:  # the first request of a session prefills everything in both layouts
-                    times[layout].append(dt)
-                    prefilled[layout].append(int(out.stats.get("prefilled_tokens", 0)))
+            ask("typing", k, before + content[:n], after, path.name)
+        for k, cursor in enumerate(jumps(text, n_jumps)):
+            ask("navigation", k, text[:cursor], text[cursor:], path.name)
         for _, c0, end in spread(content_lines(text), args.positions):
             positions += 1
             order.reverse()
             for layout in order:
-                out, _ = _complete(engine, layout, path.name, text[:c0], text[end:], budget, spec)
+                out, _ = _complete(engine, layout, path.name, text[:c0], text[end:], budget, spec, keeps)
                 got, want = first_line(out.text), text[c0:end].strip()
                 hits[layout] += int(got == want)
                 similar[layout].append(difflib.SequenceMatcher(None, got, want).ratio())
@@ -124,36 +183,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               file=sys.stderr, flush=True)
     result: dict[str, Any] = {
         "model": engine.model_name, "backend": engine.backend_name, "suffix_tokens": budget,
-        "sources": [p.name for p in paths], "step": args.step, "speculation": spec, "layouts": {},
+        "sources": [p.name for p in paths], "step": args.step, "speculation": spec, "jumps": n_jumps,
+        "layouts": {},
     }
-    for layout in LAYOUTS:
-        ts, ps = times[layout], prefilled[layout]
+    for layout in layouts:
         result["layouts"][layout] = {
-            "typing": {
-                "requests": len(ts),
-                "median_s": round(statistics.median(ts), 3) if ts else None,
-                "p90_s": round(sorted(ts)[int(0.9 * (len(ts) - 1))], 3) if ts else None,
-                "median_prefilled": statistics.median(ps) if ps else None,
-                "mean_prefilled": round(statistics.fmean(ps), 1) if ps else None,
-            },
+            "typing": _timing(times["typing"][layout], prefilled["typing"][layout]),
             "quality": {"positions": positions, "exact": hits[layout],
                         "rate": round(hits[layout] / positions, 3) if positions else None,
                         "similarity": round(statistics.fmean(similar[layout]), 3) if positions else None},
         }
-    med = {k: result["layouts"][k]["typing"]["median_s"] for k in LAYOUTS}
-    result["speedup"] = round(med["before"] / med["now"], 2) if med["before"] and med["now"] else None
+        if n_jumps > 0:
+            result["layouts"][layout]["navigation"] = _timing(times["navigation"][layout],
+                                                              prefilled["navigation"][layout])
+    lay = result["layouts"]
+    med = {k: v["typing"]["median_s"] for k, v in lay.items()}
+    result["speedup"] = round(med["before"] / med["now"], 2) if med.get("before") and med.get("now") else None
+    # jumps cost little or a whole prompt: the mean, not the median, is what they cost
+    nav = {k: v["navigation"]["mean_s"] for k, v in lay.items() if "navigation" in v}
+    result["navigation_speedup"] = (
+        {k: round(t / nav["now"], 2) for k, t in nav.items() if k != "now" and t} if nav.get("now") else {}
+    )
     _table(result)
     return result
 
 
 def _table(r: dict[str, Any]) -> None:
     print(f"\n{r['model']} ({r['backend']}), suffix budget {r['suffix_tokens']} tokens, "
-          f"a request every {r['step']} characters typed", file=sys.stderr)
-    print(f"{'layout':<8} {'requests':>8} {'median s':>9} {'p90 s':>7} {'prefilled':>10} {'exact':>14} "
-          f"{'similarity':>10}", file=sys.stderr)
+          f"a request every {r['step']} characters typed, {r['jumps']} jumps a source", file=sys.stderr)
+    print(f"{'layout':<8} {'scene':<10} {'requests':>8} {'median s':>9} {'mean s':>7} {'p90 s':>7} "
+          f"{'prefilled':>10} {'exact':>14} {'similarity':>10}", file=sys.stderr)
     for name, lay in r["layouts"].items():
-        t, q = lay["typing"], lay["quality"]
-        print(f"{name:<8} {t['requests']:>8} {t['median_s']!s:>9} {t['p90_s']!s:>7} "
-              f"{t['median_prefilled']!s:>10} {q['exact']:>5}/{q['positions']:<3} ({q['rate']}) "
-              f"{q['similarity']!s:>10}", file=sys.stderr)
-    print(f"speedup (median time, before / now): {r['speedup']}", file=sys.stderr)
+        q = lay["quality"]
+        for scene in ("typing", "navigation"):
+            t = lay.get(scene)
+            if t is None or (scene == "typing" and not t["requests"] and not q["positions"]):
+                continue
+            quality = (f"{q['exact']:>5}/{q['positions']:<3} ({q['rate']}) {q['similarity']!s:>10}"
+                       if scene == "typing" else "")
+            print(f"{name:<8} {scene:<10} {t['requests']:>8} {t['median_s']!s:>9} {t['mean_s']!s:>7} "
+                  f"{t['p90_s']!s:>7} {t['median_prefilled']!s:>10} {quality}", file=sys.stderr)
+    print(f"speedup (median typing time, before / now): {r['speedup']}; navigation (mean time), against now: "
+          f"{r['navigation_speedup']}", file=sys.stderr)

@@ -32,6 +32,7 @@ class InlineOutcome:
     text: str | None  # None: stopped by a cancel or a newer request
     stats: dict[str, Any]
     mode: str
+    head_start: int | None = None  # the prompt's head start: the buffer's next ``keep_start``
 
 
 def completion_end(
@@ -53,7 +54,7 @@ def completion_end(
 def inline_job(
     prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool,
     suffix_tokens: int | None = None, *, auto_suffix: bool = True,
-    anchor: int = INLINE_ANCHOR_CHARS,
+    anchor: int = INLINE_ANCHOR_CHARS, keep_start: int | None = None,
 ) -> Callable[[Any, threading.Event], InlineOutcome]:  # fmt: skip
     """The worker job completing at the cursor: text before it (``prefix``), after it
     (``suffix``), the cursor line up to the cursor, the buffer's session name part.
@@ -61,7 +62,9 @@ def inline_job(
     ``suffix_tokens``: the most tokens after the cursor the prompt carries (the
     ``inlineSuffixTokens`` setting); None with ``auto_suffix``: the engine's budget
     (``auto_suffix_tokens``), without: characters only. ``anchor``: the head window's
-    grid (0: the sliding window; ``bench inline`` compares the two layouts)."""
+    grid (0: the sliding window; ``bench inline`` compares the layouts); ``keep_start``:
+    the head start of the buffer's previous request (``InlineOutcome.head_start``), kept
+    where it still fits (``inline_head_start``)."""
     healed, removed = heal_prefix(prefix)
     indent = indentation(cursor_line)
 
@@ -70,9 +73,9 @@ def inline_job(
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
         budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
-        prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor)
+        prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep_start)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
-            return InlineOutcome(None, {}, prompt.mode)
+            return InlineOutcome(None, {}, prompt.mode, prompt.head_start)
         ended = threading.Event()
         tok = engine.tokenizer
         is_control = getattr(tok, "is_control", lambda _t: False)
@@ -94,10 +97,10 @@ def inline_job(
         )
         stats = result.stats.as_dict()
         if result.finish_reason == "cancelled" and not ended.is_set():
-            return InlineOutcome(None, stats, prompt.mode)
+            return InlineOutcome(None, stats, prompt.mode, prompt.head_start)
         ids = list(result.token_ids)
         cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
         generated = result.text if cut is None else tok.decode(ids[:cut])
-        return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode)
+        return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode, prompt.head_start)
 
     return job

@@ -228,10 +228,20 @@ def fit_selection(new_text: str, selection: str) -> str:
 class InlinePrompt:
     ids: list[int]
     mode: str  # "fim" or "prefix"
+    head_start: int = 0  # where the head starts in the prefix (the next request's ``keep_start``)
 
 
 def inline_head(prefix: str, limit: int = INLINE_PREFIX_CHARS, step: int = INLINE_ANCHOR_CHARS) -> str:
-    """The last ``limit`` to ``limit + step`` characters of ``prefix``, from a line start.
+    """The last ``limit`` to ``limit + step`` characters of ``prefix``, from a line start
+    (``prefix[inline_head_start(prefix, limit, step):]``)."""
+    return prefix[inline_head_start(prefix, limit, step) :]
+
+
+def inline_head_start(
+    prefix: str, limit: int = INLINE_PREFIX_CHARS, step: int = INLINE_ANCHOR_CHARS, keep: int | None = None
+) -> int:  # fmt: skip
+    """Where the inline prompt's head starts in ``prefix``: a line start ``limit`` to
+    ``limit + step`` characters before its end, or 0 when ``prefix`` is shorter.
 
     Why a grid: a keystroke grows the prefix by a character. Had the window's start been
     ``len(prefix) - limit``, it would slide with every keystroke and, each time it passed
@@ -239,19 +249,29 @@ def inline_head(prefix: str, limit: int = INLINE_PREFIX_CHARS, step: int = INLIN
     worth nothing and the whole window (~2,000 tokens) would run again. Snapped down to a
     multiple of ``step``, the start moves once per ``step`` characters typed. ``step`` 0:
     the sliding window (its first, partial line dropped), as before the grid.
+
+    ``keep``: the start the buffer's previous request used. Kept while it is still a line
+    start and leaves a head of ``limit - step`` to ``limit + 2 * step`` characters, so a
+    cursor that jumps a few screens up or down (reading, then typing elsewhere) still
+    shares the cached head up to the nearer of the two cursors; the grid alone would start
+    the head elsewhere, and run the whole prompt again, whenever the jump crossed a grid
+    line (a jump of a quarter of ``step``: one time in four).
     """
+    if keep is not None and step > 0 and 0 <= keep <= len(prefix) and (keep == 0 or prefix[keep - 1] == "\n"):
+        head = len(prefix) - keep
+        if (keep == 0 and head <= limit + 2 * step) or limit - step <= head < limit + 2 * step:
+            return keep
     if len(prefix) <= limit:
-        return prefix
+        return 0
     cut = len(prefix) - limit
     if step <= 0:
-        head = prefix[cut:]
-        nl = head.find("\n")
-        return head[nl + 1 :] if nl >= 0 else head
+        nl = prefix.find("\n", cut)
+        return nl + 1 if nl >= 0 else cut
     cut = cut // step * step
     if cut == 0 or prefix[cut - 1] == "\n":
-        return prefix[cut:]
+        return cut
     nl = prefix.find("\n", cut)
-    return prefix[nl + 1 :] if nl >= 0 else prefix[cut:]
+    return nl + 1 if nl >= 0 else cut
 
 
 def inline_tail_ids(tok: Any, suffix: str, chars: int = INLINE_SUFFIX_CHARS, tokens: int | None = None) -> list[int]:
@@ -303,14 +323,16 @@ def auto_suffix_tokens(engine: Any, budget_s: float = INLINE_SUFFIX_BUDGET_S) ->
 
 def inline_prompt(
     engine: Any, prefix: str, suffix: str, *, suffix_tokens: int | None = None,
-    anchor: int = INLINE_ANCHOR_CHARS,
+    anchor: int = INLINE_ANCHOR_CHARS, keep_start: int | None = None,
 ) -> InlinePrompt:  # fmt: skip
     """FIM (prefix-suffix-middle) when the model has FIM tokens, else a raw continuation.
 
     ``suffix_tokens``: the most tokens after the cursor (whole lines; None: characters
-    only); ``anchor``: the head window's grid (``inline_head``)."""
+    only); ``anchor``: the head window's grid, ``keep_start``: the buffer's previous head
+    start (``inline_head_start``)."""
     tok = engine.tokenizer
-    head = inline_head(prefix, INLINE_PREFIX_CHARS, anchor)
+    start = inline_head_start(prefix, INLINE_PREFIX_CHARS, anchor, keep_start)
+    head = prefix[start:]
     # Characters bound the work; tokens bound the context (dense text is ~1 token a char).
     limit = _context_tokens(engine)
     room = None if limit is None else max(64, limit // 2)  # the rest: reply and drafts
@@ -323,12 +345,12 @@ def inline_prompt(
             tail_ids = tail_ids[:keep_tail]
             head_ids = head_ids[-max(1, room - 3 - keep_tail):]  # the text nearest the cursor
         ids = [fim.prefix, *head_ids, fim.suffix, *tail_ids, fim.middle]
-        return InlinePrompt(ids=ids, mode="fim")
+        return InlinePrompt(ids=ids, mode="fim", head_start=start)
     ids = list(tok.encode(head, parse_special=False))
     if room is not None and len(ids) > room:
         bos = ids[:1] if getattr(tok, "add_bos", False) else []
         ids = bos + ids[-(room - len(bos)):]
-    return InlinePrompt(ids=ids, mode="prefix")
+    return InlinePrompt(ids=ids, mode="prefix", head_start=start)
 
 
 def heal_prefix(prefix: str) -> tuple[str, str]:

@@ -28,7 +28,7 @@ def test_bench_inline_json_and_prefill(fim_model: Path, tmp_path: Path) -> None:
     assert out["suffix_tokens"] == 32 and out["sources"] == ["module.py"]
     assert set(out["layouts"]) == {"before", "now"}
     for lay in out["layouts"].values():
-        assert set(lay["typing"]) == {"requests", "median_s", "p90_s", "median_prefilled", "mean_prefilled"}
+        assert set(lay["typing"]) == {"requests", "median_s", "mean_s", "p90_s", "median_prefilled", "mean_prefilled"}
         assert set(lay["quality"]) == {"positions", "exact", "rate", "similarity"}
         assert lay["typing"]["requests"] > 0 and lay["quality"]["positions"] == 3
         assert 0.0 <= lay["quality"]["similarity"] <= 1.0
@@ -36,3 +36,27 @@ def test_bench_inline_json_and_prefill(fim_model: Path, tmp_path: Path) -> None:
     # the old layout runs the ~600-token tail again per keystroke; the new one at most 32 of it
     assert now["mean_prefilled"] <= 32 + 8 < before["mean_prefilled"]
     assert out["speedup"] is not None
+
+
+def test_bench_inline_navigation_keeps_the_head(tmp_path: Path) -> None:
+    """``--jumps``: the cursor jumps about a file longer than the head window; keeping the
+    previous head start (``now``) runs fewer prompt tokens again than the grid alone, and
+    the JSON carries the navigation keys."""
+    from echoline.sidecar.bench_inline import jumps, run
+
+    model = write_fim_qwen2_model(tmp_path / "fim-long.gguf", seed=3, context=16384)
+    src = tmp_path / "long_module.py"
+    src.write_text("".join(f"def g{i}(a, b):\n    return a * {i} + b\n\n" for i in range(500)))  # ~17k chars
+    offsets = jumps(src.read_text(), 12)
+    assert len(offsets) == 13 and offsets == jumps(src.read_text(), 12)  # seeded: the same for every layout
+    assert all(src.read_text()[o] == "\n" for o in offsets)  # each at the end of a line
+    args = argparse.Namespace(model=str(model), backend="auto", source=[str(src)], step=0, positions=0,
+                              suffix_tokens=16, no_spec=False, layouts=["grid", "now"], jumps=12)
+    out = run(args)
+    assert set(out["layouts"]) == {"grid", "now"} and out["jumps"] == 12
+    grid, now = out["layouts"]["grid"]["navigation"], out["layouts"]["now"]["navigation"]
+    assert grid["requests"] == now["requests"] == 12 and set(grid) == set(out["layouts"]["grid"]["typing"])
+    assert now["mean_prefilled"] < grid["mean_prefilled"], (now, grid)
+    assert set(out["navigation_speedup"]) == {"grid"} and out["speedup"] is None  # no "before" ran
+    with pytest.raises(SystemExit, match="unknown layout"):
+        run(argparse.Namespace(**{**vars(args), "layouts": ["sideways"]}))

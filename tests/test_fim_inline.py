@@ -105,7 +105,9 @@ def decode_plain(ids: list[int]) -> str:
 
 @pytest.fixture(scope="module")
 def fim_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_fim_qwen2_model(tmp_path_factory.mktemp("fim") / "fim-qwen2.gguf", seed=2)
+    # context 16,384: room for a whole 6,000-character head (the jump test), so the prompt
+    # is never trimmed to the text nearest the cursor
+    return write_fim_qwen2_model(tmp_path_factory.mktemp("fim") / "fim-qwen2.gguf", seed=2, context=16384)
 
 
 @pytest.fixture(scope="module")
@@ -294,3 +296,45 @@ async def test_typing_reuses_the_cached_prompt_and_budgets_the_suffix(
         fim_lsp.workspace_did_change_configuration(
             types.DidChangeConfigurationParams(settings={"echoline": {"inlineSuffixTokens": "auto"}})
         )
+
+
+async def test_cursor_jumps_keep_the_head_start(
+    fim_lsp: LanguageClient, workspace: Path, reference_engine: Any
+) -> None:
+    """The cursor jumps down across a grid line, then back up, in a long document: the
+    server keeps the document's head start (``inline_head_starts``), so each request
+    prefills only the text between the two cursors and the tail, not the whole prompt the
+    grid alone would give; every reply is still the model's greedy one on its prompt."""
+    from echoline.sidecar.prompts import inline_head_start
+
+    text = "".join(f"def g{i}(a, b):\n    return a * {i} + b\n\n" for i in range(700))  # ~22k chars
+    ends = [i for i, c in enumerate(text) if c == "\n" and text[i - 1] == "b"]  # after "+ b"
+    a, b = next((x, y) for x, y in zip(ends, ends[3:], strict=False)
+                if x > 9000 and inline_head_start(text[:x]) != inline_head_start(text[:y]))
+    path = workspace / "jumps.py"
+    path.write_text(text)
+    uri = path.as_uri()
+    fim_lsp.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+
+    def at(offset: int) -> types.Position:
+        line = text.count("\n", 0, offset)
+        return types.Position(line=line, character=offset - (text.rfind("\n", 0, offset) + 1))
+
+    for offset in (a, b, a):
+        await fim_lsp.text_document_inline_completion_async(types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=at(offset),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+    runs = generations(fim_lsp, "inline:" + uri)
+    assert len(runs) == 3
+    suf = ID["<|fim_suffix|>"]
+    starts = [off - len(decode_plain(r["prompt"][1 : r["prompt"].index(suf)])) for off, r in zip((a, b, a), runs,
+                                                                                              strict=True)]
+    assert starts[0] == starts[1] == starts[2] == inline_head_start(text[:a])  # kept: not the grid's for b
+    between = len(reference_engine.tokenizer.encode(text[a:b], add_bos=False, parse_special=False))
+    for run in runs[1:]:
+        tail = len(run["prompt"]) - run["prompt"].index(suf)
+        assert run["prefilled"] <= between + tail + 2, (run["prefilled"], between, tail)
+        assert run["prefilled"] * 4 < len(run["prompt"])  # the grid alone: the whole prompt again
+        plain = reference_engine.generate(run["prompt"], max_tokens=INLINE_MAX, spec=False)
+        assert plain.token_ids[: len(run["token_ids"])] == run["token_ids"]

@@ -314,6 +314,44 @@ def test_inline_head_start_holds_while_typing() -> None:
     assert inline_head("short\ntext") == "short\ntext"
 
 
+def test_inline_head_start_kept_across_cursor_jumps() -> None:
+    """A cursor that jumps a few screens keeps the previous request's head start (its
+    cached head then holds up to the nearer cursor) where the grid alone would move it;
+    a start that no longer fits, or is no longer a line start, falls back to the grid."""
+    import random
+
+    from echoline.sidecar.prompts import INLINE_ANCHOR_CHARS as STEP
+    from echoline.sidecar.prompts import INLINE_PREFIX_CHARS as LIMIT
+    from echoline.sidecar.prompts import inline_head_start
+
+    text = "".join(f"value_{i:05d} = compute({i}, {i * 7})\n" for i in range(2000))  # ~70k chars
+    ends = [i + 1 for i, c in enumerate(text) if c == "\n"]
+    rng = random.Random(5)
+    cursor, keep, prev = ends[600], None, ends[600]
+    kept_moves = grid_moves = 0
+    for _ in range(200):
+        cursor = min(max(ends[0], cursor + rng.randint(-60, 60) * 35), len(text))
+        prefix = text[:cursor]
+        grid = inline_head_start(prefix)
+        start = inline_head_start(prefix, keep=keep)
+        assert start == 0 or prefix[start - 1] == "\n"
+        assert LIMIT - STEP <= len(prefix) - start < LIMIT + 2 * STEP or start == 0
+        if keep is not None:
+            kept_moves += start != keep
+            grid_moves += grid != inline_head_start(text[:prev], keep=None)
+        keep, prev = start, cursor
+    assert kept_moves * 3 < grid_moves, (kept_moves, grid_moves)  # jumps of up to ~2,100 characters
+    prefix = text[: ends[800]]
+    grid = inline_head_start(prefix)
+    assert inline_head_start(prefix, keep=grid - 2 * STEP - 36) == grid  # too long a head: the grid
+    assert inline_head_start(prefix, keep=len(prefix) - 100) == grid  # too short a head: the grid
+    assert inline_head_start(prefix, keep=grid + 5) == grid  # not a line start (text above edited)
+    assert inline_head_start(prefix, keep=len(prefix) + 10) == grid  # past the cursor
+    sliding = inline_head_start(prefix, step=0)
+    assert sliding != grid and inline_head_start(prefix, step=0, keep=grid) == sliding  # no grid, no keep
+    assert inline_head_start("short\ntext", keep=6) == 0  # a short prefix: the whole of it
+
+
 def test_inline_tail_keeps_whole_lines_within_the_token_budget() -> None:
     from echoline.sidecar.prompts import inline_tail_ids
 
