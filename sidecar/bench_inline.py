@@ -51,7 +51,7 @@ import threading
 import time
 from typing import Any
 
-from echoline.sidecar.inline import InlineOutcome, inline_job
+from echoline.sidecar.inline import HeadStarts, InlineOutcome, inline_job
 from echoline.sidecar.prompts import INLINE_ANCHOR_CHARS, auto_suffix_tokens
 
 #: layout name -> (anchor grid, use the token budget, keep the previous head start)
@@ -104,20 +104,17 @@ def jumps(text: str, n: int) -> list[int]:
 
 
 def _complete(engine: Any, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
-              spec: bool, keeps: dict[str, int]) -> tuple[InlineOutcome, float]:
-    """One request of ``layout`` on its own session; ``keeps``: each session's last head
-    start (the server's ``inline_head_starts``), read and updated for the layouts that keep it."""
+              spec: bool, keeps: HeadStarts) -> tuple[InlineOutcome, float]:
+    """One request of ``layout`` on its own session; ``keeps``: the kept head starts (the
+    server's ``inline_head_starts``), for the layouts that keep them."""
     anchor, use_budget, keep = LAYOUTS[layout]
     cursor_line = prefix.rsplit("\n", 1)[-1]
     uri = f"file:///{layout}/{name}"
     job = inline_job(prefix, suffix, cursor_line, uri, MAX_TOKENS, spec, budget if use_budget else None,
-                     auto_suffix=False, anchor=anchor, keep_start=keeps.get(uri) if keep else None)
+                     auto_suffix=False, anchor=anchor, starts=keeps if keep else None)
     t0 = time.perf_counter()
     out = job(engine, threading.Event())
-    dt = time.perf_counter() - t0
-    if out.head_start is not None:
-        keeps[uri] = out.head_start
-    return out, dt
+    return out, time.perf_counter() - t0
 
 
 def _timing(ts: list[float], ps: list[int]) -> dict[str, Any]:
@@ -150,7 +147,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prefilled = {s: {k: [] for k in layouts} for s in scenes}
     hits: dict[str, int] = dict.fromkeys(layouts, 0)
     similar: dict[str, list[float]] = {k: [] for k in layouts}
-    keeps: dict[str, int] = {}
+    keeps = HeadStarts()
+    for layout in layouts:  # a document per (layout, source), open for the whole run
+        for path in paths:
+            keeps.opened(f"file:///{layout}/{path.name}")
     positions = 0
     order = list(layouts)
 

@@ -27,12 +27,88 @@ from echoline.sidecar.prompts import (
 from lsprotocol import types
 
 
+class HeadStarts:
+    """Each open document's inline head start, kept between its requests (the ``keep`` of
+    ``sidecar.prompts.inline_head_start``), as a LINE number.
+
+    Why a line, and why here: the job reads the start when it runs and records it as soon
+    as its prompt is built, on the engine thread (a request the editor cancels, or one
+    queued behind another, still leaves the start its prefill used), while edits arrive on
+    the event loop. An edit within a line above the start (a typo fixed at the top of the
+    file) leaves the line number right where an offset would no longer be a line start;
+    lines added or removed above shift it (``edited``); an edit across the start line, or a
+    whole-document change, drops it. A start recorded from text older than an edit is not
+    kept. A stale start only costs cached tokens: the prompt is always rebuilt from the
+    current text."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._line: dict[str, int] = {}
+        self._edits: dict[str, int] = {}  # edits seen per document: a recording's freshness
+        self._open: set[str] = set()
+
+    def opened(self, uri: str) -> None:
+        with self._lock:
+            self._open.add(uri)
+            self._line.pop(uri, None)
+            self._edits[uri] = self._edits.get(uri, 0) + 1
+
+    def closed(self, uri: str) -> None:
+        with self._lock:
+            self._open.discard(uri)
+            self._line.pop(uri, None)
+            self._edits.pop(uri, None)
+
+    def edited(self, uri: str, changes: list[Any]) -> None:
+        """Apply a didChange's content changes, in order, to the kept line."""
+        with self._lock:
+            self._edits[uri] = self._edits.get(uri, 0) + 1
+            line = self._line.get(uri)
+            for ch in changes:
+                if line is None:
+                    break
+                rng = getattr(ch, "range", None)
+                if rng is None:  # the whole document replaced
+                    line = None
+                elif rng.end.line < line or (rng.end.line == line and rng.end.character == 0):
+                    line += ch.text.count("\n") - (rng.end.line - rng.start.line)
+                elif rng.start.line < line:  # the edit spans the start line's beginning
+                    line = None
+            if line is None:
+                self._line.pop(uri, None)
+            else:
+                self._line[uri] = line
+
+    def read(self, uri: str, prefix: str) -> tuple[int | None, int]:
+        """(the kept start as an offset into ``prefix``, or None; the edit count now)."""
+        with self._lock:
+            line, edits = self._line.get(uri), self._edits.get(uri, 0)
+        if line is None:
+            return None, edits
+        at = 0
+        for _ in range(line):
+            at = prefix.find("\n", at) + 1
+            if at == 0:  # the prefix has fewer lines: the cursor is above the start
+                return None, edits
+        return at, edits
+
+    def record(self, uri: str, prefix: str, start: int | None, edits: int) -> None:
+        """Keep ``start`` (an offset into ``prefix``) if the document is open and unedited
+        since ``read``; None drops the kept start."""
+        with self._lock:
+            if uri not in self._open or self._edits.get(uri, 0) != edits:
+                return
+            if start is None:
+                self._line.pop(uri, None)
+            else:
+                self._line[uri] = prefix.count("\n", 0, start)
+
+
 @dataclass
 class InlineOutcome:
     text: str | None  # None: stopped by a cancel or a newer request
     stats: dict[str, Any]
     mode: str
-    head_start: int | None = None  # the prompt's head start: the buffer's next ``keep_start``
 
 
 def completion_end(
@@ -54,7 +130,7 @@ def completion_end(
 def inline_job(
     prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool,
     suffix_tokens: int | None = None, *, auto_suffix: bool = True,
-    anchor: int = INLINE_ANCHOR_CHARS, keep_start: int | None = None,
+    anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None,
 ) -> Callable[[Any, threading.Event], InlineOutcome]:  # fmt: skip
     """The worker job completing at the cursor: text before it (``prefix``), after it
     (``suffix``), the cursor line up to the cursor, the buffer's session name part.
@@ -62,9 +138,9 @@ def inline_job(
     ``suffix_tokens``: the most tokens after the cursor the prompt carries (the
     ``inlineSuffixTokens`` setting); None with ``auto_suffix``: the engine's budget
     (``auto_suffix_tokens``), without: characters only. ``anchor``: the head window's
-    grid (0: the sliding window; ``bench inline`` compares the layouts); ``keep_start``:
-    the head start of the buffer's previous request (``InlineOutcome.head_start``), kept
-    where it still fits (``inline_head_start``)."""
+    grid (0: the sliding window; ``bench inline`` compares the layouts); ``starts``: the
+    documents' kept head starts, read when the job runs and updated once its prompt is
+    built (None: none kept)."""
     healed, removed = heal_prefix(prefix)
     indent = indentation(cursor_line)
 
@@ -73,9 +149,12 @@ def inline_job(
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
         budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
-        prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep_start)
+        keep, edits = starts.read(uri, healed) if starts is not None else (None, 0)
+        prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep)
+        if starts is not None:
+            starts.record(uri, healed, prompt.head_start, edits)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
-            return InlineOutcome(None, {}, prompt.mode, prompt.head_start)
+            return InlineOutcome(None, {}, prompt.mode)
         ended = threading.Event()
         tok = engine.tokenizer
         is_control = getattr(tok, "is_control", lambda _t: False)
@@ -97,10 +176,10 @@ def inline_job(
         )
         stats = result.stats.as_dict()
         if result.finish_reason == "cancelled" and not ended.is_set():
-            return InlineOutcome(None, stats, prompt.mode, prompt.head_start)
+            return InlineOutcome(None, stats, prompt.mode)
         ids = list(result.token_ids)
         cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
         generated = result.text if cut is None else tok.decode(ids[:cut])
-        return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode, prompt.head_start)
+        return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode)
 
     return job

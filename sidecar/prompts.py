@@ -228,7 +228,7 @@ def fit_selection(new_text: str, selection: str) -> str:
 class InlinePrompt:
     ids: list[int]
     mode: str  # "fim" or "prefix"
-    head_start: int = 0  # where the head starts in the prefix (the next request's ``keep_start``)
+    head_start: int | None = 0  # where the head starts in the prefix (None: cut to the context)
 
 
 def inline_head(prefix: str, limit: int = INLINE_PREFIX_CHARS, step: int = INLINE_ANCHOR_CHARS) -> str:
@@ -329,28 +329,40 @@ def inline_prompt(
 
     ``suffix_tokens``: the most tokens after the cursor (whole lines; None: characters
     only); ``anchor``: the head window's grid, ``keep_start``: the buffer's previous head
-    start (``inline_head_start``)."""
+    start (``inline_head_start``). ``head_start`` of the result is None when the head had
+    to be cut to the context (a small model): its first token is then mid-line and moves
+    with the cursor, so there is nothing worth keeping. A kept start that would need that
+    cut is dropped first (it may make a longer head than the grid's)."""
     tok = engine.tokenizer
-    start = inline_head_start(prefix, INLINE_PREFIX_CHARS, anchor, keep_start)
-    head = prefix[start:]
     # Characters bound the work; tokens bound the context (dense text is ~1 token a char).
     limit = _context_tokens(engine)
     room = None if limit is None else max(64, limit // 2)  # the rest: reply and drafts
     fim = getattr(tok, "fim", None)
+    tail_ids = inline_tail_ids(tok, suffix, INLINE_SUFFIX_CHARS, suffix_tokens) if fim is not None else []
+    extra = len(tail_ids) + 3 if fim is not None else 0  # the tail and the three FIM ids
+
+    def head_of(keep: int | None) -> tuple[int, list[int]]:
+        start = inline_head_start(prefix, INLINE_PREFIX_CHARS, anchor, keep)
+        if fim is not None:
+            return start, list(tok.encode(prefix[start:], add_bos=False, parse_special=False))
+        return start, list(tok.encode(prefix[start:], parse_special=False))
+
+    start, head_ids = head_of(keep_start)
+    if keep_start is not None and room is not None and len(head_ids) + extra > room:
+        start, head_ids = head_of(None)
+    cut = room is not None and len(head_ids) + extra > room
     if fim is not None:
-        head_ids = list(tok.encode(head, add_bos=False, parse_special=False))
-        tail_ids = inline_tail_ids(tok, suffix, INLINE_SUFFIX_CHARS, suffix_tokens)
-        if room is not None and len(head_ids) + len(tail_ids) + 3 > room:
+        if cut and room is not None:
             keep_tail = min(len(tail_ids), room // 4)
             tail_ids = tail_ids[:keep_tail]
             head_ids = head_ids[-max(1, room - 3 - keep_tail):]  # the text nearest the cursor
         ids = [fim.prefix, *head_ids, fim.suffix, *tail_ids, fim.middle]
-        return InlinePrompt(ids=ids, mode="fim", head_start=start)
-    ids = list(tok.encode(head, parse_special=False))
-    if room is not None and len(ids) > room:
+        return InlinePrompt(ids=ids, mode="fim", head_start=None if cut else start)
+    ids = head_ids
+    if cut and room is not None:
         bos = ids[:1] if getattr(tok, "add_bos", False) else []
         ids = bos + ids[-(room - len(bos)):]
-    return InlinePrompt(ids=ids, mode="prefix", head_start=start)
+    return InlinePrompt(ids=ids, mode="prefix", head_start=None if cut else start)
 
 
 def heal_prefix(prefix: str) -> tuple[str, str]:

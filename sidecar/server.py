@@ -58,7 +58,7 @@ from echoline.sidecar import rewrite_request, tcp_guard
 from echoline.sidecar.engine_choice import load_engine, remote_status
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
-from echoline.sidecar.inline import completion_end, inline_job
+from echoline.sidecar.inline import HeadStarts, completion_end, inline_job
 from echoline.sidecar.lsp_utils import (
     UTF16,
     apply_change,
@@ -685,9 +685,9 @@ class EcholineServer(LanguageServer):
         self.worker = EngineWorker(loader or _default_loader)
         self.index: WorkspaceIndex | None = None
         self.jobs_by_msg: dict[Any, Job] = {}
-        #: Each open document's last inline prompt head start (``inline_head_start``'s
-        #: ``keep``): the next request keeps it where it fits, so its cached head is reused.
-        self.inline_head_starts: dict[str, int] = {}
+        #: Each open document's inline prompt head start (``inline_head_start``'s ``keep``):
+        #: the next request keeps it where it fits, so its cached head is reused.
+        self.inline_head_starts = HeadStarts()
         #: Ids of requests the client cancelled (the latest few): a rewrite whose generation
         #: had already finished when its cancel arrived must still not send its edit.
         self.cancelled_ids: collections.deque[Any] = collections.deque(maxlen=256)
@@ -1036,18 +1036,20 @@ def on_shutdown(ls: EcholineServer, *args: Any) -> None:
 
 
 def on_did_open(ls: EcholineServer, params: types.DidOpenTextDocumentParams) -> None:
+    ls.inline_head_starts.opened(params.text_document.uri)
     ls.buffer_changed(params.text_document.uri)
     ls.idle_prefill.changed(params.text_document.uri)
 
 
 def on_did_change(ls: EcholineServer, params: types.DidChangeTextDocumentParams) -> None:
+    ls.inline_head_starts.edited(params.text_document.uri, list(params.content_changes))
     ls.buffer_changed(params.text_document.uri)
     ls.idle_prefill.changed(params.text_document.uri)
 
 
 def on_did_close(ls: EcholineServer, params: types.DidCloseTextDocumentParams) -> None:
     ls.idle_prefill.forget(params.text_document.uri)
-    ls.inline_head_starts.pop(params.text_document.uri, None)
+    ls.inline_head_starts.closed(params.text_document.uri)
     if ls.index is not None:
         ls.index.close_buffer(params.text_document.uri)
 
@@ -1101,13 +1103,11 @@ async def on_inline_completion(
     cursor_line = text[line_start(text, offset) : offset]
     rest = rest_of_line(text, offset)
     job = inline_job(prefix, suffix, cursor_line, uri, ls.settings.inline_max_tokens, ls.settings.speculation,
-                     ls.settings.inline_suffix_tokens, keep_start=ls.inline_head_starts.get(uri))
+                     ls.settings.inline_suffix_tokens, starts=ls.inline_head_starts)
     try:
         out = await ls.run_job(job, kind="inline", key=("inline", uri))
     except JobCancelled:
         out = None
-    if out is not None and out.head_start is not None:  # a superseded job's prefill is kept too
-        ls.inline_head_starts[uri] = out.head_start
     if out is None or out.text is None:  # superseded (or cancelled): an empty answer
         return types.InlineCompletionList(items=[])
     completion = out.text

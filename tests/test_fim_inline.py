@@ -338,3 +338,20 @@ async def test_cursor_jumps_keep_the_head_start(
         assert run["prefilled"] * 4 < len(run["prompt"])  # the grid alone: the whole prompt again
         plain = reference_engine.generate(run["prompt"], max_tokens=INLINE_MAX, spec=False)
         assert plain.token_ids[: len(run["token_ids"])] == run["token_ids"]
+
+    # two characters typed near the top (far above the head): the start's LINE holds (its
+    # offset moved by two, no longer a line start) and the head's text is unchanged, so a
+    # request at b (whose grid start differs) prefills only the text from a to b and the tail
+    edited = text.replace("def g3(", "def eeg3(", 1)
+    fim_lsp.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=at(text.index("g3(")), end=at(text.index("g3("))), text="ee")]))
+    await fim_lsp.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=at(b),  # b's line and column
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+    run = generations(fim_lsp, "inline:" + uri)[-1]
+    cut = run["prompt"].index(suf)
+    assert b + 2 - len(decode_plain(run["prompt"][1:cut])) == starts[0] + 2 != inline_head_start(edited[: b + 2])
+    assert edited[: b + 2].endswith(decode_plain(run["prompt"][1:cut]))
+    assert run["prefilled"] <= between + len(run["prompt"]) - cut + 2, (run["prefilled"], between)

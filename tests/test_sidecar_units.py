@@ -343,8 +343,13 @@ def test_inline_head_start_kept_across_cursor_jumps() -> None:
     assert kept_moves * 3 < grid_moves, (kept_moves, grid_moves)  # jumps of up to ~2,100 characters
     prefix = text[: ends[800]]
     grid = inline_head_start(prefix)
-    assert inline_head_start(prefix, keep=grid - 2 * STEP - 36) == grid  # too long a head: the grid
-    assert inline_head_start(prefix, keep=len(prefix) - 100) == grid  # too short a head: the grid
+    too_long = max(e for e in ends if len(prefix) - e >= LIMIT + 2 * STEP)  # line starts, both
+    too_short = min(e for e in ends if len(prefix) - e < LIMIT - STEP)
+    assert grid not in (too_long, too_short)
+    assert inline_head_start(prefix, keep=too_long) == grid  # too long a head: the grid
+    assert inline_head_start(prefix, keep=too_short) == grid  # too short a head: the grid
+    fits = max(e for e in ends if len(prefix) - e >= LIMIT + STEP)
+    assert fits != grid and inline_head_start(prefix, keep=fits) == fits  # a line start that fits
     assert inline_head_start(prefix, keep=grid + 5) == grid  # not a line start (text above edited)
     assert inline_head_start(prefix, keep=len(prefix) + 10) == grid  # past the cursor
     sliding = inline_head_start(prefix, step=0)
@@ -583,3 +588,72 @@ def test_a_job_that_runs_too_long_fails_the_request_and_is_cancelled() -> None:
         assert stopped.wait(3), "the job was not cancelled"
     finally:
         ls.worker.stop()
+
+
+def test_inline_prompt_drops_a_kept_start_the_context_would_cut() -> None:
+    """On a small context a kept start that makes the head too long falls back to the
+    grid; a head cut to the context anyway reports no start to keep (its first token is
+    mid-line and moves with the cursor)."""
+    from types import SimpleNamespace
+
+    from echoline.sidecar.prompts import INLINE_ANCHOR_CHARS as STEP
+    from echoline.sidecar.prompts import inline_head_start, inline_prompt
+
+    text = "".join(f"v{i:04d} = {i:04d}\n" for i in range(2000))  # 13 characters a line
+    prefix = text[: 13 * 1500]
+    grid = inline_head_start(prefix)  # a 7,202-character head
+    keep = grid - 13 * 100  # a line start 1,300 characters above: an 8,502-character head
+    assert inline_head_start(prefix, keep=keep) == keep
+    roomy = SimpleNamespace(tokenizer=CharTokenizer(True), config=SimpleNamespace(context_length=32768))
+    assert inline_prompt(roomy, prefix, "x\n", keep_start=keep).head_start == keep
+    # room 8,192 tokens (one a character): the grid's ~6,000-8,000 fit, the kept 9,000 do not
+    mid = SimpleNamespace(tokenizer=CharTokenizer(True), config=SimpleNamespace(context_length=16384))
+    got = inline_prompt(mid, prefix, "x\n", keep_start=keep)
+    assert got.head_start == grid and len(got.ids) == 3 + len(prefix) - grid + 2
+    small = SimpleNamespace(tokenizer=CharTokenizer(True), config=SimpleNamespace(context_length=4096))
+    cut = inline_prompt(small, prefix, "x\n", keep_start=keep)
+    assert cut.head_start is None and len(cut.ids) <= 2048
+    plain = SimpleNamespace(tokenizer=CharTokenizer(False), config=SimpleNamespace(context_length=4096))
+    assert inline_prompt(plain, prefix, "", keep_start=keep).head_start is None
+    assert len(prefix) - keep < 10_000 < 5 * STEP  # within the kept window: only the context drops it
+
+
+def test_head_starts_follow_edits_and_documents() -> None:
+    """The kept start is a line number: an edit within a line above keeps it, lines added
+    or removed above shift it, an edit across it or a whole-document change drops it; a
+    recording from text older than an edit, or for a closed document, is not kept."""
+    from types import SimpleNamespace as NS
+
+    from echoline.sidecar.inline import HeadStarts
+
+    def change(l0: int, c0: int, l1: int, c1: int, text: str) -> NS:
+        return NS(range=NS(start=NS(line=l0, character=c0), end=NS(line=l1, character=c1)), text=text)
+
+    text = "".join(f"line {i}\n" for i in range(100))
+    starts, uri = HeadStarts(), "file:///a.py"
+    starts.opened(uri)
+    _, edits = starts.read(uri, text)
+    start = text.index("line 40\n")
+    starts.record(uri, text, start, edits)
+    assert starts.read(uri, text)[0] == start
+    starts.edited(uri, [change(3, 2, 3, 4, "XY")])  # within line 3: the same line
+    assert starts.read(uri, text)[0] == start
+    starts.edited(uri, [change(5, 0, 5, 0, "new\nlines\n")])  # two lines inserted above
+    assert starts.read(uri, "new\nlines\n" + text)[0] == start + len("new\nlines\n")
+    starts.edited(uri, [change(10, 0, 11, 0, "")])  # a line deleted above (its end at column 0)
+    assert starts._line[uri] == 41  # 40 + 2 - 1
+    starts.edited(uri, [change(45, 0, 45, 3, "zz")])  # below the start: unaffected
+    assert starts._line[uri] == 41
+    starts.edited(uri, [change(39, 2, 42, 1, "")])  # across the start line's beginning
+    assert starts.read(uri, text)[0] is None
+    starts.record(uri, text, start, starts.read(uri, text)[1])
+    starts.edited(uri, [NS(text="whole new text")])  # a whole-document change
+    assert starts.read(uri, text)[0] is None
+    _, edits = starts.read(uri, text)
+    starts.edited(uri, [change(80, 0, 80, 0, "x")])
+    starts.record(uri, text, start, edits)  # recorded from text older than that edit
+    assert starts.read(uri, text)[0] is None
+    assert starts.read(uri, text[:50])[0] is None  # fewer lines than the start: none
+    starts.closed(uri)
+    starts.record(uri, text, start, starts.read(uri, text)[1])  # a job finishing after didClose
+    assert starts.read(uri, text)[0] is None

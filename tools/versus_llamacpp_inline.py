@@ -8,8 +8,9 @@ What a keystroke costs in each engine. The typing is ``echoline bench inline``'s
 source (``bench spec``'s six modules) a line near three quarters of the way down is removed
 and typed back, ``--step`` characters per request. Every request's prompt is the sidecar's
 fill-in-the-middle prompt (``sidecar.prompts.inline_prompt``: the head on its grid, the
-suffix within ``--suffix-tokens`` tokens, default the server's "auto" for this engine), and
-the SAME ids go to both engines:
+suffix within ``--suffix-tokens`` tokens, default the server's "auto" for this engine; the
+server also keeps a document's head start across cursor jumps, which typing one line never
+needs), and the SAME ids go to both engines:
 
 - ``echoline``: ``Engine.generate`` on the buffer's session (its cache reused up to the
   first id that changed), exact speculation as the sidecar runs it;
@@ -90,6 +91,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for k, (prefix, suffix) in enumerate(typing_requests(text, args.step)):
                 healed, _ = heal_prefix(prefix)
                 ids = inline_prompt(engine, healed, suffix, suffix_tokens=budget).ids
+                if len(ids) + args.max_tokens > args.ctx:
+                    raise SystemExit(f"a prompt of {len(ids)} ids and {args.max_tokens} more exceed "
+                                     f"llama-server's context {args.ctx}: raise --ctx")
                 replies: dict[str, list[int]] = {}
                 order.reverse()
                 for name in order:
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     else:
                         out = srv.greedy(ids, args.max_tokens, cache_prompt=True, id_slot=0)
                         dt = time.perf_counter() - t0
-                        replies[name], ran = out["ids"], int(out["timings"].get("prompt_n", -1))
+                        replies[name], ran = out["ids"], int(out["timings"]["prompt_n"])
                     if k:  # a source's first request fills both caches from nothing
                         times[name].append(dt)
                         run_again[name].append(ran)
