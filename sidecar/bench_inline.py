@@ -29,7 +29,10 @@ completion's first line is the removed content, and the mean similarity of the t
 modules, whole files. Navigation (``--jumps N``): in each source the cursor jumps N times
 by 5 to 60 lines up or down (seeded, the same jumps for every layout) to the end of a line
 of code and asks there, the text unchanged: what reading and then typing elsewhere costs
-(the first request of a source is left out).
+(the first of them is left out: with ``--step 0`` it is the source's first request, which
+runs the whole prompt in every layout; after typing it is a jump from the typed line). A
+jump stopped at the top or bottom of a file may land where the last one did: cheap in every
+layout, it counts all the same.
 
 A table on stderr; with ``--json`` one object on stdout's last line: ``{"model", "backend",
 "suffix_tokens", "sources", "step", "speculation", "jumps", "layouts": {"before"|"grid"|"now":
