@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from echoline.sidecar.lsp_utils import UTF16, unit_len
+from echoline.sidecar.lsp_utils import UTF16, line_bounds, line_count, unit_len
 from echoline.sidecar.prompts import (
     INLINE_ANCHOR_CHARS,
     auto_suffix_tokens,
@@ -31,6 +31,7 @@ class HeadStarts:
     """Each open document's inline head start, kept between its requests (the ``keep`` of
     ``sidecar.prompts.inline_head_start``), as a LINE number.
 
+    Lines are counted as the editor counts them (``lsp_utils``: ``\n``, ``\r\n`` or ``\r``).
     Why a line, and why here: the job reads the start when it runs and records it as soon
     as its prompt is built, on the engine thread (a request the editor cancels, or one
     queued behind another, still leaves the start its prefill used), while edits arrive on
@@ -71,7 +72,7 @@ class HeadStarts:
                 if rng is None:  # the whole document replaced
                     line = None
                 elif rng.end.line < line or (rng.end.line == line and rng.end.character == 0):
-                    line += ch.text.count("\n") - (rng.end.line - rng.start.line)
+                    line += line_count(ch.text) - 1 - (rng.end.line - rng.start.line)
                 elif rng.start.line < line:  # the edit spans the start line's beginning
                     line = None
             if line is None:
@@ -83,14 +84,8 @@ class HeadStarts:
         """(the kept start as an offset into ``prefix``, or None; the edit count now)."""
         with self._lock:
             line, edits = self._line.get(uri), self._edits.get(uri, 0)
-        if line is None:
-            return None, edits
-        at = 0
-        for _ in range(line):
-            at = prefix.find("\n", at) + 1
-            if at == 0:  # the prefix has fewer lines: the cursor is above the start
-                return None, edits
-        return at, edits
+        bounds = None if line is None else line_bounds(prefix, line)  # None: the cursor is above it
+        return (None if bounds is None else bounds[0]), edits
 
     def record(self, uri: str, prefix: str, start: int | None, edits: int) -> None:
         """Keep ``start`` (an offset into ``prefix``) if the document is open and unedited
@@ -101,7 +96,7 @@ class HeadStarts:
             if start is None:
                 self._line.pop(uri, None)
             else:
-                self._line[uri] = prefix.count("\n", 0, start)
+                self._line[uri] = line_count(prefix[:start]) - 1
 
 
 @dataclass

@@ -657,3 +657,9 @@ def test_head_starts_follow_edits_and_documents() -> None:
     starts.closed(uri)
     starts.record(uri, text, start, starts.read(uri, text)[1])  # a job finishing after didClose
     assert starts.read(uri, text)[0] is None
+    crlf = text.replace("\n", "\r\n")  # lines as the editor counts them: a CRLF is one break
+    starts.opened(uri)
+    starts.record(uri, crlf, crlf.index("line 40\r\n"), starts.read(uri, crlf)[1])
+    assert starts._line[uri] == 40 and starts.read(uri, crlf)[0] == crlf.index("line 40\r\n")
+    starts.edited(uri, [change(2, 0, 2, 0, "a\r\nb\r\n")])  # two CRLF lines above
+    assert starts._line[uri] == 42
