@@ -106,13 +106,18 @@ def jumps(text: str, n: int) -> list[int]:
     return out
 
 
+def _uri(layout: str, name: str) -> str:
+    """The document (and engine session) of ``layout``'s requests on source ``name``."""
+    return f"file:///{layout}/{name}"
+
+
 def _complete(engine: Any, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
               spec: bool, keeps: HeadStarts) -> tuple[InlineOutcome, float]:
     """One request of ``layout`` on its own session; ``keeps``: the kept head starts (the
     server's ``inline_head_starts``), for the layouts that keep them."""
     anchor, use_budget, keep = LAYOUTS[layout]
     cursor_line = prefix.rsplit("\n", 1)[-1]
-    uri = f"file:///{layout}/{name}"
+    uri = _uri(layout, name)
     job = inline_job(prefix, suffix, cursor_line, uri, MAX_TOKENS, spec, budget if use_budget else None,
                      auto_suffix=False, anchor=anchor, starts=keeps if keep else None)
     t0 = time.perf_counter()
@@ -153,7 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     keeps = HeadStarts()
     for layout in layouts:  # a document per (layout, source), open for the whole run
         for path in paths:
-            keeps.opened(f"file:///{layout}/{path.name}")
+            keeps.opened(_uri(layout, path.name))
     positions = 0
     order = list(layouts)
 
