@@ -39,6 +39,10 @@ class Settings:
     # Tokens after the cursor an inline prompt carries (whole lines); None: "auto", what the
     # engine prefills within 1.25 s (sidecar/prompts.py auto_suffix_tokens); 0: none.
     inline_suffix_tokens: int | None = None
+    # Warm the inline session at the cursor the editor reports (echoline/cursor) once it
+    # rests inline_warm_ms (sidecar/inline_warm.py).
+    inline_warm: bool = True
+    inline_warm_ms: int = 300
     ready_timeout_s: float = 60.0
     prefill_on_idle: bool = True
     prefill_idle_ms: int = 400
@@ -187,6 +191,8 @@ KEYS: dict[str, tuple[str, Any]] = {
     "maxIndexMB": ("max_index_mb", _pos_number),
     "inlineMaxTokens": ("inline_max_tokens", _int_range(1, 1024)),
     "inlineSuffixTokens": ("inline_suffix_tokens", _auto_or_int_range(0, 4096)),
+    "inlineWarm": ("inline_warm", _bool),
+    "inlineWarmMs": ("inline_warm_ms", _int_range(0, 60_000)),
     "readyTimeoutS": ("ready_timeout_s", _pos_number),
     "prefillOnIdle": ("prefill_on_idle", _bool),
     "prefillIdleMs": ("prefill_idle_ms", _int_range(0, 60_000)),
@@ -209,6 +215,8 @@ NESTED: dict[tuple[str, str], str] = {
     ("index", "maxIndexMB"): "maxIndexMB",
     ("inlineCompletion", "maxTokens"): "inlineMaxTokens",
     ("inlineCompletion", "suffixTokens"): "inlineSuffixTokens",
+    ("inlineCompletion", "warm"): "inlineWarm",
+    ("inlineCompletion", "warmMs"): "inlineWarmMs",
 }
 
 

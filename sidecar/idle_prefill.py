@@ -6,25 +6,25 @@ token. Here, ``prefillIdleMs`` after a document's last change, a background job
 on the engine thread runs that file-only prefix into the session a rewrite of
 the document uses; the request that follows then prefills only its tail.
 
-The job is low priority: any request submitted to the worker cancels it (it then
-stops within one ``CHUNK``-token chunk, keeping the chunks done), and a newer
-change cancels and reschedules it. It never changes a reply: the engine reuses
+The life cycle (debounce, cancelled by any request within one chunk, resumed
+after it, a newer change cancels and reschedules) is ``BackgroundPrefill``'s
+(``sidecar/background_prefill.py``). It never changes a reply: the engine reuses
 a session's cache only as far as it matches the request's prompt token for token.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from echoline.sidecar.background_prefill import CHUNK, BackgroundPrefill, PrefillJob, prefill_chunk
 from echoline.sidecar.config import Settings
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.prompts import rewrite_prefix_ids
-from echoline.sidecar.worker import EngineWorker, Job
+from echoline.sidecar.worker import EngineWorker
 
-CHUNK = 64  # tokens per forward: what a request arriving mid-prefill waits for at most
+__all__ = ["CHUNK", "IdlePrefill", "rewrite_session", "run_prefill"]
 
 
 def rewrite_session(uri: str) -> str:
@@ -32,8 +32,10 @@ def rewrite_session(uri: str) -> str:
     return uri
 
 
-class IdlePrefill:
-    """Per-document debounce timers (event loop) and their prefill jobs (engine thread)."""
+class IdlePrefill(BackgroundPrefill):
+    """The rewrite prefix of each edited document, ``prefillIdleMs`` after its last change."""
+
+    key_name = "prefill"
 
     def __init__(
         self,
@@ -42,72 +44,24 @@ class IdlePrefill:
         text_of: Callable[[str], str | None],
         notify: Callable[[dict[str, Any]], None],
     ) -> None:
-        self._worker = worker
-        self._settings = settings
+        super().__init__(worker, settings, notify)
         self._text_of = text_of
-        self._notify = notify  # called on the event loop
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self.last: dict[str, Any] | None = None  # the latest finished prefill, for status
 
-    # ---- event loop ------------------------------------------------------------------------
-    def changed(self, uri: str) -> None:
-        """A document was opened or edited: cancel its prefill, schedule a fresh one."""
-        self.forget(uri)
-        self._rearm(uri)
+    def enabled(self, s: Settings) -> bool:
+        return s.prefill_on_idle
 
-    def _rearm(self, uri: str) -> None:
-        s = self._settings()
-        if not s.prefill_on_idle:
-            return
-        loop = asyncio.get_running_loop()
-        self._timers[uri] = loop.call_later(s.prefill_idle_ms / 1000.0, self._fire, uri)
+    def delay_ms(self, s: Settings) -> int:
+        return s.prefill_idle_ms
 
-    def forget(self, uri: str) -> None:
-        """Drop ``uri``'s pending timer and cancel its queued or running prefill."""
-        timer = self._timers.pop(uri, None)
-        if timer is not None:
-            timer.cancel()
-        self._worker.cancel_key(("prefill", uri))
-
-    def stop_all(self) -> None:
-        for uri in list(self._timers):
-            self.forget(uri)
-
-    def _fire(self, uri: str) -> None:
-        self._timers.pop(uri, None)
-        if not self._settings().prefill_on_idle or self._worker.state == "error":
-            return
+    def make_job(self, uri: str) -> PrefillJob | None:
         text = self._text_of(uri)
         if text is None:
-            return
-        loop = asyncio.get_running_loop()
+            return None
 
-        def started(n: int) -> None:  # engine thread
-            loop.call_soon_threadsafe(self._notify, {"uri": uri, "state": "started", "tokens": n})
-
-        def job(engine: Any, cancel: threading.Event) -> dict[str, Any] | None:
+        def job(engine: Any, cancel: threading.Event, started: Callable[[int], None]) -> dict[str, Any] | None:
             return run_prefill(engine, uri, text, cancel, started)
 
-        submitted = self._worker.submit(job, kind="prefill", key=("prefill", uri))
-        submitted.future.add_done_callback(
-            lambda _f: loop.call_soon_threadsafe(self._finished, uri, submitted)
-        )
-
-    def _finished(self, uri: str, job: Job) -> None:
-        info: dict[str, Any] = {"uri": uri, **job.summary()}
-        if job.cancel.is_set() and not job.superseded and uri not in self._timers:
-            # Stopped by a request (not by a change): resume once the engine is free
-            # again; the chunks done stay in the session, so only the rest runs.
-            self._rearm(uri)
-        if job.future.cancelled() or job.future.exception() is not None:
-            info["state"] = "cancelled" if job.cancel.is_set() else "failed"
-        else:
-            detail = job.future.result()
-            if detail is None:
-                return
-            info["state"] = "cancelled" if detail.get("cancelled") else detail.get("state", "done")
-        self.last = info
-        self._notify(info)
+        return job
 
 
 def run_prefill(
@@ -127,8 +81,6 @@ def run_prefill(
         return {"state": "cancelled", "cancelled": True, "tokens": len(ids), "cached": None}
     if started is not None:
         started(len(ids))
-    # A backend whose results depend on the rows per forward gets the engine's own chunk.
-    chunk = CHUNK if engine.backend.batch_invariant else None
-    cached = engine.prefill(ids, session=rewrite_session(uri), cancel=cancel, chunk=chunk)
+    cached = engine.prefill(ids, session=rewrite_session(uri), cancel=cancel, chunk=prefill_chunk(engine))
     return {"state": "done", "cancelled": cancel.is_set() and cached < len(ids) - 1,
             "tokens": len(ids), "cached": cached}

@@ -13,9 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from echoline.sidecar.background_prefill import prefill_chunk
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.lsp_utils import UTF16, line_bounds, line_count, unit_len
 from echoline.sidecar.prompts import (
     INLINE_ANCHOR_CHARS,
+    InlinePrompt,
     auto_suffix_tokens,
     block_end,
     finish_completion,
@@ -122,6 +125,26 @@ def completion_end(
     return pos
 
 
+def inline_session(uri: str) -> str:
+    """The engine session of ``uri``'s inline prompts (the requests and the warm-up share it)."""
+    return "inline:" + uri
+
+
+def _prompt(
+    engine: Any, healed: str, suffix: str, uri: str, suffix_tokens: int | None, auto_suffix: bool,
+    anchor: int, starts: HeadStarts | None,
+) -> InlinePrompt:  # fmt: skip
+    """The inline prompt at the cursor, on the engine thread: the head start kept in
+    ``starts`` is read and the one used recorded, so a request and a warm-up at the same
+    cursor build the same ids."""
+    budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
+    keep, edits = starts.read(uri, healed) if starts is not None else (None, 0)
+    prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep)
+    if starts is not None:
+        starts.record(uri, healed, prompt.head_start, edits)
+    return prompt
+
+
 def inline_job(
     prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool,
     suffix_tokens: int | None = None, *, auto_suffix: bool = True,
@@ -143,11 +166,7 @@ def inline_job(
         return unheal(generated, removed)
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
-        budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
-        keep, edits = starts.read(uri, healed) if starts is not None else (None, 0)
-        prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep)
-        if starts is not None:
-            starts.record(uri, healed, prompt.head_start, edits)
+        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
             return InlineOutcome(None, {}, prompt.mode)
         ended = threading.Event()
@@ -165,7 +184,7 @@ def inline_job(
             prompt.ids,
             max_tokens=max_tokens,
             spec=spec,
-            session="inline:" + uri,
+            session=inline_session(uri),
             on_token=on_token,
             cancel=cancel,
         )
@@ -176,5 +195,37 @@ def inline_job(
         cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
         generated = result.text if cut is None else tok.decode(ids[:cut])
         return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode)
+
+    return job
+
+
+def warm_job(
+    prefix: str, suffix: str, uri: str, max_tokens: int, suffix_tokens: int | None = None, *,
+    auto_suffix: bool = True, anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None,
+) -> Callable[[Any, threading.Event, Callable[[int], None] | None], dict[str, Any] | None]:  # fmt: skip
+    """The background job that runs the inline prompt at a resting cursor into the
+    document's inline session (``sidecar/inline_warm.py`` schedules it): the prompt a
+    request at that cursor would build (the same arguments as ``inline_job``), prefilled
+    without a reply, so the request that follows (the first keystroke there) runs only
+    what changed. A cancel stops it between ``CHUNK``-token chunks, keeping those done."""
+    healed, _ = heal_prefix(prefix)
+
+    def job(engine: Any, cancel: threading.Event,
+            started: Callable[[int], None] | None = None) -> dict[str, Any] | None:  # fmt: skip
+        if not isinstance(engine, EngineLike):  # not loaded, or a test's stand-in
+            return None
+        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts)
+        ids = prompt.ids
+        if len(ids) < 2:
+            return {"state": "skipped", "reason": "nothing before the cursor", "tokens": len(ids)}
+        if cancel.is_set():
+            return {"state": "cancelled", "cancelled": True, "tokens": len(ids), "cached": None}
+        if started is not None:
+            started(len(ids))
+        # sized for the request that follows (its reply included), as generate sizes it
+        cached = engine.prefill(ids, session=inline_session(uri), cancel=cancel, chunk=prefill_chunk(engine),
+                                reserve_tokens=len(ids) + max_tokens)
+        return {"state": "done", "cancelled": cancel.is_set() and cached < len(ids) - 1,
+                "tokens": len(ids), "cached": cached, "mode": prompt.mode}
 
     return job

@@ -59,6 +59,7 @@ from echoline.sidecar.engine_choice import load_engine, remote_status
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
 from echoline.sidecar.inline import HeadStarts, completion_end, inline_job
+from echoline.sidecar.inline_warm import CURSOR, NOTIFY_INLINE_WARM, InlineWarm
 from echoline.sidecar.lsp_utils import (
     UTF16,
     apply_change,
@@ -709,10 +710,18 @@ class EcholineServer(LanguageServer):
             self.worker, lambda: self.settings, self._doc_text,
             lambda info: self.protocol.notify(NOTIFY_PREFILL, info),
         )
+        self.inline_warm = InlineWarm(
+            self.worker, lambda: self.settings, self._doc_state, lambda: self.position_encoding,
+            self.inline_head_starts, lambda info: self.protocol.notify(NOTIFY_INLINE_WARM, info),
+        )
 
     def _doc_text(self, uri: str) -> str | None:
         doc = find_document(self.workspace, uri)
         return None if doc is None else doc.source
+
+    def _doc_state(self, uri: str) -> tuple[str, int | None] | None:
+        doc = find_document(self.workspace, uri)
+        return None if doc is None else (doc.source, doc.version)
 
     @property
     def position_encoding(self) -> str:
@@ -968,6 +977,8 @@ class EcholineServer(LanguageServer):
         self.settings = new
         if old.prefill_on_idle and not new.prefill_on_idle:
             self.idle_prefill.stop_all()
+        if old.inline_warm and not new.inline_warm:
+            self.inline_warm.stop_all()
         if self.index is not None and (
             new.max_file_bytes != old.max_file_bytes or new.max_index_mb != old.max_index_mb
         ):
@@ -1028,6 +1039,7 @@ async def on_initialized(ls: EcholineServer, params: types.InitializedParams) ->
 def on_shutdown(ls: EcholineServer, *args: Any) -> None:
     """Stop generating and watching; the process exits on ``exit``."""
     ls.idle_prefill.stop_all()
+    ls.inline_warm.stop_all()
     for job in list(ls.jobs_by_msg.values()):
         job.request_cancel()
     if ls.index is not None:
@@ -1045,10 +1057,12 @@ def on_did_change(ls: EcholineServer, params: types.DidChangeTextDocumentParams)
     ls.inline_head_starts.edited(params.text_document.uri, list(params.content_changes))
     ls.buffer_changed(params.text_document.uri)
     ls.idle_prefill.changed(params.text_document.uri)
+    ls.inline_warm.edited(params.text_document.uri)
 
 
 def on_did_close(ls: EcholineServer, params: types.DidCloseTextDocumentParams) -> None:
     ls.idle_prefill.forget(params.text_document.uri)
+    ls.inline_warm.closed(params.text_document.uri)
     ls.inline_head_starts.closed(params.text_document.uri)
     if ls.index is not None:
         ls.index.close_buffer(params.text_document.uri)
@@ -1071,6 +1085,49 @@ async def on_did_change_configuration(
 
 def on_did_change_folders(ls: EcholineServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
     ls.start_index()
+
+
+def on_cursor(ls: EcholineServer, params: Any) -> None:
+    """``echoline/cursor`` {textDocument: {uri, version?}, position}: where the editor's
+    cursor rests (a notification: nothing is answered; a malformed one is logged and
+    dropped). Warms that document's inline session there (``sidecar/inline_warm.py``)."""
+    try:
+        uri, version, pos = _cursor_params(params)
+    except ValueError as exc:
+        log.warning("%s dropped: %s", CURSOR, exc)
+        return
+    if ls.settings.inline_warm and find_document(ls.workspace, uri) is not None:
+        ls.inline_warm.cursor(uri, version, pos)
+
+
+def _plain(v: Any) -> Any:
+    """A custom method's params as JSON values: pygls hands them over as named tuples."""
+    if hasattr(v, "_asdict"):
+        return {k: _plain(x) for k, x in v._asdict().items()}
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _cursor_params(params: Any) -> tuple[str, int | None, types.Position]:
+    """(uri, version or None, position) of an ``echoline/cursor``; ValueError naming what
+    is wrong."""
+    raw = _plain(params)
+    if not isinstance(raw, dict):
+        raise ValueError("params must be an object {textDocument, position}")
+    doc, pos = raw.get("textDocument"), raw.get("position")
+    uri = doc.get("uri") if isinstance(doc, dict) else None
+    if not isinstance(uri, str) or not uri:
+        raise ValueError("textDocument.uri must be a non-empty string")
+    version = doc.get("version")
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise ValueError("textDocument.version must be an integer")
+    if not isinstance(pos, dict):
+        raise ValueError("position must be an object {line, character}")
+    line, char = pos.get("line"), pos.get("character")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (line, char)):
+        raise ValueError("position.line and position.character must be integers >= 0")
+    return uri, version, types.Position(line=line, character=char)
 
 
 async def on_inline_completion(
@@ -1259,6 +1316,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         "tokS": ls.last_tok_s,
         "acceptance": ls.last_acceptance,
         "lastPrefill": ls.idle_prefill.last,
+        "lastInlineWarm": ls.inline_warm.last,
     }
     engine = ls.worker.engine
     if isinstance(engine, EngineLike):
@@ -1311,6 +1369,7 @@ def create_server(loader: Any = None) -> EcholineServer:
         types.TEXT_DOCUMENT_CODE_ACTION,
         types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.RefactorRewrite]),
     )(on_code_action)
+    ls.feature(CURSOR)(on_cursor)
     ls.command(CMD_REWRITE)(cmd_rewrite)
     ls.command(CMD_STATUS)(cmd_status)
     return ls

@@ -82,6 +82,13 @@ MID_PREFIX = "def total(xs):\n    s = sum("
 MID_SUFFIX = ")\n    return s\n"
 
 
+def _json(v: Any) -> Any:
+    """A custom notification's params as plain JSON values (pygls gives named tuples)."""
+    if hasattr(v, "_asdict"):
+        return {k: _json(x) for k, x in v._asdict().items()}
+    return {k: _json(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
 def reply_text(ids: list[int]) -> str:
     """A reply's text up to its first control token (which ends an inline completion)."""
     back = {c: b for b, c in enumerate(_byte_chars())}
@@ -122,9 +129,15 @@ async def fim_lsp(fim_model: Path, workspace: Path, tmp_path_factory: pytest.Tem
     client = await config.start()
     statuses: list[Any] = []
 
+    warms: list[dict[str, Any]] = []
+
     @client.feature("echoline/status")
     def _status(params: Any) -> None:
         statuses.append(params if isinstance(params, dict) else dict(params._asdict()))
+
+    @client.feature("echoline/inlineWarm")
+    def _warm(params: Any) -> None:
+        warms.append(_json(params))
 
     await client.initialize_session(
         types.InitializeParams(
@@ -139,6 +152,7 @@ async def fim_lsp(fim_model: Path, workspace: Path, tmp_path_factory: pytest.Tem
         await asyncio.sleep(0.05)
     assert any(s.get("state") == "ready" for s in statuses), statuses
     client.log_path = log  # type: ignore[attr-defined]
+    client.warms = warms  # type: ignore[attr-defined]
     yield client
     await client.shutdown_session()
     await client.stop()
@@ -355,3 +369,93 @@ async def test_cursor_jumps_keep_the_head_start(
     assert b + 2 - len(decode_plain(run["prompt"][1:cut])) == starts[0] + 2 != inline_head_start(edited[: b + 2])
     assert edited[: b + 2].endswith(decode_plain(run["prompt"][1:cut]))
     assert run["prefilled"] <= between + len(run["prompt"]) - cut + 2, (run["prefilled"], between)
+
+
+async def _warm_end(client: LanguageClient, uri: str, seen: int, timeout: float = 60.0) -> dict[str, Any]:
+    """The first ``echoline/inlineWarm`` end notification for ``uri`` after the first
+    ``seen`` notifications."""
+    warms: list[dict[str, Any]] = client.warms  # type: ignore[attr-defined]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        done = [w for w in warms[seen:] if w.get("uri") == uri and w.get("state") != "started"]
+        if done:
+            return done[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no inline warm-up ended for {uri}: {warms[seen:]}")
+
+
+async def test_cursor_rest_warms_the_inline_prompt(
+    fim_lsp: LanguageClient, workspace: Path, reference_engine: Any
+) -> None:
+    """``echoline/cursor`` on a freshly opened long document: once the cursor rests the
+    server prefills the inline prompt there (``sidecar/inline_warm.py``), so the request
+    that follows at that cursor runs one token instead of the whole ~2,000-token prompt,
+    and after a keystroke (the cursor sent before its didChange, as an editor may) only
+    the typed text and the tail; every reply is the model's greedy one on its prompt. A
+    malformed cursor is dropped and the server keeps serving; with ``inlineWarm`` off
+    nothing is warmed."""
+    text = "".join(f"def w{i}(a, b):\n    return a * {i} + b\n\n" for i in range(400))  # ~13k chars
+    c = [i for i, ch in enumerate(text) if ch == "\n" and text[i - 1] == "b"][250]
+    path = workspace / "warm.py"
+    path.write_text(text)
+    uri = path.as_uri()
+    fim_lsp.text_document_did_open(types.DidOpenTextDocumentParams(
+        text_document=types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+
+    def at(src: str, offset: int) -> types.Position:
+        line = src.count("\n", 0, offset)
+        return types.Position(line=line, character=offset - (src.rfind("\n", 0, offset) + 1))
+
+    def cursor(version: int, pos: types.Position) -> None:
+        fim_lsp.protocol.notify("echoline/cursor", {
+            "textDocument": {"uri": uri, "version": version},
+            "position": {"line": pos.line, "character": pos.character}})
+
+    async def ask(pos: types.Position) -> dict[str, Any]:
+        await fim_lsp.text_document_inline_completion_async(types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+        run = generations(fim_lsp, "inline:" + uri)[-1]
+        plain = reference_engine.generate(run["prompt"], max_tokens=INLINE_MAX, spec=False)
+        assert plain.token_ids[: len(run["token_ids"])] == run["token_ids"]
+        return run
+
+    warms: list[dict[str, Any]] = fim_lsp.warms  # type: ignore[attr-defined]
+    fim_lsp.protocol.notify("echoline/cursor", {"textDocument": {"uri": uri}, "position": {"line": -1}})
+    seen = len(warms)
+    cursor(1, at(text, c))
+    done = await _warm_end(fim_lsp, uri, seen)
+    assert done["state"] == "done", done
+    detail = done["detail"]
+    assert detail["tokens"] > 1500 and detail["cached"] == detail["tokens"] - 1, detail
+    run = await ask(at(text, c))
+    assert len(run["prompt"]) == detail["tokens"] and run["prefilled"] <= 1, (run["prefilled"], detail)
+
+    # Enter and an indent typed at the cursor; the editor's cursor arrives before the change
+    typed = "\n    "
+    edited = text[:c] + typed + text[c:]
+    seen = len(warms)
+    cursor(2, at(edited, c + len(typed)))
+    fim_lsp.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(
+            range=types.Range(start=at(text, c), end=at(text, c)), text=typed)]))
+    done = await _warm_end(fim_lsp, uri, seen)
+    assert done["state"] == "done", done
+    suf = ID["<|fim_suffix|>"]
+    run = await ask(at(edited, c + len(typed)))
+    assert run["prefilled"] <= 1, run["prefilled"]
+    # what the warm-up spared the keystroke: the request before it had to run the tail again
+    assert len(run["prompt"]) - run["prompt"].index(suf) > 8
+
+    # off: a resting cursor warms nothing
+    fim_lsp.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"echoline": {"inlineWarm": False}}))
+    try:
+        seen = len(warms)
+        cursor(2, at(edited, 10))
+        await asyncio.sleep(1.0)
+        assert not [w for w in warms[seen:] if w.get("uri") == uri], warms[seen:]
+    finally:
+        fim_lsp.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"echoline": {"inlineWarm": True}}))

@@ -190,6 +190,9 @@ def test_idle_prefill_settings() -> None:
     kept, errors = cfg.apply(new, {"prefillOnIdle": 1, "prefillIdleMs": 1.5})
     assert len(errors) == 2 and kept == new
     assert cfg.as_lsp_dict(new)["prefillIdleMs"] == 250
+    warm, errors = cfg.apply(cfg.Settings(), {"inlineCompletion": {"warm": False, "warmMs": 50}})
+    assert not errors and not warm.inline_warm and warm.inline_warm_ms == 50
+    assert cfg.Settings().inline_warm and len(cfg.apply(warm, {"inlineWarmMs": -1})[1]) == 1
 
 
 def test_worker_load_failure_is_reported() -> None:
@@ -663,3 +666,42 @@ def test_head_starts_follow_edits_and_documents() -> None:
     assert starts._line[uri] == 40 and starts.read(uri, crlf)[0] == crlf.index("line 40\r\n")
     starts.edited(uri, [change(2, 0, 2, 0, "a\r\nb\r\n")])  # two CRLF lines above
     assert starts._line[uri] == 42
+
+
+def test_cursor_params_and_the_warm_up_reads_the_named_version() -> None:
+    """``echoline/cursor``: malformed params are refused with the reason (the handler logs
+    and drops them); the warm-up reads the position against the text of the version the
+    editor named, and waits (no job) while the server holds other text or the position
+    names no place in it."""
+    from echoline.sidecar.inline import HeadStarts
+    from echoline.sidecar.inline_warm import InlineWarm
+    from echoline.sidecar.server import _cursor_params
+
+    uri = "file:///w.py"
+    good = {"textDocument": {"uri": uri, "version": 3}, "position": {"line": 1, "character": 2}}
+    assert _cursor_params(good) == (uri, 3, types.Position(line=1, character=2))
+    assert _cursor_params({**good, "textDocument": {"uri": uri}})[1] is None
+    for bad, why in (
+        ([], "params must be an object"),
+        ({"position": good["position"]}, "textDocument.uri"),
+        ({**good, "textDocument": {"uri": uri, "version": "3"}}, "version must be an integer"),
+        ({**good, "textDocument": {"uri": uri, "version": True}}, "version must be an integer"),
+        ({**good, "position": {"line": -1, "character": 0}}, ">= 0"),
+        ({**good, "position": {"line": 1.0, "character": 0}}, ">= 0"),
+        ({"textDocument": good["textDocument"]}, "position must be an object"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            _cursor_params(bad)
+
+    docs: dict[str, tuple[str, int | None]] = {uri: ("ab\ncdef\n", 3)}
+    settings = cfg.Settings()
+    warm = InlineWarm(None, lambda: settings, docs.get, lambda: "utf-16", HeadStarts(), lambda _i: None)  # type: ignore[arg-type]
+    warm._cursor[uri] = (3, types.Position(line=1, character=2))
+    assert warm.make_job(uri) is not None
+    docs[uri] = ("ab\ncdef\nmore\n", 4)  # the server's text moved on: the cursor is stale
+    assert warm.make_job(uri) is None
+    warm._cursor[uri] = (None, types.Position(line=2, character=4))  # no version: the text as it is
+    assert warm.make_job(uri) is not None
+    warm._cursor[uri] = (4, types.Position(line=9, character=0))  # no such line
+    assert warm.make_job(uri) is None
+    assert warm.make_job("file:///other.py") is None  # no cursor, no document

@@ -1,0 +1,134 @@
+"""Prefill work done ahead of a request, while the user pauses: the shared machinery.
+
+Why: a request's first reply token waits for every prompt token its session does not hold
+yet. Two things can be run ahead of need: a document's rewrite prompt prefix after an edit
+(``sidecar/idle_prefill.py``) and the inline prompt at a cursor that came to rest
+(``sidecar/inline_warm.py``). Both need the same life cycle, kept here once:
+
+* a per-document debounce timer on the event loop (a newer change or cursor re-arms it);
+* a job of the worker's background kind (``worker.BACKGROUND``): any request cancels it,
+  queued or running, and then waits for at most one ``CHUNK``-token chunk; the chunks done
+  stay in the session, so a later run continues where it stopped;
+* a job stopped by a request (not superseded by a newer change) is re-armed, so the rest
+  runs once the engine is free again;
+* a notification when the job starts and when it ends, and the last end kept for status.
+
+Replies never change: the engine reuses a session's cache only as far as it matches the
+request's prompt token for token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from echoline.sidecar.config import Settings
+from echoline.sidecar.worker import EngineWorker, Job
+
+CHUNK = 64  # tokens per forward: what a request arriving mid-prefill waits for at most
+
+#: The engine-thread part of a background prefill: (engine, cancel, started) -> its figures
+#: (None: nothing to report); ``started(n)`` is called with the prompt's length before it runs.
+PrefillJob = Callable[[Any, threading.Event, Callable[[int], None]], "dict[str, Any] | None"]
+
+
+def prefill_chunk(engine: Any) -> int | None:
+    """The chunk a background prefill runs in: ``CHUNK``, or the engine's own prefill chunk
+    on a backend whose results depend on the rows per forward (chunks there would change
+    the bits a later request computes)."""
+    return CHUNK if engine.backend.batch_invariant else None
+
+
+class BackgroundPrefill:
+    """Per-document debounce timers (event loop) and their prefill jobs (engine thread).
+
+    Subclasses say when they are on (``enabled``), after how long (``delay_ms``), and what
+    to run (``make_job``, called on the event loop when the timer fires)."""
+
+    #: The worker key's first part: one job per (key_name, document) at a time.
+    key_name = "prefill"
+
+    def __init__(
+        self,
+        worker: EngineWorker,
+        settings: Callable[[], Settings],
+        notify: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._worker = worker
+        self._settings = settings
+        self._notify = notify  # called on the event loop
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.last: dict[str, Any] | None = None  # the latest finished prefill, for status
+
+    # ---- what a subclass decides ------------------------------------------------------------
+    def enabled(self, s: Settings) -> bool:
+        raise NotImplementedError
+
+    def delay_ms(self, s: Settings) -> int:
+        raise NotImplementedError
+
+    def make_job(self, uri: str) -> PrefillJob | None:
+        """The job to run for ``uri`` now (event loop); None: nothing to run."""
+        raise NotImplementedError
+
+    # ---- event loop ------------------------------------------------------------------------
+    def changed(self, uri: str) -> None:
+        """Something the job depends on changed: cancel its prefill, schedule a fresh one."""
+        self.forget(uri)
+        self._rearm(uri)
+
+    def _rearm(self, uri: str) -> None:
+        s = self._settings()
+        if not self.enabled(s):
+            return
+        loop = asyncio.get_running_loop()
+        self._timers[uri] = loop.call_later(self.delay_ms(s) / 1000.0, self._fire, uri)
+
+    def forget(self, uri: str) -> None:
+        """Drop ``uri``'s pending timer and cancel its queued or running prefill."""
+        timer = self._timers.pop(uri, None)
+        if timer is not None:
+            timer.cancel()
+        self._worker.cancel_key((self.key_name, uri))
+
+    def stop_all(self) -> None:
+        for uri in list(self._timers):
+            self.forget(uri)
+
+    def _fire(self, uri: str) -> None:
+        self._timers.pop(uri, None)
+        if not self.enabled(self._settings()) or self._worker.state == "error":
+            return
+        run = self.make_job(uri)
+        if run is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def started(n: int) -> None:  # engine thread
+            loop.call_soon_threadsafe(self._notify, {"uri": uri, "state": "started", "tokens": n})
+
+        def job(engine: Any, cancel: threading.Event) -> dict[str, Any] | None:
+            return run(engine, cancel, started)
+
+        submitted = self._worker.submit(job, kind="prefill", key=(self.key_name, uri))
+        submitted.future.add_done_callback(
+            lambda _f: loop.call_soon_threadsafe(self._finished, uri, submitted)
+        )
+
+    def _finished(self, uri: str, job: Job) -> None:
+        info: dict[str, Any] = {"uri": uri, **job.summary()}
+        if job.cancel.is_set() and not job.superseded and uri not in self._timers:
+            # Stopped by a request (not by a change): resume once the engine is free
+            # again; the chunks done stay in the session, so only the rest runs.
+            self._rearm(uri)
+        if job.future.cancelled() or job.future.exception() is not None:
+            info["state"] = "cancelled" if job.cancel.is_set() else "failed"
+        else:
+            detail = job.future.result()
+            if detail is None:
+                return
+            info["state"] = "cancelled" if detail.get("cancelled") else detail.get("state", "done")
+        self.last = info
+        self._notify(info)

@@ -1,0 +1,93 @@
+"""Warm a document's inline session at the cursor while the user reads.
+
+Why: the first inline request at a place in a file runs every prompt token its session
+does not hold: on a freshly opened file the whole ~2,200-token prompt (~12 s on a 2-core
+CPU), after a long jump down the text between the two cursors. The editor plugins send
+``echoline/cursor`` (the document, its version, the cursor) when the cursor moves; here,
+``inlineWarmMs`` after the last one, a background job builds the inline prompt a request
+at that cursor would build (``sidecar.inline.warm_job``: the same head start, kept or
+not) and prefills it into the document's inline session. When the user then types there,
+the request runs only the typed text and the tail after it.
+
+The position is read against the text of the version the editor named: a cursor sent
+before the didChange it follows waits for that change (the timer is re-armed by it), and
+one older than the text is dropped (the editor sends a newer one). The life cycle (debounce,
+cancelled by any request within one chunk and resumed after it) is ``BackgroundPrefill``'s.
+Replies never change: the engine reuses a session's cache only as far as it matches the
+request's prompt token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from echoline.sidecar.background_prefill import BackgroundPrefill, PrefillJob
+from echoline.sidecar.config import Settings
+from echoline.sidecar.inline import HeadStarts, warm_job
+from echoline.sidecar.lsp_utils import PositionError, check_position
+from echoline.sidecar.worker import EngineWorker
+from lsprotocol import types
+
+NOTIFY_INLINE_WARM = "echoline/inlineWarm"  # the job's start and end (server -> client)
+CURSOR = "echoline/cursor"  # the editor's cursor (client -> server)
+
+
+class InlineWarm(BackgroundPrefill):
+    """The inline prompt at each document's latest cursor, ``inlineWarmMs`` after it rests."""
+
+    key_name = "inline-warm"
+
+    def __init__(
+        self,
+        worker: EngineWorker,
+        settings: Callable[[], Settings],
+        doc_of: Callable[[str], tuple[str, int | None] | None],
+        encoding: Callable[[], str],
+        starts: HeadStarts,
+        notify: Callable[[dict[str, Any]], None],
+    ) -> None:
+        super().__init__(worker, settings, notify)
+        self._doc_of = doc_of  # uri -> (text, version) of the open document, or None
+        self._encoding = encoding
+        self._starts = starts
+        self._cursor: dict[str, tuple[int | None, types.Position]] = {}
+
+    def enabled(self, s: Settings) -> bool:
+        return s.inline_warm
+
+    def delay_ms(self, s: Settings) -> int:
+        return s.inline_warm_ms
+
+    # ---- event loop ------------------------------------------------------------------------
+    def cursor(self, uri: str, version: int | None, position: types.Position) -> None:
+        """The editor's cursor in ``uri`` (at ``version``; None: the text as it is)."""
+        self._cursor[uri] = (version, position)
+        self.changed(uri)
+
+    def edited(self, uri: str) -> None:
+        """A didChange: a warm-up under way is for older text; a cursor sent ahead of this
+        change (its version) gets its chance once the change is in."""
+        if uri in self._cursor:
+            self.changed(uri)
+        else:
+            self.forget(uri)
+
+    def closed(self, uri: str) -> None:
+        self.forget(uri)
+        self._cursor.pop(uri, None)
+
+    def make_job(self, uri: str) -> PrefillJob | None:
+        cur, doc = self._cursor.get(uri), self._doc_of(uri)
+        if cur is None or doc is None:
+            return None
+        (version, position), (text, doc_version) = cur, doc
+        if version is not None and version != doc_version:
+            return None  # sent against other text: a newer change or cursor re-arms
+        try:
+            offset = check_position(text, position, self._encoding(), "position")
+        except PositionError:
+            return None  # a cursor past the text: nothing to warm, nothing to answer
+        s = self._settings()
+        return warm_job(text[:offset], text[offset:], uri, s.inline_max_tokens, s.inline_suffix_tokens,
+                        starts=self._starts)
