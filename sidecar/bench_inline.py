@@ -7,7 +7,7 @@ suffix*, so the suffix's length is paid per keystroke; a head window that slides
 cursor loses the whole cached prompt whenever its start passes a line break. This measures
 both prompt layouts on the same requests, through the sidecar's own inline job
 (``sidecar.inline.inline_job``: prompt, exact speculation, block end), interleaved, each
-layout on a session of its own:
+layout on an engine of its own (an engine lends cached prefixes between its sessions):
 
 * ``before``: the head window sliding with the cursor, the suffix cut at 2,000 characters
   (the layout until 2026-12-05);
@@ -15,7 +15,11 @@ layout on a session of its own:
   ``--suffix-tokens`` (default: the server's "auto", what the engine prefills within 1.25 s)
   (the layout of 2026-12-05, session 30);
 * ``now``: the same, and the buffer's previous head start kept where it still fits
-  (``sidecar.prompts.inline_head_start``'s ``keep``), as the server runs it.
+  (``sidecar.prompts.inline_head_start``'s ``keep``), as the server runs it;
+* ``warm``: ``now``, and before each navigation request the inline warm-up the server
+  runs once the cursor rests there (``sidecar.inline.warm_job``, as ``echoline/cursor``
+  triggers it): the request then finds its prompt cached. The warm-up's own time (work
+  done in the background while the user reads) is reported apart, as ``warm_up``.
 
 ``--layouts`` picks which (default ``before,now``).
 
@@ -38,7 +42,8 @@ A table on stderr; with ``--json`` one object on stdout's last line: ``{"model",
 "suffix_tokens", "sources", "step", "speculation", "jumps", "layouts": {"before"|"grid"|"now":
 {"typing": {"requests", "median_s", "mean_s", "p90_s", "median_prefilled", "mean_prefilled"},
 "quality": {"positions", "exact", "rate", "similarity"}, "navigation": {the keys of
-"typing"}}}, "speedup", "navigation_speedup"}``: ``speedup`` is before's median typing time
+"typing"}, "warm_up": {the same keys, ``warm`` only: the background warm-ups}}}, "speedup",
+"navigation_speedup"}``: ``speedup`` is before's median typing time
 over now's (None unless both ran), ``navigation_speedup`` each other layout's mean
 navigation time over now's (``{}`` without ``--jumps`` or ``now``).
 """
@@ -54,12 +59,13 @@ import threading
 import time
 from typing import Any
 
-from echoline.sidecar.inline import HeadStarts, InlineOutcome, inline_job
+from echoline.sidecar.inline import HeadStarts, InlineOutcome, inline_job, warm_job
 from echoline.sidecar.prompts import INLINE_ANCHOR_CHARS, auto_suffix_tokens
 
 #: layout name -> (anchor grid, use the token budget, keep the previous head start)
 LAYOUTS = {"before": (0, False, False), "grid": (INLINE_ANCHOR_CHARS, True, False),
-           "now": (INLINE_ANCHOR_CHARS, True, True)}  # fmt: skip
+           "now": (INLINE_ANCHOR_CHARS, True, True), "warm": (INLINE_ANCHOR_CHARS, True, True)}  # fmt: skip
+WARMED = frozenset({"warm"})  # layouts whose navigation requests follow a warm-up at the cursor
 DEFAULT_LAYOUTS = ("before", "now")
 MAX_TOKENS = 64  # the server's inlineMaxTokens default
 
@@ -125,6 +131,17 @@ def _complete(engine: Any, layout: str, name: str, prefix: str, suffix: str, bud
     return out, time.perf_counter() - t0
 
 
+def _warm_up(engine: Any, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
+             keeps: HeadStarts) -> float:
+    """The server's warm-up at a resting cursor for ``layout``'s document; its seconds."""
+    anchor, use_budget, keep = LAYOUTS[layout]
+    job = warm_job(prefix, suffix, _uri(layout, name), MAX_TOKENS, budget if use_budget else None,
+                   auto_suffix=False, anchor=anchor, starts=keeps if keep else None)
+    t0 = time.perf_counter()
+    job(engine, threading.Event(), None)
+    return time.perf_counter() - t0
+
+
 def _timing(ts: list[float], ps: list[int]) -> dict[str, Any]:
     return {
         "requests": len(ts),
@@ -145,13 +162,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown layout {', '.join(unknown)}: choose from {', '.join(LAYOUTS)}")
     n_jumps = getattr(args, "jumps", 0) or 0
-    engine = Engine.load(args.model, backend=args.backend)
-    engine.warm_up()
+    # An engine per layout: an engine lends a session's cached prefix to another session
+    # whose prompt starts the same (engine.sessions, "donor"), so layouts that build the
+    # same prompts (now, warm) would otherwise be measured on each other's work.
+    engines = {layout: Engine.load(args.model, backend=args.backend) for layout in layouts}
+    for e in engines.values():
+        e.warm_up()
+    engine = engines[layouts[0]]
     budget = args.suffix_tokens if args.suffix_tokens is not None else auto_suffix_tokens(engine)
     paths = source_paths(args.source)
     spec = not args.no_spec
     scenes = ("typing", "navigation")
     times = {s: {k: [] for k in layouts} for s in scenes}
+    warm_s: dict[str, list[float]] = {k: [] for k in layouts if k in WARMED}
     prefilled = {s: {k: [] for k in layouts} for s in scenes}
     hits: dict[str, int] = dict.fromkeys(layouts, 0)
     similar: dict[str, list[float]] = {k: [] for k in layouts}
@@ -165,7 +188,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def ask(scene: str, k: int, prefix: str, suffix: str, name: str) -> None:
         order.reverse()  # who goes first alternates: earlier replies are draft sources
         for layout in order:
-            out, dt = _complete(engine, layout, name, prefix, suffix, budget, spec, keeps)
+            if scene == "navigation" and layout in WARMED:
+                ws = _warm_up(engines[layout], layout, name, prefix, suffix, budget, keeps)
+                if k:
+                    warm_s[layout].append(ws)
+            out, dt = _complete(engines[layout], layout, name, prefix, suffix, budget, spec, keeps)
             if k:  # the first request of a session prefills everything in every layout
                 times[scene][layout].append(dt)
                 prefilled[scene][layout].append(int(out.stats.get("prefilled_tokens", 0)))
@@ -183,7 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             positions += 1
             order.reverse()
             for layout in order:
-                out, _ = _complete(engine, layout, path.name, text[:c0], text[end:], budget, spec, keeps)
+                out, _ = _complete(engines[layout], layout, path.name, text[:c0], text[end:], budget, spec, keeps)
                 got, want = first_line(out.text), text[c0:end].strip()
                 hits[layout] += int(got == want)
                 similar[layout].append(difflib.SequenceMatcher(None, got, want).ratio())
@@ -204,6 +231,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if n_jumps > 0:
             result["layouts"][layout]["navigation"] = _timing(times["navigation"][layout],
                                                               prefilled["navigation"][layout])
+            if layout in WARMED:
+                result["layouts"][layout]["warm_up"] = _timing(warm_s[layout], [])
     lay = result["layouts"]
     med = {k: v["typing"]["median_s"] for k, v in lay.items()}
     result["speedup"] = round(med["before"] / med["now"], 2) if med.get("before") and med.get("now") else None
@@ -223,7 +252,7 @@ def _table(r: dict[str, Any]) -> None:
           f"{'prefilled':>10} {'exact':>14} {'similarity':>10}", file=sys.stderr)
     for name, lay in r["layouts"].items():
         q = lay["quality"]
-        for scene in ("typing", "navigation"):
+        for scene in ("typing", "navigation", "warm_up"):
             t = lay.get(scene)
             if t is None or (scene == "typing" and not t["requests"] and not q["positions"]):
                 continue

@@ -40,8 +40,9 @@ def test_bench_inline_json_and_prefill(fim_model: Path, tmp_path: Path) -> None:
 
 def test_bench_inline_navigation_keeps_the_head(tmp_path: Path) -> None:
     """``--jumps``: the cursor jumps about a file longer than the head window; keeping the
-    previous head start (``now``) runs fewer prompt tokens again than the grid alone, and
-    the JSON carries the navigation keys."""
+    previous head start (``now``) runs fewer prompt tokens again than the grid alone; a
+    warm-up at each resting cursor (``warm``) leaves its request one token to run; and the
+    JSON carries the navigation keys."""
     from echoline.sidecar.bench_inline import jumps, run
 
     model = write_fim_qwen2_model(tmp_path / "fim-long.gguf", seed=3, context=16384)
@@ -51,12 +52,15 @@ def test_bench_inline_navigation_keeps_the_head(tmp_path: Path) -> None:
     assert len(offsets) == 13 and offsets == jumps(src.read_text(), 12)  # seeded: the same for every layout
     assert all(src.read_text()[o] == "\n" for o in offsets)  # each at the end of a line
     args = argparse.Namespace(model=str(model), backend="auto", source=[str(src)], step=0, positions=0,
-                              suffix_tokens=16, no_spec=False, layouts=["grid", "now"], jumps=12)
+                              suffix_tokens=16, no_spec=False, layouts=["grid", "now", "warm"], jumps=12)
     out = run(args)
-    assert set(out["layouts"]) == {"grid", "now"} and out["jumps"] == 12
+    assert set(out["layouts"]) == {"grid", "now", "warm"} and out["jumps"] == 12
     grid, now = out["layouts"]["grid"]["navigation"], out["layouts"]["now"]["navigation"]
     assert grid["requests"] == now["requests"] == 12 and set(grid) == set(out["layouts"]["grid"]["typing"])
     assert now["mean_prefilled"] < grid["mean_prefilled"], (now, grid)
-    assert set(out["navigation_speedup"]) == {"grid"} and out["speedup"] is None  # no "before" ran
+    warm = out["layouts"]["warm"]
+    assert warm["navigation"]["requests"] == warm["warm_up"]["requests"] == 12 and "warm_up" not in out["layouts"]["now"]
+    assert warm["navigation"]["median_prefilled"] <= 1 < now["median_prefilled"], (warm, now)
+    assert set(out["navigation_speedup"]) == {"grid", "warm"} and out["speedup"] is None  # no "before" ran
     with pytest.raises(SystemExit, match="unknown layout"):
         run(argparse.Namespace(**{**vars(args), "layouts": ["sideways"]}))

@@ -154,6 +154,9 @@ def test_nvim_ghost_text_shown_and_accepted(nvim: str, tmp_path: Path) -> None:
     record, rc, log = run_scenario(nvim, tmp_path, "ghost", row=row, col=col)
     assert rc == 0, f"{record.get('error')}\n{log}"
     assert record["capabilities"]["inline"] is True
+    # the plugin reported the resting cursor; the server ran the inline prompt there first
+    warm = record["warm"]
+    assert warm["state"] == "done" and warm["detail"]["cached"] == warm["detail"]["tokens"] - 1, warm
     suffix = record["suggestion"]["suffix"]
     assert suffix.strip(), record
     # Shown as ghost text at the cursor: inline virtual text (+ virtual lines below).

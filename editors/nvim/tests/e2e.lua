@@ -155,6 +155,16 @@ elseif scenario == 'ghost' then
   vim.o.virtualedit = 'onemore'
   vim.api.nvim_win_set_cursor(0, { row, col })
   record.cursor_before = vim.api.nvim_win_get_cursor(0)
+  -- The cursor came to rest there (what Neovim's main loop fires after a move): the
+  -- plugin reports it and the server warms the inline prompt before the request.
+  vim.api.nvim_exec_autocmds('CursorMoved', { buffer = bufnr })
+  local cursor_mod = require('echoline.cursor')
+  wait('the inline warm-up', function()
+    local w = cursor_mod.last_warm
+    return w ~= nil and w.uri == vim.uri_from_bufnr(bufnr) and w.state == 'done'
+      and w.detail ~= nil and w.detail.tokens ~= nil and w.detail.tokens > 30
+  end)
+  record.warm = cursor_mod.last_warm
   local got, answered = nil, false
   echoline.suggest(bufnr, {
     on_result = function(s)

@@ -16,6 +16,8 @@ export const SERVER_KEYS = [
   'maxTokens',
   'inlineMaxTokens',
   'inlineSuffixTokens',
+  'inlineWarm',
+  'inlineWarmMs',
   'kvBudgetMB',
   'readyTimeoutS',
   'prefillOnIdle',
@@ -38,6 +40,8 @@ export interface ServerSettings {
   maxTokens: number;
   inlineMaxTokens: number;
   inlineSuffixTokens: number | null; // null: sized by the server to its prefill speed
+  inlineWarm: boolean; // run the inline prompt at a resting cursor (echoline/cursor)
+  inlineWarmMs: number;
   kvBudgetMB: number | null; // null: the server's choice; sent so a reset reaches it
   readyTimeoutS: number;
   prefillOnIdle: boolean;
@@ -69,6 +73,8 @@ export function serverSettings(): ServerSettings {
     maxTokens: cfg.get<number>('maxTokens', 512),
     inlineMaxTokens: cfg.get<number>('inlineMaxTokens', 64),
     inlineSuffixTokens: typeof suffix === 'number' ? suffix : null,
+    inlineWarm: cfg.get<boolean>('inlineWarm', true),
+    inlineWarmMs: cfg.get<number>('inlineWarmMs', 300),
     kvBudgetMB: typeof budget === 'number' ? budget : null,
     readyTimeoutS: cfg.get<number>('readyTimeoutS', 60),
     prefillOnIdle: cfg.get<boolean>('prefillOnIdle', true),

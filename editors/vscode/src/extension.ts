@@ -12,6 +12,7 @@ import {
   StaticFeature,
 } from 'vscode-languageclient/node';
 import { changedServerKeys, inlineCompletionsEnabled, serverCommand, serverSettings } from './config';
+import { CursorReporter, describeWarm, InlineWarmParams } from './cursor';
 import { RewriteProgressParams, ServerEvents } from './events';
 import { pickModel, showMenu, toggleInline } from './menu';
 import { checkSetup } from './setup';
@@ -77,6 +78,11 @@ function createClient(log: vscode.LogOutputChannel, events: ServerEvents, rewrit
     events.status.fire(p);
   });
   c.onNotification('echoline/rewriteProgress', (p: RewriteProgressParams) => events.rewriteProgress.fire(p));
+  c.onNotification('echoline/inlineWarm', (p: InlineWarmParams) => {
+    if (p.state !== 'started') {
+      log.info(describeWarm(p));
+    }
+  });
   return c;
 }
 
@@ -102,7 +108,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   status.setInline(inlineCompletionsEnabled());
   const preview = new PreviewProvider();
   const rewriter = new Rewriter(() => client, events, preview, status, log);
-  context.subscriptions.push(log, events, status, preview);
+  const cursor = new CursorReporter(() => client, () => inlineCompletionsEnabled() && serverSettings().inlineWarm);
+  context.subscriptions.push(log, events, status, preview, cursor);
   let lastPhase = '';
   context.subscriptions.push(
     vscode.workspace.registerTextDocumentContentProvider(PREVIEW_SCHEME, preview),
@@ -131,6 +138,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
       status.update({ state: 'loading', model: serverSettings().model, message: 'restarting' });
       client = createClient(log, events, () => rewriter);
       await startClient(client, status, log);
+      cursor.report();
     }),
     vscode.workspace.onDidChangeConfiguration((e) => {
       if (e.affectsConfiguration('echoline')) {
@@ -156,6 +164,7 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   );
   client = createClient(log, events, () => rewriter);
   await startClient(client, status, log);
+  cursor.report(); // the editor open before the server started
 }
 
 export async function deactivate(): Promise<void> {

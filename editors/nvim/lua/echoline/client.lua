@@ -89,6 +89,9 @@ function M.base_config(o)
       ['echoline/status'] = on_status,
       ['echoline/rewriteProgress'] = on_rewrite_progress,
       ['workspace/applyEdit'] = on_apply_edit,
+      ['echoline/inlineWarm'] = function(err, params, ctx)
+        return require('echoline.cursor').on_warm(err, params, ctx)
+      end,
     },
     -- The server reads initializationOptions; they are the `settings.echoline` table
     -- as resolved at start (so vim.lsp.config() overrides of settings apply to both).
@@ -109,6 +112,7 @@ function M.base_config(o)
     end,
     on_attach = function(client, b)
       require('echoline.ghost').attach(client, b)
+      require('echoline.cursor').attach(b)
     end,
   }
 end

@@ -25,6 +25,10 @@ M.defaults = {
   -- Tokens after the cursor an inline prompt carries; nil: the server sizes them to its
   -- prefill speed (each keystroke's request runs them again); 0: none.
   inline_suffix_tokens = nil,
+  -- Run the inline prompt where the cursor rests, before the first keystroke there (the
+  -- plugin reports the cursor; suggestions are identical either way).
+  inline_warm = true,
+  inline_warm_ms = 300, -- how long the cursor rests before the server starts
   -- Seconds a request waits for a model that is still loading (nil: the server's, 60).
   ready_timeout_s = nil,
   kv_budget_mb = nil,
@@ -82,6 +86,8 @@ function M.server_settings(o)
     maxTokens = o.max_tokens,
     inlineMaxTokens = o.inline_max_tokens,
     inlineSuffixTokens = o.inline_suffix_tokens,
+    inlineWarm = o.inline_warm,
+    inlineWarmMs = o.inline_warm_ms,
     kvBudgetMB = o.kv_budget_mb,
     prefillOnIdle = o.prefill_on_idle,
     prefillIdleMs = o.prefill_idle_ms,
