@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench inline: the new layout's suffix budget (default: the server's auto)")
     b.add_argument("--no-spec", action="store_true", help="bench inline: plain decoding (no speculation)")
     b.add_argument("--layouts", type=lambda v: [x for x in v.split(",") if x], default=None, metavar="A,B",
-                   help="bench inline: prompt layouts to compare, from before,grid,now (default before,now)")
+                   help="bench inline: prompt layouts to compare, from before,grid,now,warm (default before,now)")
     b.add_argument("--jumps", type=int, default=0, metavar="N",
                    help="bench inline: cursor jumps per source, a request at each (default 0: none)")
     b.add_argument("--reply-history", type=int, default=None, metavar="N",

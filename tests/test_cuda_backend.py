@@ -1618,3 +1618,42 @@ def test_sessions_trading_buffers_replay_one_set_of_graphs(cb, tmp_path, spec):
         assert len(holders) == 1 and shared.sessions.exchanges >= 3
     finally:
         cb.drop_graphs()
+
+
+class _CancelAfter:
+    """A cancel flag that reads set from its ``n``-th check on: a request arriving while a
+    background prefill runs (it stops between chunks)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def is_set(self) -> bool:
+        self.n -= 1
+        return self.n < 0
+
+
+@pytest.mark.parametrize("spec", [False, True])
+def test_background_prefill_chunks_then_request_equal_cold(cb, tmp_path, spec):
+    """What the sidecar's idle prefill and inline warm-up do on the device
+    (``sidecar/background_prefill.py``): the prompt run into a session in 64-row chunks,
+    stopped by a request after two chunks and then resumed, then the request: its ids equal
+    a cold request's on another engine, bit for bit, and it runs one prompt token."""
+    from echoline.engine.api import Engine
+
+    from tests.synth import write_model
+    from tests.test_sessions import StandInTokenizer, buffer
+
+    path = write_model(tmp_path / "q.gguf", "qwen2", qtype=Q.Q8_0, vocab=64, context=1024, seed=11,
+                       d_model=128, n_ff=256, n_heads=4, n_kv_heads=2)
+    warm = Engine(path, backend=cb, tokenizer=StandInTokenizer())
+    cold = Engine(path, backend=cb, tokenizer=StandInTokenizer())
+    prompt = buffer(301, 7)
+    try:
+        assert warm.prefill(prompt, session="w", chunk=64, cancel=_CancelAfter(2)) == 128  # two whole chunks kept
+        assert warm.prefill(prompt, session="w", chunk=64) == len(prompt) - 1
+        got = warm.generate(prompt, max_tokens=40, spec=spec, session="w")
+        want = cold.generate(prompt, max_tokens=40, spec=spec, session=None)
+        assert got.token_ids == want.token_ids
+        assert got.stats.prefilled_tokens == 1
+    finally:
+        cb.drop_graphs()
