@@ -9,8 +9,8 @@ yet. Two things can be run ahead of need: a document's rewrite prompt prefix aft
 * a job of the worker's background kind (``worker.BACKGROUND``): any request cancels it,
   queued or running, and then waits for at most one ``CHUNK``-token chunk; the chunks done
   stay in the session, so a later run continues where it stopped;
-* a job stopped by a request (not superseded by a newer change) is re-armed, so the rest
-  runs once the engine is free again;
+* a job stopped by a request before it ran everything (not superseded by a newer change)
+  is re-armed, so the rest runs once the engine is free again;
 * a notification when the job starts and when it ends, and the last end kept for status.
 
 Replies never change: the engine reuses a session's cache only as far as it matches the
@@ -49,6 +49,9 @@ class BackgroundPrefill:
 
     #: The worker key's first part: one job per (key_name, document) at a time.
     key_name = "prefill"
+    #: The worker job kind (``worker.BACKGROUND``): "prefill" leaves other background jobs
+    #: running, "warm" cancels them (they resume later): what the user is about to need first.
+    job_kind = "prefill"
 
     def __init__(
         self,
@@ -60,6 +63,8 @@ class BackgroundPrefill:
         self._settings = settings
         self._notify = notify  # called on the event loop
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._jobs: dict[str, Job] = {}  # each document's job queued or running
+        self._closed = False  # after the server's shutdown: nothing is scheduled again
         self.last: dict[str, Any] | None = None  # the latest finished prefill, for status
 
     # ---- what a subclass decides ------------------------------------------------------------
@@ -81,7 +86,7 @@ class BackgroundPrefill:
 
     def _rearm(self, uri: str) -> None:
         s = self._settings()
-        if not self.enabled(s):
+        if self._closed or not self.enabled(s):
             return
         loop = asyncio.get_running_loop()
         self._timers[uri] = loop.call_later(self.delay_ms(s) / 1000.0, self._fire, uri)
@@ -93,8 +98,11 @@ class BackgroundPrefill:
             timer.cancel()
         self._worker.cancel_key((self.key_name, uri))
 
-    def stop_all(self) -> None:
-        for uri in list(self._timers):
+    def stop_all(self, final: bool = False) -> None:
+        """Cancel every timer and every queued or running job (the setting turned off);
+        ``final``: for good (the server shuts down), so no stopped job is re-armed."""
+        self._closed = self._closed or final
+        for uri in set(self._timers) | set(self._jobs):
             self.forget(uri)
 
     def _fire(self, uri: str) -> None:
@@ -112,23 +120,31 @@ class BackgroundPrefill:
         def job(engine: Any, cancel: threading.Event) -> dict[str, Any] | None:
             return run(engine, cancel, started)
 
-        submitted = self._worker.submit(job, kind="prefill", key=(self.key_name, uri))
+        submitted = self._worker.submit(job, kind=self.job_kind, key=(self.key_name, uri))
+        self._jobs[uri] = submitted
         submitted.future.add_done_callback(
             lambda _f: loop.call_soon_threadsafe(self._finished, uri, submitted)
         )
 
     def _finished(self, uri: str, job: Job) -> None:
+        if self._jobs.get(uri) is job:
+            del self._jobs[uri]
         info: dict[str, Any] = {"uri": uri, **job.summary()}
-        if job.cancel.is_set() and not job.superseded and uri not in self._timers:
-            # Stopped by a request (not by a change): resume once the engine is free
-            # again; the chunks done stay in the session, so only the rest runs.
-            self._rearm(uri)
+        detail = None
         if job.future.cancelled() or job.future.exception() is not None:
             info["state"] = "cancelled" if job.cancel.is_set() else "failed"
+            early = job.cancel.is_set()
         else:
             detail = job.future.result()
-            if detail is None:
-                return
-            info["state"] = "cancelled" if detail.get("cancelled") else detail.get("state", "done")
+            early = bool(detail and detail.get("cancelled"))
+            if detail is not None:
+                info["state"] = "cancelled" if detail.get("cancelled") else detail.get("state", "done")
+        if early and not job.superseded and uri not in self._timers:
+            # Stopped by a request (not by a change) before it ran everything: resume once
+            # the engine is free again; the chunks done stay in the session, so only the
+            # rest runs.
+            self._rearm(uri)
+        if detail is None and "state" not in info:
+            return
         self.last = info
         self._notify(info)

@@ -83,6 +83,12 @@ class HeadStarts:
             else:
                 self._line[uri] = line
 
+    def edits(self, uri: str) -> int:
+        """The document's edit count: taken with a snapshot of its text on the event loop,
+        it tells ``record`` whether the snapshot is still the current text."""
+        with self._lock:
+            return self._edits.get(uri, 0)
+
     def read(self, uri: str, prefix: str) -> tuple[int | None, int]:
         """(the kept start as an offset into ``prefix``, or None; the edit count now)."""
         with self._lock:
@@ -132,23 +138,26 @@ def inline_session(uri: str) -> str:
 
 def _prompt(
     engine: Any, healed: str, suffix: str, uri: str, suffix_tokens: int | None, auto_suffix: bool,
-    anchor: int, starts: HeadStarts | None,
+    anchor: int, starts: HeadStarts | None, record: bool, edits: int | None,
 ) -> InlinePrompt:  # fmt: skip
-    """The inline prompt at the cursor, on the engine thread: the head start kept in
-    ``starts`` is read and the one used recorded, so a request and a warm-up at the same
-    cursor build the same ids."""
+    """The inline prompt at the cursor, on the engine thread, with the head start kept in
+    ``starts``. Only a request records the start it used (``record``): a warm-up reads the
+    same start and so builds the ids a request at its cursor would, but leaves what the
+    next request reads as it was, so every prompt is the one it would be without warm-ups.
+    ``edits``: the document's edit count taken with the text (None: now); a start computed
+    from text that an edit has since replaced is not kept."""
     budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
-    keep, edits = starts.read(uri, healed) if starts is not None else (None, 0)
+    keep, now = starts.read(uri, healed) if starts is not None else (None, 0)
     prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep)
-    if starts is not None:
-        starts.record(uri, healed, prompt.head_start, edits)
+    if starts is not None and record:
+        starts.record(uri, healed, prompt.head_start, now if edits is None else edits)
     return prompt
 
 
 def inline_job(
     prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool,
     suffix_tokens: int | None = None, *, auto_suffix: bool = True,
-    anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None,
+    anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None, edits: int | None = None,
 ) -> Callable[[Any, threading.Event], InlineOutcome]:  # fmt: skip
     """The worker job completing at the cursor: text before it (``prefix``), after it
     (``suffix``), the cursor line up to the cursor, the buffer's session name part.
@@ -158,7 +167,8 @@ def inline_job(
     (``auto_suffix_tokens``), without: characters only. ``anchor``: the head window's
     grid (0: the sliding window; ``bench inline`` compares the layouts); ``starts``: the
     documents' kept head starts, read when the job runs and updated once its prompt is
-    built (None: none kept)."""
+    built (None: none kept); ``edits``: ``starts.edits(uri)`` taken with the text (None:
+    when the job runs)."""
     healed, removed = heal_prefix(prefix)
     indent = indentation(cursor_line)
 
@@ -166,7 +176,7 @@ def inline_job(
         return unheal(generated, removed)
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
-        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts)
+        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, True, edits)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
             return InlineOutcome(None, {}, prompt.mode)
         ended = threading.Event()
@@ -207,17 +217,22 @@ def warm_job(
     document's inline session (``sidecar/inline_warm.py`` schedules it): the prompt a
     request at that cursor would build (the same arguments as ``inline_job``), prefilled
     without a reply, so the request that follows (the first keystroke there) runs only
-    what changed. A cancel stops it between ``CHUNK``-token chunks, keeping those done."""
+    what changed. A cancel stops it between ``CHUNK``-token chunks, keeping those done.
+    It reads the kept head start but never records one (``_prompt``). A cursor with
+    nothing before it is skipped: the prompt there is only the tail, which the first
+    keystroke runs again anyway."""
     healed, _ = heal_prefix(prefix)
 
     def job(engine: Any, cancel: threading.Event,
             started: Callable[[int], None] | None = None) -> dict[str, Any] | None:  # fmt: skip
         if not isinstance(engine, EngineLike):  # not loaded, or a test's stand-in
             return None
-        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts)
+        if not healed.strip():
+            return {"state": "skipped", "reason": "nothing before the cursor", "tokens": 0}
+        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, False, None)
         ids = prompt.ids
         if len(ids) < 2:
-            return {"state": "skipped", "reason": "nothing before the cursor", "tokens": len(ids)}
+            return {"state": "skipped", "reason": "nothing to run", "tokens": len(ids)}
         if cancel.is_set():
             return {"state": "cancelled", "cancelled": True, "tokens": len(ids), "cached": None}
         if started is not None:

@@ -37,6 +37,7 @@ class InlineWarm(BackgroundPrefill):
     """The inline prompt at each document's latest cursor, ``inlineWarmMs`` after it rests."""
 
     key_name = "inline-warm"
+    job_kind = "warm"
 
     def __init__(
         self,
@@ -52,6 +53,7 @@ class InlineWarm(BackgroundPrefill):
         self._encoding = encoding
         self._starts = starts
         self._cursor: dict[str, tuple[int | None, types.Position]] = {}
+        self._asked: dict[str, tuple[int | None, types.Position]] = {}  # the last inline request
 
     def enabled(self, s: Settings) -> bool:
         return s.inline_warm
@@ -61,9 +63,22 @@ class InlineWarm(BackgroundPrefill):
 
     # ---- event loop ------------------------------------------------------------------------
     def cursor(self, uri: str, version: int | None, position: types.Position) -> None:
-        """The editor's cursor in ``uri`` (at ``version``; None: the text as it is)."""
+        """The editor's cursor in ``uri`` (at ``version``; None: the text as it is). The
+        cursor an inline request was just made at (typing: the editor reports the cursor
+        after each keystroke's request) is left alone: that request runs the same prompt."""
+        if version is not None and self._asked.get(uri) == (version, position):
+            self._cursor.pop(uri, None)
+            self.forget(uri)
+            return
         self._cursor[uri] = (version, position)
         self.changed(uri)
+
+    def asked(self, uri: str, version: int | None, position: types.Position) -> None:
+        """An inline request at ``position`` of ``version``: a warm-up there would repeat it."""
+        self._asked[uri] = (version, position)
+        if self._cursor.get(uri) == (version, position):
+            self._cursor.pop(uri, None)
+            self.forget(uri)
 
     def edited(self, uri: str) -> None:
         """A didChange: a warm-up under way is for older text; a cursor sent ahead of this
@@ -76,6 +91,7 @@ class InlineWarm(BackgroundPrefill):
     def closed(self, uri: str) -> None:
         self.forget(uri)
         self._cursor.pop(uri, None)
+        self._asked.pop(uri, None)
 
     def make_job(self, uri: str) -> PrefillJob | None:
         cur, doc = self._cursor.get(uri), self._doc_of(uri)

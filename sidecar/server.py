@@ -1038,8 +1038,8 @@ async def on_initialized(ls: EcholineServer, params: types.InitializedParams) ->
 
 def on_shutdown(ls: EcholineServer, *args: Any) -> None:
     """Stop generating and watching; the process exits on ``exit``."""
-    ls.idle_prefill.stop_all()
-    ls.inline_warm.stop_all()
+    ls.idle_prefill.stop_all(final=True)
+    ls.inline_warm.stop_all(final=True)
     for job in list(ls.jobs_by_msg.values()):
         job.request_cancel()
     if ls.index is not None:
@@ -1139,7 +1139,7 @@ async def on_inline_completion(
     encoding = ls.position_encoding
     # The text the position was sent against: a didChange while the model loads must
     # not move the cursor's offset under it.
-    text = doc.source
+    text, version, edits = doc.source, doc.version, ls.inline_head_starts.edits(uri)
     offset = checked_offset(text, pos, encoding, "position")
     # While the model loads (or after it failed), an empty answer, never an error: an
     # editor would show one per keystroke. The state is in echoline/status and, when the
@@ -1159,8 +1159,9 @@ async def on_inline_completion(
     prefix, suffix = text[:offset], text[offset:]
     cursor_line = text[line_start(text, offset) : offset]
     rest = rest_of_line(text, offset)
+    ls.inline_warm.asked(uri, version, pos)  # a warm-up here now would only repeat this request
     job = inline_job(prefix, suffix, cursor_line, uri, ls.settings.inline_max_tokens, ls.settings.speculation,
-                     ls.settings.inline_suffix_tokens, starts=ls.inline_head_starts)
+                     ls.settings.inline_suffix_tokens, starts=ls.inline_head_starts, edits=edits)
     try:
         out = await ls.run_job(job, kind="inline", key=("inline", uri))
     except JobCancelled:

@@ -32,8 +32,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DELETE = object()
-BACKGROUND = frozenset({"prefill"})  # jobs any request cancels (work done ahead of need)
-NO_PREEMPT = BACKGROUND | {"status", "sync", "settings"}  # jobs that leave background jobs running
+# Jobs any request cancels (work done ahead of need): the rewrite prefix's idle prefill
+# ("prefill") and the inline warm-up at the cursor ("warm").
+BACKGROUND = frozenset({"prefill", "warm"})
+# Jobs that leave background jobs running. A warm-up is not among them: it cancels an idle
+# prefill (which resumes after it), since the cursor is where the user types next.
+NO_PREEMPT = frozenset({"prefill", "status", "sync", "settings"})
 
 
 class JobCancelled(Exception):

@@ -391,8 +391,10 @@ async def test_cursor_rest_warms_the_inline_prompt(
     server prefills the inline prompt there (``sidecar/inline_warm.py``), so the request
     that follows at that cursor runs one token instead of the whole ~2,000-token prompt,
     and after a keystroke (the cursor sent before its didChange, as an editor may) only
-    the typed text and the tail; every reply is the model's greedy one on its prompt. A
-    malformed cursor is dropped and the server keeps serving; with ``inlineWarm`` off
+    the typed text and the tail; every reply is the model's greedy one on its prompt, and
+    every prompt the one it would be without warm-ups (a warm-up never records the
+    document's head start). A malformed cursor is dropped and the server keeps serving; a
+    cursor at the place of the request just made warms nothing; with ``inlineWarm`` off
     nothing is warmed."""
     text = "".join(f"def w{i}(a, b):\n    return a * {i} + b\n\n" for i in range(400))  # ~13k chars
     c = [i for i, ch in enumerate(text) if ch == "\n" and text[i - 1] == "b"][250]
@@ -420,8 +422,24 @@ async def test_cursor_rest_warms_the_inline_prompt(
         assert plain.token_ids[: len(run["token_ids"])] == run["token_ids"]
         return run
 
+    from echoline.sidecar.prompts import inline_head_start
+
     warms: list[dict[str, Any]] = fim_lsp.warms  # type: ignore[attr-defined]
+    suf = ID["<|fim_suffix|>"]
+
+    def head_start(run: dict[str, Any], offset: int) -> int:
+        return offset - len(decode_plain(run["prompt"][1 : run["prompt"].index(suf)]))
+
     fim_lsp.protocol.notify("echoline/cursor", {"textDocument": {"uri": uri}, "position": {"line": -1}})
+    # First the cursor rests further down, at b, whose head start a request at c would keep
+    # were it recorded: a warm-up reads the document's kept start but never records one, so
+    # the prompts stay what they would be without warm-ups.
+    grid_c = inline_head_start(text[:c])
+    b = next(x for x in range(c, len(text)) if text[x] == "\n" and text[x - 1] == "b"
+             and grid_c != inline_head_start(text[:x]) == inline_head_start(text[:c], keep=inline_head_start(text[:x])))
+    seen = len(warms)
+    cursor(1, at(text, b))
+    assert (await _warm_end(fim_lsp, uri, seen))["state"] == "done"
     seen = len(warms)
     cursor(1, at(text, c))
     done = await _warm_end(fim_lsp, uri, seen)
@@ -430,6 +448,7 @@ async def test_cursor_rest_warms_the_inline_prompt(
     assert detail["tokens"] > 1500 and detail["cached"] == detail["tokens"] - 1, detail
     run = await ask(at(text, c))
     assert len(run["prompt"]) == detail["tokens"] and run["prefilled"] <= 1, (run["prefilled"], detail)
+    assert head_start(run, c) == grid_c
 
     # Enter and an indent typed at the cursor; the editor's cursor arrives before the change
     typed = "\n    "
@@ -442,11 +461,17 @@ async def test_cursor_rest_warms_the_inline_prompt(
             range=types.Range(start=at(text, c), end=at(text, c)), text=typed)]))
     done = await _warm_end(fim_lsp, uri, seen)
     assert done["state"] == "done", done
-    suf = ID["<|fim_suffix|>"]
     run = await ask(at(edited, c + len(typed)))
     assert run["prefilled"] <= 1, run["prefilled"]
     # what the warm-up spared the keystroke: the request before it had to run the tail again
     assert len(run["prompt"]) - run["prompt"].index(suf) > 8
+
+    # the cursor the editor reports after a keystroke's request, at that request's place:
+    # no warm-up (it would only repeat the request)
+    seen = len(warms)
+    cursor(2, at(edited, c + len(typed)))
+    await asyncio.sleep(1.0)
+    assert not [w for w in warms[seen:] if w.get("uri") == uri], warms[seen:]
 
     # off: a resting cursor warms nothing
     fim_lsp.workspace_did_change_configuration(

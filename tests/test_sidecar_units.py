@@ -180,6 +180,18 @@ def test_worker_requests_cancel_background_prefill_but_status_does_not() -> None
         with pytest.raises(JobCancelled):
             queued.future.result(5)
         assert queued.superseded
+        # An inline warm-up ("warm") cancels an idle prefill (the cursor's place first) and is
+        # cancelled by any request; an idle prefill submitted after it leaves it running.
+        bg = w.submit(lambda e, c: e.run(1000, c), kind="prefill", key=("prefill", "u"))
+        time.sleep(0.05)
+        warm = w.submit(lambda e, c: e.run(1000, c), kind="warm", key=("inline-warm", "u"))
+        assert bg.cancel.is_set() and not bg.superseded
+        time.sleep(0.05)
+        later = w.submit(lambda e, c: e.run(1, c), kind="prefill", key=("prefill", "w"))
+        assert not warm.cancel.is_set()
+        w.submit(lambda e, c: e.run(1, c), kind="inline")
+        assert warm.cancel.is_set() and later.cancel.is_set()
+        assert 0 < warm.future.result(5) < 1000
     finally:
         w.stop()
 

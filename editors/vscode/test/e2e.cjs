@@ -125,15 +125,18 @@ async function main() {
 
     // --- inline suggestion: trigger, see the ghost text, commit ---------------
     if (env.E2E_GHOST_LINE) {
+      const warmsBefore = extensionLog().split('inline warm-up done').length;
       await gotoLine(page, Number(env.E2E_GHOST_LINE), true);
       // The cursor's new place reached the server (echoline/cursor), which ran the inline
       // prompt there ahead of any keystroke and said so (echoline/inlineWarm, in the log).
       try {
-        await waitFor('an inline warm-up', async () => /inline warm-up done/.test(extensionLog()), 60000, 200);
+        await waitFor('an inline warm-up', async () => extensionLog().split('inline warm-up done').length > warmsBefore,
+          60000, 200);
       } catch (e) {
         step('no inline warm-up', { error: e.message });
       }
       out.warmLog = extensionLog().split('\n').filter((l) => /inline warm-up/.test(l));
+      out.warmsAtGhostLine = extensionLog().split('inline warm-up done').length - warmsBefore;
       // Delete the end of the line so that there is something obvious to complete.
       for (let i = 0; i < Number(env.E2E_GHOST_BACKSPACE || 0); i++) await page.keyboard.press('Backspace');
       if (env.E2E_GHOST_TYPE) await page.keyboard.type(env.E2E_GHOST_TYPE);
