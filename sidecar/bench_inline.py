@@ -36,10 +36,13 @@ of code and asks there, the text unchanged: what reading and then typing elsewhe
 (the first of them is left out: with ``--step 0`` it is the source's first request, which
 runs the whole prompt in every layout; after typing it is a jump from the typed line). A
 jump stopped at the top or bottom of a file may land where the last one did: cheap in every
-layout, it counts all the same.
+layout, it counts all the same. With ``--first-key`` each jump's request is the first
+keystroke there instead: Enter and the line's indentation typed at the cursor (the text
+goes back before the next jump), the ``warm`` layout's warm-up run at the cursor before
+the keystroke, as the server runs it while the user reads.
 
 A table on stderr; with ``--json`` one object on stdout's last line: ``{"model", "backend",
-"suffix_tokens", "sources", "step", "speculation", "jumps", "layouts": {"before"|"grid"|"now":
+"suffix_tokens", "sources", "step", "speculation", "jumps", "first_key", "layouts": {"before"|"grid"|"now":
 {"typing": {"requests", "median_s", "mean_s", "p90_s", "median_prefilled", "mean_prefilled"},
 "quality": {"positions", "exact", "rate", "similarity"}, "navigation": {the keys of
 "typing"}, "warm_up": {the same keys, ``warm`` only: the background warm-ups}}}, "speedup",
@@ -162,6 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown layout {', '.join(unknown)}: choose from {', '.join(LAYOUTS)}")
     n_jumps = getattr(args, "jumps", 0) or 0
+    first_key = bool(getattr(args, "first_key", False))
     # An engine per layout: an engine lends a session's cached prefix to another session
     # whose prompt starts the same (engine.sessions, "donor"), so layouts that build the
     # same prompts (now, warm) would otherwise be measured on each other's work.
@@ -185,14 +189,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     positions = 0
     order = list(layouts)
 
-    def ask(scene: str, k: int, prefix: str, suffix: str, name: str) -> None:
+    def ask(scene: str, k: int, prefix: str, suffix: str, name: str, typed: str = "") -> None:
+        """Requests of every layout at ``prefix + typed``; in the navigation scene the warm
+        layouts' warm-up runs first at ``prefix`` (before the keystroke ``typed``)."""
         order.reverse()  # who goes first alternates: earlier replies are draft sources
         for layout in order:
             if scene == "navigation" and layout in WARMED:
                 ws = _warm_up(engines[layout], layout, name, prefix, suffix, budget, keeps)
                 if k:
                     warm_s[layout].append(ws)
-            out, dt = _complete(engines[layout], layout, name, prefix, suffix, budget, spec, keeps)
+            out, dt = _complete(engines[layout], layout, name, prefix + typed, suffix, budget, spec, keeps)
             if k:  # the first request of a session prefills everything in every layout
                 times[scene][layout].append(dt)
                 prefilled[scene][layout].append(int(out.stats.get("prefilled_tokens", 0)))
@@ -205,7 +211,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for k, n in enumerate(range(0, len(content) + 1, args.step) if args.step > 0 and lines else ()):
             ask("typing", k, before + content[:n], after, path.name)
         for k, cursor in enumerate(jumps(text, n_jumps)):
-            ask("navigation", k, text[:cursor], text[cursor:], path.name)
+            line = text[text.rfind("\n", 0, cursor) + 1 : cursor]
+            typed = "\n" + line[: len(line) - len(line.lstrip(" \t"))] if first_key else ""
+            ask("navigation", k, text[:cursor], text[cursor:], path.name, typed)
         for _, c0, end in spread(content_lines(text), args.positions):
             positions += 1
             order.reverse()
@@ -219,6 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "model": engine.model_name, "backend": engine.backend_name, "suffix_tokens": budget,
         "sources": [p.name for p in paths], "step": args.step, "speculation": spec, "jumps": n_jumps,
+        "first_key": first_key,
         "layouts": {},
     }
     for layout in layouts:
@@ -247,7 +256,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _table(r: dict[str, Any]) -> None:
     print(f"\n{r['model']} ({r['backend']}), suffix budget {r['suffix_tokens']} tokens, "
-          f"a request every {r['step']} characters typed, {r['jumps']} jumps a source", file=sys.stderr)
+          f"a request every {r['step']} characters typed, {r['jumps']} jumps a source"
+          f"{' (each request the first keystroke there)' if r.get('first_key') else ''}", file=sys.stderr)
     print(f"{'layout':<8} {'scene':<10} {'requests':>8} {'median s':>9} {'mean s':>7} {'p90 s':>7} "
           f"{'prefilled':>10} {'exact':>14} {'similarity':>10}", file=sys.stderr)
     for name, lay in r["layouts"].items():

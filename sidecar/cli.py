@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench inline: prompt layouts to compare, from before,grid,now,warm (default before,now)")
     b.add_argument("--jumps", type=int, default=0, metavar="N",
                    help="bench inline: cursor jumps per source, a request at each (default 0: none)")
+    b.add_argument("--first-key", action="store_true",
+                   help="bench inline: each jump's request follows a keystroke there (Enter and the line's "
+                        "indentation); the warm layout's warm-up runs at the cursor before it")
     b.add_argument("--reply-history", type=int, default=None, metavar="N",
                    help="bench spec: earlier replies the engine keeps as draft sources (default 4; "
                         "0 = none, to measure followup traffic without them)")

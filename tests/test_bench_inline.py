@@ -64,3 +64,22 @@ def test_bench_inline_navigation_keeps_the_head(tmp_path: Path) -> None:
     assert set(out["navigation_speedup"]) == {"grid", "warm"} and out["speedup"] is None  # no "before" ran
     with pytest.raises(SystemExit, match="unknown layout"):
         run(argparse.Namespace(**{**vars(args), "layouts": ["sideways"]}))
+
+
+def test_bench_inline_first_key_after_a_warm_up(tmp_path: Path) -> None:
+    """``--first-key``: each jump's request is the first keystroke there (Enter and the
+    indentation). After the warm-up at the cursor it runs only the keystroke and the tail
+    (at most the 16-token budget and a few ids), and less than without the warm-up."""
+    from echoline.sidecar.bench_inline import run
+
+    model = write_fim_qwen2_model(tmp_path / "fim-long.gguf", seed=3, context=16384)
+    src = tmp_path / "long_module.py"
+    src.write_text("".join(f"def g{i}(a, b):\n    return a * {i} + b\n\n" for i in range(500)))
+    args = argparse.Namespace(model=str(model), backend="auto", source=[str(src)], step=0, positions=0,
+                              suffix_tokens=16, no_spec=False, layouts=["now", "warm"], jumps=6, first_key=True)
+    out = run(args)
+    assert out["first_key"] is True
+    now, warm = out["layouts"]["now"]["navigation"], out["layouts"]["warm"]["navigation"]
+    assert now["requests"] == warm["requests"] == 6
+    assert 1 < warm["median_prefilled"] <= 16 + 8, warm
+    assert warm["mean_prefilled"] < now["mean_prefilled"], (warm, now)
