@@ -197,15 +197,6 @@ def _get(obj: Any, key: str) -> Any:
     return getattr(obj, key, None)
 
 
-def _deep(obj: Any) -> Any:
-    """pygls hands unknown notifications' params over as (nested) namedtuples."""
-    if hasattr(obj, "_asdict"):
-        obj = obj._asdict()
-    if isinstance(obj, dict):
-        return {k: _deep(v) for k, v in obj.items()}
-    return obj
-
-
 def _since(t0: float, t: float | None) -> float | None:
     return None if t is None else t - t0
 
@@ -226,6 +217,7 @@ class LspSide:
         self.stderr_tail = b""
 
     async def start(self) -> None:
+        from echoline.sidecar.lsp_utils import plain_params
         from lsprotocol import types
         from pygls.lsp.client import LanguageClient
 
@@ -246,7 +238,7 @@ class LspSide:
 
         @client.feature("echoline/prefill")
         def _prefill(params: Any) -> None:
-            rec.prefills.append(_deep(params))
+            rec.prefills.append(plain_params(params))
 
         @client.feature("echoline/rewriteProgress")
         def _rewrite_progress(_params: Any) -> None:

@@ -264,6 +264,16 @@ def invalid(message: str) -> JsonRpcException:
     return JsonRpcInvalidParams(message)
 
 
+def plain_params(obj: Any) -> Any:
+    """A custom method's params as JSON values: pygls hands the params of methods it has no
+    type for over as (nested) named tuples."""
+    if hasattr(obj, "_asdict"):
+        obj = obj._asdict()
+    if isinstance(obj, dict):
+        return {k: plain_params(v) for k, v in obj.items()}
+    return obj
+
+
 def parse_position(raw: Any, what: str) -> types.Position:
     """A position from a command's JSON argument (``what`` names it in errors: PositionError)."""
     if not isinstance(raw, dict) or not all(

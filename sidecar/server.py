@@ -68,6 +68,8 @@ from echoline.sidecar.lsp_utils import (
     get_doc,
     line_start,
     normalize_encoding,
+    parse_position,
+    plain_params,
     rest_of_line,
 )
 from echoline.sidecar.lsp_utils import invalid as invalid  # re-exported: error helpers
@@ -1100,34 +1102,20 @@ def on_cursor(ls: EcholineServer, params: Any) -> None:
         ls.inline_warm.cursor(uri, version, pos)
 
 
-def _plain(v: Any) -> Any:
-    """A custom method's params as JSON values: pygls hands them over as named tuples."""
-    if hasattr(v, "_asdict"):
-        return {k: _plain(x) for k, x in v._asdict().items()}
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    return v
-
-
 def _cursor_params(params: Any) -> tuple[str, int | None, types.Position]:
     """(uri, version or None, position) of an ``echoline/cursor``; ValueError naming what
-    is wrong."""
-    raw = _plain(params)
+    is wrong (``PositionError`` for the position)."""
+    raw = plain_params(params)
     if not isinstance(raw, dict):
         raise ValueError("params must be an object {textDocument, position}")
-    doc, pos = raw.get("textDocument"), raw.get("position")
+    doc = raw.get("textDocument")
     uri = doc.get("uri") if isinstance(doc, dict) else None
     if not isinstance(uri, str) or not uri:
         raise ValueError("textDocument.uri must be a non-empty string")
     version = doc.get("version")
     if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
         raise ValueError("textDocument.version must be an integer")
-    if not isinstance(pos, dict):
-        raise ValueError("position must be an object {line, character}")
-    line, char = pos.get("line"), pos.get("character")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (line, char)):
-        raise ValueError("position.line and position.character must be integers >= 0")
-    return uri, version, types.Position(line=line, character=char)
+    return uri, version, parse_position(raw.get("position"), "position")
 
 
 async def on_inline_completion(

@@ -50,6 +50,7 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 import pytest_asyncio  # noqa: E402
+from echoline.sidecar.lsp_utils import plain_params  # noqa: E402
 from echoline.sidecar.prompts import finish_completion, indentation, unheal  # noqa: E402
 from lsprotocol import types  # noqa: E402
 from pytest_lsp import ClientServerConfig, LanguageClient  # noqa: E402
@@ -80,13 +81,6 @@ SUFFIX = (
 )
 MID_PREFIX = "def total(xs):\n    s = sum("
 MID_SUFFIX = ")\n    return s\n"
-
-
-def _json(v: Any) -> Any:
-    """A custom notification's params as plain JSON values (pygls gives named tuples)."""
-    if hasattr(v, "_asdict"):
-        return {k: _json(x) for k, x in v._asdict().items()}
-    return {k: _json(x) for k, x in v.items()} if isinstance(v, dict) else v
 
 
 def reply_text(ids: list[int]) -> str:
@@ -137,7 +131,7 @@ async def fim_lsp(fim_model: Path, workspace: Path, tmp_path_factory: pytest.Tem
 
     @client.feature("echoline/inlineWarm")
     def _warm(params: Any) -> None:
-        warms.append(_json(params))
+        warms.append(plain_params(params))
 
     await client.initialize_session(
         types.InitializeParams(

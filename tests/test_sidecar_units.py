@@ -698,9 +698,9 @@ def test_cursor_params_and_the_warm_up_reads_the_named_version() -> None:
         ({"position": good["position"]}, "textDocument.uri"),
         ({**good, "textDocument": {"uri": uri, "version": "3"}}, "version must be an integer"),
         ({**good, "textDocument": {"uri": uri, "version": True}}, "version must be an integer"),
-        ({**good, "position": {"line": -1, "character": 0}}, ">= 0"),
-        ({**good, "position": {"line": 1.0, "character": 0}}, ">= 0"),
-        ({"textDocument": good["textDocument"]}, "position must be an object"),
+        ({**good, "position": {"line": -1, "character": 0}}, "negative"),
+        ({**good, "position": {"line": 1.0, "character": 0}}, "must be {line: int, character: int}"),
+        ({"textDocument": good["textDocument"]}, "must be {line: int, character: int}"),
     ):
         with pytest.raises(ValueError, match=why):
             _cursor_params(bad)
