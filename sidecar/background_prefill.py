@@ -41,6 +41,24 @@ def prefill_chunk(engine: Any) -> int | None:
     return CHUNK if engine.backend.batch_invariant else None
 
 
+def run_ids(
+    engine: Any, ids: list[int], session: str, cancel: threading.Event,
+    started: Callable[[int], None] | None, reserve_tokens: int | None = None, **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """On the engine thread: run a background prefill's ``ids`` into ``session``, in
+    ``prefill_chunk`` chunks, and report it as ``{"state", "cancelled", "tokens", "cached",
+    **extra}``: "cancelled" when a cancel stopped it before its last chunk (the chunks done
+    stay in the session)."""
+    if cancel.is_set():
+        return {"state": "cancelled", "cancelled": True, "tokens": len(ids), "cached": None, **extra}
+    if started is not None:
+        started(len(ids))
+    cached = engine.prefill(ids, session=session, cancel=cancel, chunk=prefill_chunk(engine),
+                            reserve_tokens=reserve_tokens)
+    return {"state": "done", "cancelled": cancel.is_set() and cached < len(ids) - 1,
+            "tokens": len(ids), "cached": cached, **extra}
+
+
 class BackgroundPrefill:
     """Per-document debounce timers (event loop) and their prefill jobs (engine thread).
 

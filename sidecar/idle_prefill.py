@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from echoline.sidecar.background_prefill import CHUNK, BackgroundPrefill, PrefillJob, prefill_chunk
+from echoline.sidecar.background_prefill import CHUNK, BackgroundPrefill, PrefillJob, run_ids
 from echoline.sidecar.config import Settings
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.prompts import rewrite_prefix_ids
@@ -77,10 +77,4 @@ def run_prefill(
     ids = rewrite_prefix_ids(engine, text, name=uri)
     if not ids:
         return {"state": "skipped", "reason": "file longer than the prompt window", "tokens": 0}
-    if cancel.is_set():
-        return {"state": "cancelled", "cancelled": True, "tokens": len(ids), "cached": None}
-    if started is not None:
-        started(len(ids))
-    cached = engine.prefill(ids, session=rewrite_session(uri), cancel=cancel, chunk=prefill_chunk(engine))
-    return {"state": "done", "cancelled": cancel.is_set() and cached < len(ids) - 1,
-            "tokens": len(ids), "cached": cached}
+    return run_ids(engine, ids, rewrite_session(uri), cancel, started)

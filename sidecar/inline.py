@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from echoline.sidecar.background_prefill import prefill_chunk
+from echoline.sidecar.background_prefill import run_ids
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.lsp_utils import UTF16, line_bounds, line_count, unit_len
 from echoline.sidecar.prompts import (
@@ -233,14 +233,8 @@ def warm_job(
         ids = prompt.ids
         if len(ids) < 2:
             return {"state": "skipped", "reason": "nothing to run", "tokens": len(ids)}
-        if cancel.is_set():
-            return {"state": "cancelled", "cancelled": True, "tokens": len(ids), "cached": None}
-        if started is not None:
-            started(len(ids))
-        # sized for the request that follows (its reply included), as generate sizes it
-        cached = engine.prefill(ids, session=inline_session(uri), cancel=cancel, chunk=prefill_chunk(engine),
-                                reserve_tokens=len(ids) + max_tokens)
-        return {"state": "done", "cancelled": cancel.is_set() and cached < len(ids) - 1,
-                "tokens": len(ids), "cached": cached, "mode": prompt.mode}
+        # the cache sized for the request that follows (its reply included), as generate sizes it
+        return run_ids(engine, ids, inline_session(uri), cancel, started, reserve_tokens=len(ids) + max_tokens,
+                       mode=prompt.mode)
 
     return job

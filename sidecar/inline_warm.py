@@ -67,8 +67,7 @@ class InlineWarm(BackgroundPrefill):
         cursor an inline request was just made at (typing: the editor reports the cursor
         after each keystroke's request) is left alone: that request runs the same prompt."""
         if version is not None and self._asked.get(uri) == (version, position):
-            self._cursor.pop(uri, None)
-            self.forget(uri)
+            self._drop_cursor(uri)
             return
         self._cursor[uri] = (version, position)
         self.changed(uri)
@@ -77,8 +76,11 @@ class InlineWarm(BackgroundPrefill):
         """An inline request at ``position`` of ``version``: a warm-up there would repeat it."""
         self._asked[uri] = (version, position)
         if self._cursor.get(uri) == (version, position):
-            self._cursor.pop(uri, None)
-            self.forget(uri)
+            self._drop_cursor(uri)
+
+    def _drop_cursor(self, uri: str) -> None:
+        self._cursor.pop(uri, None)
+        self.forget(uri)
 
     def edited(self, uri: str) -> None:
         """A didChange: a warm-up under way is for older text; a cursor sent ahead of this
@@ -89,8 +91,7 @@ class InlineWarm(BackgroundPrefill):
             self.forget(uri)
 
     def closed(self, uri: str) -> None:
-        self.forget(uri)
-        self._cursor.pop(uri, None)
+        self._drop_cursor(uri)
         self._asked.pop(uri, None)
 
     def make_job(self, uri: str) -> PrefillJob | None:
