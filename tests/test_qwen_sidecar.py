@@ -1,5 +1,6 @@
 """The real Qwen2.5-Coder-0.5B through the real server over stdio: FIM inline completion,
-a rewrite applied as a versioned edit, and a second request reusing the buffer's cache.
+a rewrite applied as a versioned edit, a second request reusing the buffer's cache, and the
+inline warm-up at a resting cursor.
 
 The completion is checked against llama.cpp: on the same fill-in-the-middle layout its
 greedy reply starts ``sum(xs) / len(xs)`` (tests/data/llamacpp-qwen.json, prompt "fim").
@@ -8,6 +9,9 @@ greedy reply starts ``sum(xs) / len(xs)`` (tests/data/llamacpp-qwen.json, prompt
 from __future__ import annotations
 
 import ast
+import asyncio
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +90,39 @@ async def test_rewrite_applies_a_versioned_edit_and_reuses_the_cache(
     again = await rewrite(lsp, uri=uri, version=1, range=rng(7, 0, 8, 0), mode="preview")
     assert again["stats"]["reused_tokens"] >= 30, again["stats"]
     assert again["text"].startswith("print("), again["text"]  # (the 0.5B may simplify it)
+
+
+async def test_cursor_warm_up_then_completion_equals_a_cold_one(lsp: LanguageClient, workspace: Path) -> None:
+    """``echoline/cursor`` as the editor plugins send it, deep in a real source file: the
+    server runs the inline prompt there with the default model (every prompt token cached
+    but the last), and the completion asked at that cursor next is the one the engine gives
+    on a cold cache, with plain decoding, for the same request (``sidecar.inline.inline_job``)."""
+    from echoline.engine.api import Engine
+    from echoline.sidecar.inline import inline_job
+
+    text = (Path(__file__).resolve().parents[1] / "engine" / "generate.py").read_text()
+    lines = text.split("\n")
+    row = next(i for i in range(int(len(lines) * 0.6), len(lines)) if lines[i].strip().startswith("return "))
+    pos = types.Position(line=row, character=lines[row].index("return ") + len("return "))  # mid-line
+    uri = open_doc(lsp, workspace, text, "generate_copy.py")
+    seen = len(lsp.rec.inline_warms)
+    lsp.protocol.notify("echoline/cursor", {"textDocument": {"uri": uri, "version": 1},
+                                            "position": {"line": pos.line, "character": pos.character}})
+    end = time.monotonic() + 300
+    done = None
+    while done is None and time.monotonic() < end:
+        done = next((w for w in lsp.rec.inline_warms[seen:] if w["uri"] == uri and w["state"] != "started"), None)
+        await asyncio.sleep(0.1)
+    assert done is not None and done["state"] == "done", done
+    detail = done["detail"]
+    assert detail["mode"] == "fim" and detail["tokens"] > 1000 and detail["cached"] == detail["tokens"] - 1, detail
+
+    res = await lsp.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
+    offset = sum(len(line) + 1 for line in lines[:row]) + pos.character
+    cold = inline_job(text[:offset], text[offset:], lines[row][: pos.character], "file:///cold.py", 24, False)(
+        Engine.load(MODEL), threading.Event())
+    assert cold.text, "the cold request completes something there"
+    assert isinstance(res, types.InlineCompletionList)
+    assert len(res.items) == 1 and res.items[0].insert_text == cold.text, (res.items, cold.text)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from echoline.sidecar.lsp_utils import plain_params
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import ClientServerConfig, LanguageClient
@@ -45,6 +46,7 @@ class Recorder:
         self.status: list[dict[str, Any]] = []
         self.rewrite_progress: list[dict[str, Any]] = []
         self.edits: list[types.ApplyWorkspaceEditParams] = []
+        self.inline_warms: list[dict[str, Any]] = []  # echoline/inlineWarm, as JSON values
         self.apply_result = True
 
 
@@ -66,6 +68,10 @@ async def start_client(root: Path, init_options: dict[str, Any], rec: Recorder) 
     @client.feature("echoline/rewriteProgress")
     def _progress(params: Any) -> None:
         rec.rewrite_progress.append(_plain(params))
+
+    @client.feature("echoline/inlineWarm")
+    def _warm(params: Any) -> None:
+        rec.inline_warms.append(plain_params(params))
 
     @client.feature(types.WORKSPACE_APPLY_EDIT)
     def _apply(params: types.ApplyWorkspaceEditParams) -> types.ApplyWorkspaceEditResult:
