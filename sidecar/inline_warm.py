@@ -1,7 +1,7 @@
 """Warm a document's inline session at the cursor while the user reads.
 
 Why: the first inline request at a place in a file runs every prompt token its session
-does not hold: on a freshly opened file the whole ~2,200-token prompt (~12 s on a 2-core
+does not hold: on a freshly opened file the whole ~2,200-token prompt (~11 s on a 2-core
 CPU), after a long jump down the text between the two cursors. The editor plugins send
 ``echoline/cursor`` (the document, its version, the cursor) when the cursor moves; here,
 ``inlineWarmMs`` after the last one, a background job builds the inline prompt a request
