@@ -90,15 +90,9 @@ def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
     if picked == "cpu":
         try:
             mode = cpu_activations_mode()
-            from echoline.kernels.cpu._env import target_has
-            from echoline.kernels.cpu.q8act import q8_available, vnni_available
+            from echoline.kernels.cpu.q8act import dot_form
 
-            ints = (
-                "AVX-512 VNNI" if vnni_available()
-                else "AVX-VNNI" if target_has("avxvnni")
-                else "AVX2" if q8_available()
-                else "none"
-            )  # fmt: skip
+            ints = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2"}.get(dot_form() or "", "none")
             checks.append(_check("cpu activations", True, f"{mode} (int8 kernels: {ints})"))
         except EcholineError as exc:
             checks.append(_check("cpu activations", False, str(exc)))

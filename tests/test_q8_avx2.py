@@ -1,16 +1,19 @@
-"""The int8 (q8) products built for an AVX2 or AVX-VNNI CPU give the bits they give with
-AVX-512 VNNI.
+"""The int8 (q8) products built for an AVX2 or AVX-VNNI CPU give the bits the host's own
+kernels give.
 
 The AVX2 form (kernels/cpu/q8act.py ``_dot256``) takes the same integer dot with
 ``vpmaddubsw`` / ``vpmaddwd`` (and ``vpsignb`` for 8-bit weights), so a machine without VNNI
 runs the same q8 mode with the same replies. Checked here by building the kernels in a child
 process for ``NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=`` (that CPU's own features: AVX2, no
-AVX-512; numba generates its code and caches it apart), and for ``alderlake`` (AVX-VNNI: ``vpdpbusd`` on 256-bit halves), and
-comparing every output bit with this process's kernels, over the weight
-layouts of 4, 5, 6 and 8 bits and 1 to 17 rows, including weights whose every code is at its
-largest against activations all at +127 or -127 (where the AVX2 form's ``vpmaddubsw`` pair sums
-reach their bound). Skips where this CPU cannot run AVX2 code or lacks VNNI to compare
-against.
+AVX-512; numba generates its code and caches it apart), and for ``alderlake`` (AVX-VNNI:
+``vpdpbusd`` on 256-bit halves), and comparing every output bit with this process's kernels
+(the host's own form), over the weight layouts of 4, 5, 6 and 8 bits and 1 to 17 rows,
+including weights whose every code is at its largest against activations all at +127 or -127
+(where the AVX2 form's ``vpmaddubsw`` pair sums reach their bound).
+
+A target runs only where this CPU has every feature its code may use (``_env.missing_on_host``):
+AMD Zen 4 has AVX-512 VNNI but not the VEX-encoded AVX-VNNI, so Alder Lake's kernels would die
+there with SIGILL; that target is skipped, naming the missing feature.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from echoline.engine.gguf_file import QuantTensor
 from echoline.kernels.cpu import q8act
 spec = json.load(open(sys.argv[1]))
 data = np.load(sys.argv[2])
-assert q8act.vnni_available() == spec["vnni"], "the child runs the wrong kernels"
+assert q8act.dot_form() == spec["form"], f"the child runs the wrong kernels: {q8act.dot_form()}"
 b = CpuBackend(activations="q8")
 out = {}
 for name, shape, qtype in spec["weights"]:
@@ -53,22 +56,40 @@ for name, shape, qtype in spec["weights"]:
         out[f"{name}-{n}"] = np.asarray(b.matmul(data["x"][:n], w))
 np.savez(sys.argv[3], **out)
 """
+#: named CPUs the kernels are cross-built for, and the dot form each must get
+TARGETS = {"haswell": "avx2", "alderlake": "avxvnni"}
 
 
-def _run(tmp: Path, tag: str, env: dict) -> dict:
+def _run(tmp: Path, tag: str, env: dict, form: str, spec: dict) -> dict:
+    (tmp / f"{tag}.json").write_text(json.dumps({**spec, "form": form}))
     out = tmp / f"{tag}.npz"
-    subprocess.run([sys.executable, str(tmp / "child.py"), str(tmp / "spec.json"), str(tmp / "data.npz"), str(out)],
+    subprocess.run([sys.executable, str(tmp / "child.py"), str(tmp / f"{tag}.json"), str(tmp / "data.npz"), str(out)],
                    check=True, env=env, timeout=900)  # fmt: skip
     return dict(np.load(out))
 
 
-def test_avx2_products_equal_vnni_products(tmp_path):
-    from echoline.kernels.cpu import _env, q8act
+def _missing_for(cpu: str, monkeypatch) -> list[str]:
+    """What code built for ``cpu`` may use that this host lacks (as the child would see it)."""
+    from echoline.kernels.cpu import _env
 
-    if not q8act.vnni_available():
-        pytest.skip("no AVX-512 VNNI here to compare the AVX2 kernels against")
-    if not _env.target_has("avx2"):
-        pytest.skip("this CPU cannot run AVX2 code")
+    monkeypatch.setattr(_env._config, "CPU_NAME", cpu)
+    monkeypatch.setattr(_env._config, "CPU_FEATURES", "")
+    try:
+        return _env.missing_on_host()
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("cpu", sorted(TARGETS))
+def test_cross_built_products_equal_host_products(tmp_path, cpu, monkeypatch):
+    from echoline.kernels.cpu import q8act
+
+    host_form = q8act.dot_form()
+    if host_form is None:
+        pytest.skip("this CPU has no int8 kernels (needs avx2) to compare against")
+    missing = _missing_for(cpu, monkeypatch)
+    if missing:
+        pytest.skip(f"this CPU lacks {', '.join(missing)}, which code built for {cpu} uses")
     rng = np.random.default_rng(7)
     cols = 512
     arrays, weights = {}, []
@@ -93,12 +114,9 @@ def test_avx2_products_equal_vnni_products(tmp_path):
     for var in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
         base.pop(var, None)
     spec = {"weights": weights, "rows": list(ROWS)}
-    (tmp_path / "spec.json").write_text(json.dumps({**spec, "vnni": True}))
-    vnni = _run(tmp_path, "vnni", base)
-    (tmp_path / "spec.json").write_text(json.dumps({**spec, "vnni": False}))
-    for cpu in ("haswell", "alderlake"):  # AVX2; AVX-VNNI (256-bit vpdpbusd), no AVX-512
-        other = _run(tmp_path, cpu, {**base, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": ""})
-        assert set(vnni) == set(other) and len(vnni) == len(weights) * len(ROWS)
-        for key, want in vnni.items():
-            assert np.isfinite(want).all()
-            assert np.array_equal(other[key], want), f"{key}: {cpu} and VNNI products differ"
+    host = _run(tmp_path, "host", base, host_form, spec)
+    other = _run(tmp_path, cpu, {**base, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": ""}, TARGETS[cpu], spec)
+    assert set(host) == set(other) and len(host) == len(weights) * len(ROWS)
+    for key, want in host.items():
+        assert np.isfinite(want).all()
+        assert np.array_equal(other[key], want), f"{key}: {cpu} ({TARGETS[cpu]}) and host ({host_form}) products differ"

@@ -49,6 +49,10 @@ class CpuBackend(HostCacheMixin, Backend):
         """``activations``: one of ``engine.backends.CPU_ACTIVATIONS`` (what each does is
         there); None reads ``ECHOLINE_CPU_ACTIVATIONS`` (default auto: q8 with AVX2 or better,
         else f32). An explicit q8 on a CPU with neither AVX2 nor AVX-512 VNNI is an error, not a quiet fallback: the two modes give different replies."""
+        try:
+            _env.check_runnable()
+        except RuntimeError as exc:
+            raise EcholineError(str(exc)) from None
         mode = cpu_activations_mode(activations)
         if mode == "q8":
             from echoline.kernels.cpu.q8act import q8_available

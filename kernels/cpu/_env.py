@@ -50,27 +50,79 @@ def target_cpu() -> tuple[str, str]:
 
 #: Features of x86 CPUs with AVX2 and without AVX-512, for a ``NUMBA_CPU_NAME`` given with an
 #: empty ``NUMBA_CPU_FEATURES`` (LLVM knows a named CPU's features; llvmlite does not expose them)
-_AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c", "bmi", "bmi2"})
+_AVX2_ONLY = frozenset({"avx", "avx2", "fma", "f16c", "bmi", "bmi2", "popcnt", "lzcnt", "movbe"})
 _NAMED_FEATURES = {
     **{name: _AVX2_ONLY for name in ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3")},
     # Intel client cores from 2021 on: AVX-VNNI (256-bit vpdpbusd) without AVX-512
     **{name: _AVX2_ONLY | {"avxvnni"} for name in ("alderlake", "raptorlake", "meteorlake")},
 }
 
+#: The x86 features whose instructions generated kernels may contain: the vector widths, the
+#: integer dot products and the scalar extensions LLVM picks on its own. Code built for a
+#: target with one of these runs on a host only if the host has it too (else SIGILL).
+CODE_FEATURES = frozenset(
+    {"avx", "avx2", "fma", "f16c", "bmi", "bmi2", "popcnt", "lzcnt", "movbe", "avxvnni", "avx512f", "avx512bw",
+     "avx512dq", "avx512vl", "avx512cd", "avx512vnni", "avx512vbmi", "avx512vbmi2", "avx512bf16", "avx512fp16",
+     "amx-tile", "amx-int8", "amx-bf16"}
+)  # fmt: skip
+
+
+def host_features() -> frozenset[str]:
+    """The features this CPU has, as LLVM names them (``avxvnni``, ``avx512vnni``, ...),
+    whatever ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` say."""
+    import llvmlite.binding as llvm
+
+    return frozenset(name for name, on in llvm.get_host_cpu_features().items() if on)
+
+
+def target_features() -> frozenset[str] | None:
+    """The features numba's generated code may use: the host's, or those of the CPU that
+    ``NUMBA_CPU_NAME`` names (our table of them, since llvmlite does not expose LLVM's),
+    changed by ``NUMBA_CPU_FEATURES``' ``+f`` / ``-f`` entries. None: a named CPU this table
+    does not know, given without features (what its code uses cannot be told here)."""
+    import llvmlite.binding as llvm
+
+    name, feats = target_cpu()
+    entries = [f for f in feats.split(",") if f[:1] in "+-" and len(f) > 1] if feats else []
+    if name == llvm.get_host_cpu_name() and not feats:
+        return host_features()
+    base = _NAMED_FEATURES.get(name)
+    if base is None and not entries:
+        return None
+    have = set(base or ())
+    for entry in entries:
+        (have.add if entry[0] == "+" else have.discard)(entry[1:])
+    return frozenset(have)
+
 
 def target_has(feature: str) -> bool:
     """Whether the code numba generates may use ``feature`` (e.g. "avx512vnni")."""
     try:
-        import llvmlite.binding as llvm
-
-        name, feats = target_cpu()
-        if feats:
-            return f"+{feature}" in feats.split(",")
-        if name == llvm.get_host_cpu_name():  # an empty list on the host's own name
-            return bool(llvm.get_host_cpu_features().get(feature))
-        return feature in _NAMED_FEATURES.get(name, ())  # the name's own features; unknown: absent
+        return feature in (target_features() or ())  # an unknown named CPU: every feature absent
     except Exception:  # noqa: BLE001 - unknown target: treat as unavailable
         return False
+
+
+def missing_on_host(host: frozenset[str] | None = None) -> list[str]:
+    """The features the generated code may use that the host (or the feature set ``host``)
+    lacks: non-empty only when ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name a bigger CPU
+    than this one, whose kernels would die here with an illegal instruction."""
+    want = target_features() or frozenset()
+    have = host_features() if host is None else host
+    return sorted((want & CODE_FEATURES) - have)
+
+
+def check_runnable() -> None:
+    """Raise a clear error, instead of a SIGILL later, when the kernels would be built for a
+    CPU with features this host lacks (``NUMBA_CPU_NAME=alderlake`` on a CPU without
+    AVX-VNNI, say)."""
+    missing = missing_on_host()
+    if missing:
+        name = target_cpu()[0]
+        raise RuntimeError(
+            f"the CPU kernels are set to be built for {name!r} (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), whose code "
+            f"uses {', '.join(missing)}, which this CPU lacks; unset those variables or name a smaller CPU"
+        )
 
 
 def _cpu_name() -> str:

@@ -40,7 +40,14 @@ WIDE_TILES: tuple[tuple[int, int], ...] = ((5, 64), (4, 64), (3, 64), (2, 64), (
 #: (``test_matmul_tile_shape_does_not_change_bits``). AVX2 machines run the int8 path by
 #: default (``q8act``, its own tiles), so this set serves ``--cpu-activations f32`` there.
 NARROW_TILES: tuple[tuple[int, int], ...] = ((5, 16), (4, 16), (3, 16), (2, 16), (1, 64))
-DEFAULT_TILES: tuple[tuple[int, int], ...] = WIDE_TILES if target_has("avx512f") else NARROW_TILES
+
+
+def tiles_for_target() -> tuple[tuple[int, int], ...]:
+    """The wide (AVX-512) tiles only where the generated code may use AVX-512."""
+    return WIDE_TILES if target_has("avx512f") else NARROW_TILES
+
+
+DEFAULT_TILES: tuple[tuple[int, int], ...] = tiles_for_target()
 #: Rows per kernel call: keeps the slice of x a call reads small and in cache.
 ROW_CHUNK = 64
 #: Row counts (inclusive range) that hand the kernels x transposed rather than as rows.

@@ -122,6 +122,18 @@ def q8_available() -> bool:
     return vnni_available() or target_has("avx2")
 
 
+def dot_form() -> str | None:
+    """Which form of the integer dot the int8 kernels are generated with, from the target's
+    features alone: "avx512vnni" (512-bit ``vpdpbusd``), "avxvnni" (the VEX-encoded 256-bit
+    one, Intel client cores), "avx2" (``vpmaddubsw`` + ``vpmaddwd``), or None (no int8
+    kernels). All give the same bits; a form is never picked without its features."""
+    if vnni_available():
+        return "avx512vnni"
+    if target_has("avxvnni") and target_has("avx2"):
+        return "avxvnni"
+    return "avx2" if target_has("avx2") else None
+
+
 # --------------------------------------------------------------------------- activations
 
 
@@ -374,8 +386,8 @@ def _make_tile(rows: int, vecs: int, block: int, offset: bool, bits: int = 8, bi
     from numba.core import cgutils
     from numba.core.extending import intrinsic
 
-    vnni = vnni_available()  # else the AVX-VNNI or AVX2 form of the same integer dot
-    avxvnni = not vnni and target_has("avxvnni")
+    form = dot_form()  # the AVX-512 VNNI, AVX-VNNI or AVX2 form of the same integer dot
+    vnni, avxvnni = form == "avx512vnni", form == "avxvnni"
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     # Lanes per IR vector: 16 (one 512-bit register with AVX-512, two 256-bit ones else), or
     # 8 (one 256-bit register) for AVX2's tiles of several rows, which then take one register
