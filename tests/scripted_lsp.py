@@ -101,11 +101,17 @@ def build(script: Scripted) -> LanguageServer:
 
     @server.feature(types.INITIALIZE)
     def initialize(_ls: LanguageServer, params: types.InitializeParams) -> None:
-        script.record({"method": "initialize", "initializationOptions": _plain(params.initialization_options)})
+        script.record(
+            {"method": "initialize", "initializationOptions": _plain(params.initialization_options)}
+        )
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    def did_change_configuration(_ls: LanguageServer, params: types.DidChangeConfigurationParams) -> None:
-        script.record({"method": "workspace/didChangeConfiguration", "settings": _plain(params.settings)})
+    def did_change_configuration(
+        _ls: LanguageServer, params: types.DidChangeConfigurationParams
+    ) -> None:
+        script.record(
+            {"method": "workspace/didChangeConfiguration", "settings": _plain(params.settings)}
+        )
 
     @server.feature("echoline/cursor")
     def cursor(_ls: LanguageServer, _params: Any) -> None:

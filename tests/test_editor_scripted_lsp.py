@@ -75,4 +75,9 @@ async def test_scripted_server_answers_next_edit_by_its_rules(tmp_path: Path) ->
         await client.stop()
     entries = [json.loads(x) for x in log.read_text().splitlines()]
     assert entries[0]["initializationOptions"] == {"echoline": {"nextEdit": True}}
-    assert [e.get("error") for e in entries if e["method"] == "echoline/nextEdit"] == [None, None, "stale", None]
+    assert [e.get("error") for e in entries if e["method"] == "echoline/nextEdit"] == [
+        None,
+        None,
+        "stale",
+        None,
+    ]
