@@ -123,17 +123,38 @@ def completion_end(
     auto-closed ")" the model wrote too), so accepting it does not duplicate text;
     otherwise the cursor itself (a pure insertion). ``encoding``: the session's
     position encoding, the unit the end's character is counted in."""
-    first = completion.split("\n", 1)[0]
-    tail = rest_of_line.strip()
-    if rest_of_line and (not tail or first.rstrip().endswith(tail)):
+    if replaces_rest(rest_of_line, completion):
         width = unit_len(rest_of_line, encoding)
         return types.Position(line=pos.line, character=pos.character + width)
     return pos
 
 
+def replaces_rest(rest_of_line: str, completion: str) -> bool:
+    """Whether an inline item for ``completion`` replaces the rest of the cursor's line
+    (``completion_end``): it is blank, or the completion's first line ends with it."""
+    first = completion.split("\n", 1)[0]
+    tail = rest_of_line.strip()
+    return bool(rest_of_line) and (not tail or first.rstrip().endswith(tail))
+
+
+def accepted(prefix: str, suffix: str, rest_of_line: str, completion: str) -> tuple[str, str]:
+    """The texts before and after the cursor once ``completion``, offered between
+    ``prefix`` and ``suffix`` (whose line's rest is ``rest_of_line``), is accepted: the
+    item's range replaced by it (``completion_end``) and the cursor at its end."""
+    after = suffix[len(rest_of_line):] if replaces_rest(rest_of_line, completion) else suffix
+    return prefix + completion, after
+
+
 def inline_session(uri: str) -> str:
     """The engine session of ``uri``'s inline prompts (the requests and the warm-up share it)."""
     return "inline:" + uri
+
+
+def ahead_session(uri: str) -> str:
+    """The engine session of ``uri``'s completions computed ahead (``ahead_job``): its own,
+    so the requests' session keeps the prompt the user is typing at; the engine lends
+    cached prefixes between sessions, so neither runs the shared head twice."""
+    return "inline-ahead:" + uri
 
 
 def _prompt(
@@ -158,6 +179,7 @@ def inline_job(
     prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool,
     suffix_tokens: int | None = None, *, auto_suffix: bool = True,
     anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None, edits: int | None = None,
+    session: str | None = None, record: bool = True, chunked: bool = False,
 ) -> Callable[[Any, threading.Event], InlineOutcome]:  # fmt: skip
     """The worker job completing at the cursor: text before it (``prefix``), after it
     (``suffix``), the cursor line up to the cursor, the buffer's session name part.
@@ -168,7 +190,10 @@ def inline_job(
     grid (0: the sliding window; ``bench inline`` compares the layouts); ``starts``: the
     documents' kept head starts, read when the job runs and updated once its prompt is
     built (None: none kept); ``edits``: ``starts.edits(uri)`` taken with the text (None:
-    when the job runs)."""
+    when the job runs). ``session`` (default ``inline_session(uri)``), ``record`` (False:
+    read the kept head start but leave it, as a warm-up does) and ``chunked`` (prefill the
+    prompt in background chunks first, so a cancel waits for at most one) serve the
+    background completion ``ahead_job``; the reply is the same either way."""
     healed, removed = heal_prefix(prefix)
     indent = indentation(cursor_line)
 
@@ -176,9 +201,14 @@ def inline_job(
         return unheal(generated, removed)
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
-        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, True, edits)
+        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, record, edits)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
             return InlineOutcome(None, {}, prompt.mode)
+        name = session or inline_session(uri)
+        if chunked and len(prompt.ids) > 1:
+            run_ids(engine, prompt.ids, name, cancel, None, reserve_tokens=len(prompt.ids) + max_tokens)
+            if cancel.is_set():
+                return InlineOutcome(None, {}, prompt.mode)
         ended = threading.Event()
         tok = engine.tokenizer
         is_control = getattr(tok, "is_control", lambda _t: False)
@@ -194,7 +224,7 @@ def inline_job(
             prompt.ids,
             max_tokens=max_tokens,
             spec=spec,
-            session=inline_session(uri),
+            session=name,
             on_token=on_token,
             cancel=cancel,
         )
@@ -205,6 +235,34 @@ def inline_job(
         cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
         generated = result.text if cut is None else tok.decode(ids[:cut])
         return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode)
+
+    return job
+
+
+def ahead_job(
+    prefix: str, suffix: str, uri: str, max_tokens: int, spec: bool, suffix_tokens: int | None,
+    starts: HeadStarts | None, keep: Callable[[str], None],
+) -> Callable[[Any, threading.Event], dict[str, Any] | None]:  # fmt: skip
+    """The background job computing, while a suggestion is on screen, the completion a
+    request would get once it is accepted (the cursor between ``prefix`` and ``suffix``,
+    from ``accepted``), so the next Tab finds its answer ready: ``inline_job`` on the
+    prompt a request there would build (the kept head start read, never recorded), in its
+    own session (``ahead_session``), prefilled in background chunks. ``keep(text)`` gets
+    the completion (the plain greedy one of that prompt, cut at the block's end); a cancel
+    (any request) drops it."""
+    cursor_line = prefix[prefix.rfind("\n") + 1 :]
+    run = inline_job(prefix, suffix, cursor_line, uri, max_tokens, spec, suffix_tokens, starts=starts,
+                     session=ahead_session(uri), record=False, chunked=True)
+
+    def job(engine: Any, cancel: threading.Event) -> dict[str, Any] | None:
+        if not isinstance(engine, EngineLike):
+            return None
+        out = run(engine, cancel)
+        if out.text is None:
+            return {"state": "cancelled", "cancelled": True, "kind": "ahead"}
+        keep(out.text)
+        return {"state": "done", "cancelled": False, "kind": "ahead", "chars": len(out.text),
+                "prefilled": out.stats.get("prefilled_tokens")}
 
     return job
 

@@ -19,14 +19,15 @@ request's prompt token for token.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from echoline.sidecar.background_prefill import BackgroundPrefill, PrefillJob
 from echoline.sidecar.config import Settings
-from echoline.sidecar.inline import HeadStarts, warm_job
+from echoline.sidecar.inline import HeadStarts, accepted, ahead_job, warm_job
+from echoline.sidecar.inline_store import InlineStore
 from echoline.sidecar.lsp_utils import PositionError, check_position
-from echoline.sidecar.worker import EngineWorker
+from echoline.sidecar.worker import EngineWorker, Job
 from lsprotocol import types
 
 NOTIFY_INLINE_WARM = "echoline/inlineWarm"  # the job's start and end (server -> client)
@@ -108,3 +109,54 @@ class InlineWarm(BackgroundPrefill):
         s = self._settings()
         return warm_job(text[:offset], text[offset:], uri, s.inline_max_tokens, s.inline_suffix_tokens,
                         starts=self._starts)
+
+
+class InlineAhead:
+    """While a suggestion is on screen, the completion that follows its acceptance,
+    computed in the background (``sidecar.inline.ahead_job``) into the inline store, so the
+    next Tab (or a request at the accepted text, e.g. after typing it all) is answered
+    without a run.
+
+    A job of the worker's idle-prefill kind (``"prefill"``): any request, and a cursor
+    warm-up, cancels it within one background chunk or decode step; a cancelled one is not
+    resumed (the request that stopped it shows a suggestion of its own, and schedules the
+    completion after that one). One per document: a newer suggestion supersedes it."""
+
+    key_name = "inline-ahead"
+
+    def __init__(self, worker: EngineWorker, settings: Callable[[], Settings], starts: HeadStarts,
+                 store: InlineStore) -> None:  # fmt: skip
+        self._worker = worker
+        self._settings = settings
+        self._starts = starts
+        self._store = store
+        self._target: dict[str, tuple[str, str, Hashable, Job]] = {}
+        self.runs = 0  # jobs submitted (tests and the bench read it)
+
+    def after(self, uri: str, prefix: str, suffix: str, rest: str, completion: str, tag: Hashable) -> None:
+        """``completion`` is now shown between ``prefix`` and ``suffix`` (``rest``: the rest
+        of the cursor's line): compute the completion after accepting it, unless it is kept
+        already or being computed."""
+        if not completion or not self._settings().inline_warm or self._worker.state != "ready":
+            return
+        new_prefix, new_suffix = accepted(prefix, suffix, rest, completion)
+        old = self._target.get(uri)
+        if old is not None and old[:3] == (new_prefix, new_suffix, tag) and not old[3].future.done():
+            return  # being computed
+        if self._store.has(uri, new_prefix, new_suffix, tag):
+            return  # kept already (a cancelled job kept nothing: it runs again)
+        s = self._settings()
+
+        def keep(text: str) -> None:
+            self._store.remember(uri, new_prefix, new_suffix, text, tag)
+
+        job = self._worker.submit(
+            ahead_job(new_prefix, new_suffix, uri, s.inline_max_tokens, s.speculation, s.inline_suffix_tokens,
+                      self._starts, keep),
+            kind="prefill", key=(self.key_name, uri))
+        self._target[uri] = (new_prefix, new_suffix, tag, job)
+        self.runs += 1
+
+    def closed(self, uri: str) -> None:
+        self._target.pop(uri, None)
+        self._worker.cancel_key((self.key_name, uri))
