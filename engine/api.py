@@ -21,7 +21,7 @@ from echoline.engine.drafting.controller import DraftController, VerifyCost
 from echoline.engine.drafting.ngram_index import NgramIndex
 from echoline.engine.errors import EcholineError
 from echoline.engine.generate import Sampler, StopRules, generate_tokens
-from echoline.engine.model import load_model
+from echoline.engine.models.loader import load_model
 from echoline.engine.models_registry import resolve_model
 from echoline.engine.sessions import SessionStore
 from echoline.engine.tokenizer import Tokenizer
@@ -283,8 +283,11 @@ class Engine(PromptEncoding):
         cancel: threading.Event | None = None,
         temperature: float = 0.0,
         seed: int | None = None,
+        stop_when: Callable[[str], int | None] | None = None,
     ) -> GenerationResult:
         """Greedy reply to ``prompt_ids``; identical token ids with ``spec`` on or off.
+
+        ``stop_when``: an extra stop rule on the reply text (``StopRules.stop_when``).
 
         ``session`` names a buffer whose cache is reused (None: a one-off cache).
         ``temperature`` > 0 samples instead, with plain decoding (speculation is
@@ -308,6 +311,7 @@ class Engine(PromptEncoding):
             max_tokens=min(max_tokens, self.config.context_length - len(prompt) - 1),
             stop_ids=self.tokenizer.stop_ids,
             stop_strings=tuple(stop),
+            stop_when=stop_when,
         )
         try:
             result = generate_tokens(

@@ -35,15 +35,23 @@ DRAFT_CONTEXT = 64  # context tokens handed to the n-gram lookup
 
 @dataclass
 class StopRules:
-    """When a reply ends: a stop id (EOS/EOT), a stop string in the text, or the budget."""
+    """When a reply ends: a stop id (EOS/EOT), a stop string in the text, the budget, or
+    ``stop_when``: a predicate on the reply text so far that answers where to cut it (a
+    character offset, at most its length) to end the reply there, or None to go on.
+
+    ``stop_when`` is called after every token with the whole text, so it must keep its
+    own place (look only at what is new); it sees the same text token by token in both
+    modes, so a reply it ends is a prefix of the plain reply, as with a stop string.
+    """
 
     max_tokens: int = 256
     stop_ids: frozenset[int] = frozenset()
     stop_strings: Sequence[str] = ()
+    stop_when: Callable[[str], int | None] | None = None
 
 
 @dataclass
-class _Reply:
+class ReplyBuilder:
     """The reply as it grows, with its text and the stop decision.
 
     With ``stream`` (an incremental decoder with ``push(id) -> str``), text grows
@@ -79,6 +87,12 @@ class _Reply:
             at = full.find(s, max(0, len(self.text) - len(s)))
             if at >= 0:
                 self.text = full[:at]
+                self.finish = "stop"
+                return True
+        if self.rules.stop_when is not None:
+            cut = self.rules.stop_when(full)
+            if cut is not None:
+                self.text = full[: max(0, min(cut, len(full)))]
                 self.finish = "stop"
                 return True
         self.text = full
@@ -228,7 +242,7 @@ def generate_tokens(
         raise ValueError("the cache must leave at least one prompt token to run")
     stats.reused_tokens = reused
     stats.prefilled_tokens = len(prompt_ids) - reused
-    reply = _Reply(decode=decode, rules=rules, stream=stream() if stream is not None else None)
+    reply = ReplyBuilder(decode=decode, rules=rules, stream=stream() if stream is not None else None)
     # Reply tokens not yet in the index: it is read only at a lookup, so rounds that skip the
     # lookup (the plain arm) skip this work too; a lookup adds them first.
     unindexed: list[int] = []
@@ -394,7 +408,7 @@ def generate_tokens(
         t_round = now
 
 
-def _chained_steps(model: Transformer, cache: KVCache, pending: int, reply: _Reply,
+def _chained_steps(model: Transformer, cache: KVCache, pending: int, reply: ReplyBuilder,
                    push: Callable[[list[int], str], None], cancel: threading.Event | None,
                    stats: GenerationStats, steps: int | None) -> tuple[int, str | None]:
     """Up to ``steps`` plain steps (None: until the reply ends), each queued before the

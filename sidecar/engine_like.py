@@ -59,6 +59,7 @@ class EngineLike(Protocol):
         session: str | None = ...,
         on_token: Callable[[TokenEvent], None] | None = ...,
         cancel: threading.Event | None = ...,
+        stop_when: Callable[[str], int | None] | None = ...,
     ) -> GenerationResult: ...
 
     def prefill(self, prompt_ids: Sequence[int], *, session: str, cancel: threading.Event | None = ...,

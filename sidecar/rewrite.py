@@ -13,6 +13,8 @@ from typing import Any
 
 from echoline.engine.errors import EcholineError
 from echoline.sidecar.prompts import fit_selection, fitted_rewrite_ids, strip_fence
+from echoline.sidecar.rewrite_checks import no_confident_edit
+from echoline.sidecar.rewrite_stops import stop_rules
 
 
 @dataclass
@@ -22,6 +24,10 @@ class RewriteOutcome:
     finish_reason: str
     stats: dict[str, Any]
     prompt_tokens: int
+    # the runaway rule that ended the reply (rewrite_stops: "after", "repeat", "too-long")
+    stopped_by: str | None = None
+    # why the reply is no edit to apply (rewrite_checks), None when it is one
+    refusal: str | None = None
 
 
 @dataclass
@@ -69,7 +75,9 @@ def run_rewrite(
         )
 
     # A selection is at most a few times longer in tokens than in characters/3; the
-    # reply must fit its own copy plus some room for the requested change.
+    # reply must fit its own copy plus some room for the requested change. Besides the
+    # closing fence, the runaway rules (rewrite_stops) end it: a prefix of the plain reply.
+    stops = stop_rules(file_text, start, end)
     result = engine.generate(
         ids,
         max_tokens=max_tokens,
@@ -78,13 +86,20 @@ def run_rewrite(
         session=session,
         on_token=on_token,
         cancel=cancel,
+        stop_when=stops,
     )
     selection = file_text[start:end]
     text = fit_selection(strip_fence(result.text, prompt.fence), selection)
+    refusal = None
+    if result.finish_reason in ("eos", "stop"):
+        refusal = no_confident_edit(file_text, start, end, text, instruction, name=name,
+                                    stopped_by=stops.rule)
     return RewriteOutcome(
         text=text,
         reply=result.text,
         finish_reason=result.finish_reason,
         stats=result.stats.as_dict(),
         prompt_tokens=len(ids),
+        stopped_by=stops.rule,
+        refusal=refusal,
     )

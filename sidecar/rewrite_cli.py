@@ -3,6 +3,11 @@
 Reads the file, rewrites lines L1..L2 (1-based, inclusive) with the same prompt
 and generation as ``echoline.rewrite``, and prints the new text, a unified diff
 (``--diff``) or JSON (``--json``). It never writes the file.
+
+Exit status: 0 with an edit; 1 on an error; 3 when the reply is no confident edit
+(it would not parse, it left the selection unchanged under an instruction, or it ran
+away): the reason goes to stderr (and to ``noConfidentEdit`` with ``--json``) and no
+edit is printed.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 from echoline.engine.models_registry import DEFAULT_MODEL, MODELS
 from echoline.sidecar.engine_choice import load_engine
 from echoline.sidecar.rewrite import run_rewrite
+
+NO_CONFIDENT_EDIT_STATUS = 3  # the exit status of a reply that is no confident edit
 
 
 def parse_range(spec: str, n_lines: int) -> tuple[int, int]:
@@ -101,6 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EcholineError as exc:
         print(f"echoline rewrite: {exc}", file=sys.stderr)
         return 1
+    if out.refusal:
+        print(f"echoline rewrite: {out.refusal}", file=sys.stderr)
+        if args.json:
+            json.dump({"text": "", "diff": "", "finishReason": out.finish_reason, "stats": out.stats,
+                       "stoppedBy": out.stopped_by, "noConfidentEdit": out.refusal, "reply": out.text},
+                      sys.stdout, indent=2)
+            print()
+        return NO_CONFIDENT_EDIT_STATUS
     new_source = source[:start] + out.text + source[end:]
     diff = "".join(
         difflib.unified_diff(
@@ -110,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.json:
         json.dump(
-            {"text": out.text, "diff": diff, "finishReason": out.finish_reason, "stats": out.stats},
+            {"text": out.text, "diff": diff, "finishReason": out.finish_reason, "stats": out.stats,
+             "stoppedBy": out.stopped_by},
             sys.stdout, indent=2,
         )
         print()

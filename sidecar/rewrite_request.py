@@ -94,14 +94,18 @@ class Verdict:
 
 
 def decide(*, finish_reason: str, mode: str, max_tokens: int, request_cancelled: bool,
-           version: int, current_version: int | None) -> Verdict:
+           version: int, current_version: int | None, refusal: str | None = None) -> Verdict:
     """What to do with a finished rewrite, from facts alone (the order is the precedence).
 
     ``current_version``: the document's version now (None: closed meanwhile); the edit is
-    tied to ``version``, the one the range was read from.
+    tied to ``version``, the one the range was read from. ``refusal``: why the reply is no
+    confident edit (``RewriteOutcome.refusal``: it would not parse, it changed nothing
+    asked to, it ran away): answered with that reason, neither applied nor previewed.
     """
     if finish_reason == "cancelled":
         return Verdict(False, "cancelled", "cancelled")
+    if refusal:
+        return Verdict(False, refusal, "no confident edit; not applied")
     if mode == "preview":
         return Verdict(False, "preview", "preview ready", edit_in_answer=True)
     if finish_reason == "length":

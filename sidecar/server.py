@@ -37,7 +37,8 @@ from echoline.sidecar.engine_choice import load_engine, remote_status
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
 from echoline.sidecar.inline import HeadStarts, completion_end, inline_job
-from echoline.sidecar.inline_warm import CURSOR, NOTIFY_INLINE_WARM, InlineWarm
+from echoline.sidecar.inline_store import InlineStore
+from echoline.sidecar.inline_warm import CURSOR, NOTIFY_INLINE_WARM, InlineAhead, InlineWarm
 from echoline.sidecar.lsp_transport import (  # noqa: F401 - FrameError/FrameParser re-exported
     MAX_FRAME_BYTES,
     READ_CHUNK_BYTES,
@@ -53,8 +54,10 @@ from echoline.sidecar.lsp_utils import (
     get_doc,
     line_start,
     normalize_encoding,
+    offset_at,
     parse_position,
     plain_params,
+    position_at,
     rest_of_line,
 )
 from echoline.sidecar.lsp_utils import invalid as invalid  # re-exported: error helpers
@@ -139,6 +142,11 @@ class EcholineServer(LanguageServer):
             self.worker, lambda: self.settings, self._doc_state, lambda: self.position_encoding,
             self.inline_head_starts, lambda info: self.protocol.notify(NOTIFY_INLINE_WARM, info),
         )
+        #: Shown inline suggestions and recent results per document (answers with no run),
+        #: and the completion after the shown one's acceptance, computed ahead.
+        self.inline_store = InlineStore()
+        self.inline_ahead = InlineAhead(self.worker, lambda: self.settings, self.inline_head_starts,
+                                        self.inline_store)
 
     def _doc_text(self, uri: str) -> str | None:
         doc = find_document(self.workspace, uri)
@@ -483,11 +491,30 @@ def on_did_change(ls: EcholineServer, params: types.DidChangeTextDocumentParams)
     ls.buffer_changed(params.text_document.uri)
     ls.idle_prefill.changed(params.text_document.uri)
     ls.inline_warm.edited(params.text_document.uri)
+    _edit_is_a_cursor(ls, params)
+
+
+def _edit_is_a_cursor(ls: EcholineServer, params: types.DidChangeTextDocumentParams) -> None:
+    """An edit is a cursor report: after one ranged change the cursor is at the end of its
+    text, so the inline warm-up starts there as ``echoline/cursor`` starts it, for clients
+    that send no cursor (a whole-document or multi-range change names no cursor). The
+    request a keystroke is followed by drops it (``InlineWarm.asked``: the same place)."""
+    changes = list(params.content_changes)
+    rng = getattr(changes[-1], "range", None) if len(changes) == 1 else None
+    uri = params.text_document.uri
+    doc = find_document(ls.workspace, uri)
+    if rng is None or doc is None or not ls.settings.inline_warm:
+        return
+    text, encoding = doc.source, ls.position_encoding
+    end = offset_at(text, rng.start, encoding) + len(changes[-1].text)
+    ls.inline_warm.cursor(uri, params.text_document.version, position_at(text, min(end, len(text)), encoding))
 
 
 def on_did_close(ls: EcholineServer, params: types.DidCloseTextDocumentParams) -> None:
     ls.idle_prefill.forget(params.text_document.uri)
     ls.inline_warm.closed(params.text_document.uri)
+    ls.inline_ahead.closed(params.text_document.uri)
+    ls.inline_store.closed(params.text_document.uri)
     ls.inline_head_starts.closed(params.text_document.uri)
     if ls.index is not None:
         ls.index.close_buffer(params.text_document.uri)
@@ -571,6 +598,12 @@ async def on_inline_completion(
     cursor_line = text[line_start(text, offset) : offset]
     rest = rest_of_line(text, offset)
     ls.inline_warm.asked(uri, version, pos)  # a warm-up here now would only repeat this request
+    tag = _inline_tag(ls)
+    hit = ls.inline_store.lookup(uri, prefix, suffix, tag)  # typing through a suggestion, undo
+    if hit is not None:
+        ls.worker.cancel_key(("inline", uri))  # an older request still running is superseded
+        ls.inline_ahead.after(uri, prefix, suffix, rest, hit.text, tag)
+        return _inline_list(pos, rest, hit.text, encoding)
     job = inline_job(prefix, suffix, cursor_line, uri, ls.settings.inline_max_tokens, ls.settings.speculation,
                      ls.settings.inline_suffix_tokens, starts=ls.inline_head_starts, edits=edits)
     try:
@@ -581,6 +614,20 @@ async def on_inline_completion(
         return types.InlineCompletionList(items=[])
     completion = out.text
     ls.note_stats(out.stats)
+    ls.inline_store.shown(uri, prefix, suffix, completion, tag)
+    ls.inline_ahead.after(uri, prefix, suffix, rest, completion, tag)
+    return _inline_list(pos, rest, completion, encoding)
+
+
+def _inline_tag(ls: EcholineServer) -> tuple[Any, ...]:
+    """What an inline result depends on beside the text: the engine and the settings that
+    shape the prompt and the reply (``sidecar/inline_store.py``)."""
+    s = ls.settings
+    return (id(ls.worker.engine), s.inline_max_tokens, s.inline_suffix_tokens)
+
+
+def _inline_list(pos: types.Position, rest: str, completion: str, encoding: str) -> types.InlineCompletionList:
+    """The answer: one item at the cursor (``completion_end`` says how far it replaces), or none."""
     if not completion:
         return types.InlineCompletionList(items=[])
     end = completion_end(pos, rest, completion, encoding)
@@ -685,8 +732,10 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         finish_reason=outcome.finish_reason, mode=req.mode, max_tokens=settings.max_tokens,
         request_cancelled=request_id is not None and request_id in ls.cancelled_ids,
         version=req.version, current_version=None if current is None else current.version,
+        refusal=outcome.refusal,
     )
-    base = {"text": outcome.text, "stats": outcome.stats, "finishReason": outcome.finish_reason}
+    base = {"text": outcome.text, "stats": outcome.stats, "finishReason": outcome.finish_reason,
+            "stoppedBy": outcome.stopped_by}
     edit = types.WorkspaceEdit(document_changes=[types.TextDocumentEdit(
         text_document=types.OptionalVersionedTextDocumentIdentifier(uri=req.uri, version=req.version),
         edits=[types.TextEdit(range=req.range, new_text=outcome.text)],

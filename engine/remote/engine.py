@@ -6,7 +6,7 @@ streaming detokenizer — and sends only token ids. Why ids, not text: echoline 
 chat template and the FIM layout itself with the tokenizer of the GGUF the server runs,
 so a prompt is byte-stable across requests (the server's prefix cache sees the same ids
 every time) and the reply is cut by the same stop rules as a local one
-(``engine.generate._Reply``).
+(``engine.generate.ReplyBuilder``).
 
 Per-buffer reuse becomes the server's prefix cache plus affinity: each buffer's session
 name becomes a stable key (a salted hash: paths never leave the machine) that an affinity
@@ -32,8 +32,8 @@ from typing import Any
 
 from echoline.engine.chat_template import PromptEncoding
 from echoline.engine.errors import EcholineError
-from echoline.engine.generate import StopRules, _Reply
-from echoline.engine.gguf_file import GGUFFile
+from echoline.engine.generate import ReplyBuilder, StopRules
+from echoline.engine.models.loader import open_model_file
 from echoline.engine.remote import kinds
 from echoline.engine.remote.client import HttpClient, RemoteError, StreamCancelled
 from echoline.engine.tokenizer import Tokenizer
@@ -89,7 +89,7 @@ class RemoteEngine(PromptEncoding):
         self.client = client
         self.server_kind = server_kind
         self.served_model = served_model
-        gf = GGUFFile(self.model_path)
+        gf = open_model_file(self.model_path)
         self.tokenizer = tokenizer or Tokenizer.from_gguf(gf)
         arch = gf.get("general.architecture", "")
         own_ctx = int(gf.get(f"{arch}.context_length", 0) or 0) or 4096
@@ -320,6 +320,7 @@ class RemoteEngine(PromptEncoding):
         cancel: threading.Event | None = None,
         temperature: float = 0.0,
         seed: int | None = None,
+        stop_when: Callable[[str], int | None] | None = None,
     ) -> GenerationResult:
         """The server's greedy reply to ``prompt_ids``, cut by echoline's own stop rules.
 
@@ -335,21 +336,23 @@ class RemoteEngine(PromptEncoding):
             if seed is not None:
                 overrides["seed"] = int(seed)
         reply = self.complete(prompt, max_tokens=max_tokens, stop=stop, extras=extras, on_token=on_token,
-                              cancel=cancel, overrides=overrides)
+                              cancel=cancel, overrides=overrides, stop_when=stop_when)
         return GenerationResult(token_ids=reply.ids, text=reply.text, finish_reason=reply.finish,
                                 stats=reply.stats)
 
     def complete(self, prompt: list[int], *, max_tokens: int, extras: kinds.RequestExtras,
                  stop: Sequence[str] = (), on_token: Callable[[TokenEvent], None] | None = None,
-                 cancel: threading.Event | None = None, overrides: dict[str, Any] | None = None) -> Reply:
+                 cancel: threading.Event | None = None, overrides: dict[str, Any] | None = None,
+                 stop_when: Callable[[str], int | None] | None = None) -> Reply:
         """One streamed completion with per-request ``extras`` and body ``overrides``
         (a value None removes a field). The probe uses it to force cold and warm runs."""
         limit = min(int(max_tokens), self.config.context_length - len(prompt) - 1)
         if limit < 1:
             raise EcholineError(f"the prompt ({len(prompt)} tokens) leaves no room in the server's "
                                 f"context ({self.config.context_length})")
-        rules = StopRules(max_tokens=limit, stop_ids=self.tokenizer.stop_ids, stop_strings=tuple(stop))
-        out = _Reply(decode=self.tokenizer.decode, rules=rules, stream=self.tokenizer.stream())
+        rules = StopRules(max_tokens=limit, stop_ids=self.tokenizer.stop_ids, stop_strings=tuple(stop),
+                          stop_when=stop_when)
+        out = ReplyBuilder(decode=self.tokenizer.decode, rules=rules, stream=self.tokenizer.stream())
         body = kinds.completion_body(self.server_kind, prompt, limit, extras, model=self.served_model)
         if self.server_kind == "llama":
             body["timings_per_token"] = True  # cache figures before the stream ends
