@@ -20,8 +20,9 @@ if not (_here / "engine").is_dir() and (_here.parent / "engine" / "__init__.py")
 
 
 def __getattr__(name: str) -> str:
+    """``echoline.__version__``, read from the package metadata on first use."""
     if name == "__version__":
-        from echoline.sidecar.cli import package_version
+        from echoline.version import package_version
 
         return package_version()
     raise AttributeError(name)

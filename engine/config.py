@@ -1,11 +1,12 @@
-"""GGUF metadata → a frozen ModelConfig (the numbers a forward pass needs)."""
+"""ModelConfig: the frozen numbers a forward pass needs.
+
+Read from a file's metadata by ``engine.models.loader.config_from_gguf``, which knows
+the architectures; this module knows none of them, so the models can import it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from echoline.engine.errors import ModelFileError, UnsupportedArchitectureError
-from echoline.engine.gguf_file import GGUFFile
 
 
 @dataclass(frozen=True)
@@ -43,55 +44,3 @@ class ModelConfig:
 
     def layer_rope_base(self, layer: int) -> float:
         return self.rope_base_local if layer in self.local_layers else self.rope_base
-
-
-def _required(gf: GGUFFile, key: str) -> int | float:
-    value = gf.get(key)
-    if value is None:
-        raise ModelFileError(f"{gf.path}: missing metadata key {key!r}")
-    return value
-
-
-def config_from_gguf(gf: GGUFFile) -> ModelConfig:
-    """Build the config, naming the architecture when it is not one echoline runs."""
-    from echoline.engine.models import (  # models import this module
-        MODEL_CLASSES,
-        SUPPORTED_ARCHITECTURES,
-    )
-
-    arch = gf.architecture
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedArchitectureError(
-            f"{gf.path}: architecture {arch!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        )
-    n_layers = int(_required(gf, f"{arch}.block_count"))
-    d_model = int(_required(gf, f"{arch}.embedding_length"))
-    n_heads = int(_required(gf, f"{arch}.attention.head_count"))
-    n_kv = int(gf.get(f"{arch}.attention.head_count_kv", n_heads))
-    head_dim = int(gf.get(f"{arch}.attention.key_length", d_model // n_heads))
-    embd = gf.tensors.get("token_embd.weight")
-    if embd is None:
-        raise ModelFileError(f"{gf.path}: missing tensor 'token_embd.weight'")
-    vocab = int(gf.get(f"{arch}.vocab_size", embd.shape[0]))
-    rope_base = float(gf.get(f"{arch}.rope.freq_base", 10000.0))
-    window, local, rope_local = MODEL_CLASSES[arch].local_attention(
-        lambda key, default=None: gf.get(f"{arch}.{key}", default), n_layers, rope_base
-    )
-    return ModelConfig(
-        arch=arch,
-        n_layers=n_layers,
-        d_model=d_model,
-        n_ff=int(_required(gf, f"{arch}.feed_forward_length")),
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        head_dim=head_dim,
-        rope_base=rope_base,
-        rope_base_local=rope_local,
-        rms_eps=float(gf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        context_length=int(gf.get(f"{arch}.context_length", 2048)),
-        vocab_size=vocab,
-        sliding_window=window,
-        local_layers=local,
-        tied_output="output.weight" not in gf.tensors,
-    )

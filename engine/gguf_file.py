@@ -10,10 +10,13 @@ Why so many checks: a model file is input from the internet, and the compute
 kernels index weights without bounds checks. So every length, count, dimension
 and offset in the header is checked, in Python's arbitrary-precision integers,
 against the bytes actually left in the file *before* anything is allocated or
-mapped; and, for the architectures echoline runs, every tensor the forward pass
-reads must have exactly the shape its metadata implies. A hostile or damaged
-file therefore ends in a ``ModelFileError`` that names the problem, never in an
-over-read, a huge allocation, a hang or a stray ``ValueError``.
+mapped. A hostile or damaged file therefore ends in a ``ModelFileError`` that
+names the problem, never in an over-read, a huge allocation, a hang or a stray
+``ValueError``.
+
+This module knows the file format only, not the architectures: that every tensor
+the forward pass reads has exactly the shape its metadata implies is checked by
+``engine.models.loader.open_model_file``, which the model loader goes through.
 """
 
 from __future__ import annotations
@@ -24,14 +27,11 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gguf
 import numpy as np
 from echoline.engine.errors import ModelFileError
-
-if TYPE_CHECKING:
-    from echoline.engine.config import ModelConfig
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" little-endian
 _U64 = struct.Struct("<Q")
@@ -104,25 +104,6 @@ MAX_ARRAY_DEPTH = 2
 #: ggml counts elements in int64.
 MAX_TENSOR_ELEMENTS = (1 << 63) - 1
 
-#: ``{arch}.<suffix>`` integer hyper-parameters that ``engine.config`` reads: (min, max).
-HPARAM_INT_RANGES: dict[str, tuple[int, int]] = {
-    "block_count": (1, 1024),
-    "embedding_length": (1, 65536),
-    "feed_forward_length": (1, 1 << 18),
-    "attention.head_count": (1, 1024),
-    "attention.head_count_kv": (1, 1024),
-    "attention.key_length": (1, 4096),
-    "attention.value_length": (1, 4096),
-    "context_length": (1, 1 << 24),
-    "vocab_size": (1, 1 << 22),
-    "attention.sliding_window": (0, 1 << 24),
-}
-#: ``{arch}.<suffix>`` float hyper-parameters: (exclusive min, inclusive max); must be finite.
-HPARAM_FLOAT_RANGES: dict[str, tuple[float, float]] = {
-    "rope.freq_base": (0.0, 1e12),
-    "attention.layer_norm_rms_epsilon": (0.0, 1.0),
-}
-
 _STR, _INT, _FLAG, _STR_LIST, _INT_ARRAY, _NUM_ARRAY = (
     "a string",
     "an integer",
@@ -148,7 +129,7 @@ KEY_KINDS: dict[str, str] = {
 }
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -157,7 +138,7 @@ def _kind_ok(value: Any, kind: str) -> bool:
     if kind == _STR:
         return isinstance(value, str)
     if kind == _INT:
-        return _is_int(value)
+        return is_int(value)
     if kind == _FLAG:
         return isinstance(value, int)
     if kind == _STR_LIST:
@@ -167,7 +148,7 @@ def _kind_ok(value: Any, kind: str) -> bool:
     return False
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
     """A value's kind for messages (never the value itself: it may be a 262k-item list)."""
     if isinstance(value, np.ndarray):
         return f"an array of {len(value)} {value.dtype.name} values"
@@ -382,7 +363,6 @@ class GGUFFile:
         data_start = (cur.pos + alignment - 1) // alignment * alignment
         self.identity = self._identity(buf[: cur.pos])
         self.tensors: dict[str, QuantTensor] = self._map_tensors(infos, data_start, alignment)
-        self._check_model()
 
     # ---- the header ---------------------------------------------------------------------
 
@@ -484,16 +464,16 @@ class GGUFFile:
             value = self.metadata.get(key)
             if value is not None and not _kind_ok(value, kind):
                 raise ModelFileError(
-                    f"{self.path}: metadata {key} must be {kind}, got {_describe(value)}"
+                    f"{self.path}: metadata {key} must be {kind}, got {describe_value(value)}"
                 )
         for key, value in self.metadata.items():
             if (
                 key.startswith("tokenizer.ggml.")
                 and key.endswith("_token_id")
-                and not _is_int(value)
+                and not is_int(value)
             ):
                 raise ModelFileError(
-                    f"{self.path}: metadata {key} must be an integer, got {_describe(value)}"
+                    f"{self.path}: metadata {key} must be an integer, got {describe_value(value)}"
                 )
         tokens = self.metadata.get("tokenizer.ggml.tokens")
         if tokens is not None:
@@ -507,9 +487,9 @@ class GGUFFile:
     def _alignment(self) -> int:
         """``general.alignment``: like llama.cpp, a power of two (zero would divide by zero)."""
         alignment = self.metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
-        if not _is_int(alignment) or alignment < 1 or alignment & (alignment - 1):
+        if not is_int(alignment) or alignment < 1 or alignment & (alignment - 1):
             raise ModelFileError(
-                f"{self.path}: general.alignment must be a power of two, got {_describe(alignment)}"
+                f"{self.path}: general.alignment must be a power of two, got {describe_value(alignment)}"
             )
         return alignment
 
@@ -559,112 +539,6 @@ class GGUFFile:
                 raise ModelFileError(f"{self.path}: corrupt file: tensors {a} and {b} overlap")
         return tensors
 
-    # ---- the model ----------------------------------------------------------------------
-
-    def _check_model(self) -> None:
-        """For an architecture echoline runs: sane hyper-parameters, then every tensor the
-        forward pass reads present, supported and shaped exactly as they imply.
-
-        A file without the keys a config needs (a vocabulary-only GGUF) is left alone here:
-        ``config_from_gguf`` reports the missing key when something tries to run it.
-        """
-        from echoline.engine.config import config_from_gguf
-        from echoline.engine.models import SUPPORTED_ARCHITECTURES
-
-        arch = self.metadata.get("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            return  # no or another architecture: config_from_gguf names it when loading
-        self._check_hparams(arch)
-        try:
-            config = config_from_gguf(self)
-        except ModelFileError:
-            return
-        self._check_tensor_shapes(config)
-        tokens = self.metadata.get("tokenizer.ggml.tokens")
-        if tokens is not None and len(tokens) > config.vocab_size:
-            raise ModelFileError(
-                f"{self.path}: the tokenizer has {len(tokens)} tokens but the model only "
-                f"{config.vocab_size} embedding rows"
-            )
-
-    def _check_hparams(self, arch: str) -> None:
-        """Kinds and ranges of the ``{arch}.*`` keys the config reads, and how they relate."""
-        ints: dict[str, int] = {}
-        for suffix, (lo, hi) in HPARAM_INT_RANGES.items():
-            key = f"{arch}.{suffix}"
-            value = self.metadata.get(key)
-            if value is None:
-                continue
-            if not _is_int(value):
-                raise ModelFileError(
-                    f"{self.path}: metadata {key} must be an integer, got {_describe(value)}"
-                )
-            if not lo <= value <= hi:
-                raise ModelFileError(
-                    f"{self.path}: metadata {key} = {value} is out of range [{lo}, {hi}]"
-                )
-            ints[suffix] = value
-        for suffix, (lo_x, hi_f) in HPARAM_FLOAT_RANGES.items():
-            key = f"{arch}.{suffix}"
-            value = self.metadata.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, int | float) or isinstance(value, bool):
-                raise ModelFileError(
-                    f"{self.path}: metadata {key} must be a number, got {_describe(value)}"
-                )
-            if not (math.isfinite(value) and lo_x < value <= hi_f):
-                raise ModelFileError(
-                    f"{self.path}: metadata {key} = {value} is out of range ({lo_x}, {hi_f}]"
-                )
-        d_model = ints.get("embedding_length")
-        heads = ints.get("attention.head_count")
-        kv_heads = ints.get("attention.head_count_kv")
-        key_len = ints.get("attention.key_length")
-        value_len = ints.get("attention.value_length")
-        if heads is not None and kv_heads is not None and heads % kv_heads:
-            raise ModelFileError(
-                f"{self.path}: {arch}.attention.head_count_kv = {kv_heads} does not divide "
-                f"{arch}.attention.head_count = {heads} (each KV head serves a group of Q heads)"
-            )
-        if key_len is None and heads is not None and d_model is not None and d_model % heads:
-            raise ModelFileError(
-                f"{self.path}: {arch}.embedding_length = {d_model} is not divisible by "
-                f"{arch}.attention.head_count = {heads} (and no attention.key_length is given)"
-            )
-        head_dim = key_len
-        if head_dim is None and heads is not None and d_model is not None:
-            head_dim = d_model // heads
-        if value_len is not None and head_dim is not None and value_len != head_dim:
-            raise ModelFileError(
-                f"{self.path}: {arch}.attention.value_length = {value_len} differs from the key "
-                f"head size {head_dim}; echoline needs equal K and V head sizes"
-            )
-
-    def _check_tensor_shapes(self, config: ModelConfig) -> None:
-        """Each tensor the model reads: present, a supported quant type, exactly its shape.
-
-        Why: the kernels trust these shapes to index weights without bounds checks, so a
-        file whose ``attn_q`` is smaller than ``head_count × head_dim`` rows would read
-        past its data; here it is a message naming the tensor and both shapes instead.
-        """
-        for name, want in expected_tensor_shapes(config).items():
-            t = self.tensors.get(name)
-            if t is None:
-                raise ModelFileError(
-                    f"{self.path}: missing tensor {name!r} (the metadata gives "
-                    f"{config.n_layers} layers)"
-                )
-            if t.qtype not in SUPPORTED_QTYPES:
-                raise ModelFileError(self._unsupported_message(name, t.qtype))
-            if t.shape != want:
-                raise ModelFileError(
-                    f"{self.path}: tensor {name} has shape {t.shape}, but the metadata implies "
-                    f"{want} (vocab {config.vocab_size}, embedding {config.d_model}, "
-                    f"{config.n_heads} heads / {config.n_kv_heads} KV heads of {config.head_dim}, "
-                    f"feed-forward {config.n_ff})"
-                )
-
     # ---- access -------------------------------------------------------------------------
 
     def _identity(self, header: memoryview) -> str:
@@ -676,13 +550,6 @@ class GGUFFile:
         st = self.path.stat()
         digest = hashlib.sha1(header).hexdigest()[:16]
         return f"{st.st_size}-{st.st_mtime_ns}-{digest}"
-
-    def _unsupported_message(self, name: str, qtype: gguf.GGMLQuantizationType) -> str:
-        supported = ", ".join(sorted(q.name for q in SUPPORTED_QTYPES))
-        return (
-            f"{self.path}: tensor {name} uses quant type {qtype.name}, which echoline "
-            f"does not support (supported: {supported})"
-        )
 
     @property
     def architecture(self) -> str:
@@ -698,50 +565,17 @@ class GGUFFile:
         except KeyError:
             raise ModelFileError(f"{self.path}: missing tensor {name!r}") from None
         if t.qtype not in SUPPORTED_QTYPES:
-            raise ModelFileError(self._unsupported_message(name, t.qtype))
+            raise ModelFileError(unsupported_qtype_message(self.path, name, t.qtype))
         return t
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
 
-def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Name → numpy-order shape of every tensor the forward pass of ``config.arch`` reads.
-
-    The optional parts follow the architecture's model class (its ``has_qkv_bias``,
-    ``qk_norm`` and ``sandwich_norms`` switches), so this list and what the model
-    loads cannot drift apart.
-    """
-    from echoline.engine.models import MODEL_CLASSES
-
-    model = MODEL_CLASSES[config.arch]
-    d, hd, ff = config.d_model, config.head_dim, config.n_ff
-    q_rows, kv_rows = config.n_heads * hd, config.n_kv_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {
-        "token_embd.weight": (config.vocab_size, d),
-        "output_norm.weight": (d,),
-    }
-    if not config.tied_output:
-        shapes["output.weight"] = (config.vocab_size, d)
-    for i in range(config.n_layers):
-        p = f"blk.{i}."
-        shapes[p + "attn_norm.weight"] = (d,)
-        shapes[p + "attn_q.weight"] = (q_rows, d)
-        shapes[p + "attn_k.weight"] = (kv_rows, d)
-        shapes[p + "attn_v.weight"] = (kv_rows, d)
-        shapes[p + "attn_output.weight"] = (d, q_rows)
-        shapes[p + "ffn_norm.weight"] = (d,)
-        shapes[p + "ffn_gate.weight"] = (ff, d)
-        shapes[p + "ffn_up.weight"] = (ff, d)
-        shapes[p + "ffn_down.weight"] = (d, ff)
-        if model.has_qkv_bias:
-            shapes[p + "attn_q.bias"] = (q_rows,)
-            shapes[p + "attn_k.bias"] = (kv_rows,)
-            shapes[p + "attn_v.bias"] = (kv_rows,)
-        if model.qk_norm:
-            shapes[p + "attn_q_norm.weight"] = (hd,)
-            shapes[p + "attn_k_norm.weight"] = (hd,)
-        if model.sandwich_norms:
-            shapes[p + "post_attention_norm.weight"] = (d,)
-            shapes[p + "post_ffw_norm.weight"] = (d,)
-    return shapes
+def unsupported_qtype_message(path: Path, name: str, qtype: gguf.GGMLQuantizationType) -> str:
+    """The error for a tensor in a quant type no kernel computes, listing those that do."""
+    supported = ", ".join(sorted(q.name for q in SUPPORTED_QTYPES))
+    return (
+        f"{path}: tensor {name} uses quant type {qtype.name}, which echoline "
+        f"does not support (supported: {supported})"
+    )

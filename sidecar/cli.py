@@ -16,16 +16,9 @@ import threading
 from echoline.engine.backends import BACKEND_NAMES, CPU_ACTIVATIONS
 from echoline.engine.errors import EcholineError
 from echoline.engine.models_registry import DEFAULT_MODEL, MODELS
+from echoline.sidecar.load_feedback import LoadFeedback
 
-
-def package_version() -> str:
-    """The installed distribution's version (one source: pyproject.toml)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("echoline")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
+from echoline.version import package_version
 
 
 def parse_hostport(spec: str) -> tuple[str, int]:
@@ -196,41 +189,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             f"acceptance {st.acceptance:.2f}, finish {result.finish_reason}]\n"
         )
     return 0
-
-
-class LoadFeedback:
-    """What a first run is doing, on stderr (``echoline.engine.api.LoadProgress``): a tqdm
-    bar in bytes for the download and its check, a line for each one-off phase (compiling
-    kernels, calibrating). Phases every start has (loading weights, warming up) stay quiet."""
-
-    QUIET = ("loading weights", "warming up")
-
-    def __init__(self) -> None:
-        self._bar = None
-        self._label = ""
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        from tqdm import tqdm
-
-        if total <= 0:
-            self.close()
-            if label not in self.QUIET:
-                sys.stderr.write(f"echoline: {label}…\n")
-                sys.stderr.flush()
-            return
-        if self._bar is None or label != self._label:
-            self.close()
-            self._label = label
-            self._bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024,
-                             file=sys.stderr, leave=True)
-        self._bar.update(done - self._bar.n)
-        if done >= total:
-            self.close()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 def _ensure_model(name: str) -> None:

@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from echoline.engine.api import Engine
     from echoline.engine.errors import EcholineError
-    from echoline.sidecar.cli import LoadFeedback
+    from echoline.sidecar.load_feedback import LoadFeedback
 
     try:
         feedback = LoadFeedback()

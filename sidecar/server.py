@@ -74,9 +74,11 @@ from pygls.exceptions import JsonRpcException
 from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 
+from echoline.version import package_version
+
 log = logging.getLogger(__name__)
 
-VERSION = "0.1.0"
+VERSION = package_version()  # pyproject.toml's version, through the package metadata
 CMD_REWRITE = rewrite_request.COMMAND
 CMD_STATUS = "echoline.status"
 NOTIFY_STATUS = "echoline/status"

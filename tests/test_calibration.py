@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from echoline.engine.backends.numpy_backend import NumpyBackend
 from echoline.engine.calibration import _sane, measure_verify_cost
-from echoline.engine.model import load_model
+from echoline.engine.models.loader import load_model
 
 from tests.synth import write_model
 

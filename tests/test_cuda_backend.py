@@ -575,7 +575,7 @@ def test_argmax_parts_equal_one_block(cb, rng, monkeypatch):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, cb):
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     from tests.synth import write_model
 
@@ -606,7 +606,7 @@ def test_iq4_model_matches_numpy_and_decode_equals_verify(tmp_path, cb, arch, qt
     """A whole model in IQ4_NL / IQ4_XS (the tensor-core products of their non-linear levels):
     close to the numpy reference (gguf's own dequantization), and rows one at a time == all
     at once, bit for bit."""
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     from tests.synth import write_model
 

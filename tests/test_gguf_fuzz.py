@@ -41,7 +41,7 @@ import pytest
 from echoline.engine.backends.numpy_backend import NumpyBackend
 from echoline.engine.errors import EcholineError, ModelFileError
 from echoline.engine.gguf_file import GGUFFile
-from echoline.engine.model import load_model
+from echoline.engine.models.loader import load_model, open_model_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -228,7 +228,7 @@ def _bad(tmp_path: Path, data: bytes, name: str = "bad.gguf") -> Path:
 
 def _expect(path: Path, pattern: str) -> ModelFileError:
     with pytest.raises(ModelFileError, match=pattern) as info:
-        GGUFFile(path)
+        open_model_file(path)
     return info.value
 
 

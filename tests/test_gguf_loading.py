@@ -8,7 +8,6 @@ import gguf
 import numpy as np
 import pytest
 from echoline.engine.backends.numpy_backend import NumpyBackend
-from echoline.engine.config import config_from_gguf
 from echoline.engine.errors import (
     EcholineError,
     ModelFileError,
@@ -16,7 +15,7 @@ from echoline.engine.errors import (
     UnsupportedArchitectureError,
 )
 from echoline.engine.gguf_file import GGUFFile
-from echoline.engine.model import load_model
+from echoline.engine.models.loader import config_from_gguf, load_model
 from echoline.engine.models_registry import resolve_model
 
 from tests.synth import GGUF_QUANTIZABLE, IQ_QUANTS, K_QUANTS, Q, write_model

@@ -297,7 +297,7 @@ class _Fixed:
 @pytest.fixture(scope="module", params=[("llama", "affine"), ("gemma3", "affine"), ("llama", "auto"),
                                         ("gemma3", "float")], ids=lambda p: "-".join(p))
 def tiny_mlx_model(request, tmp_path_factory):
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     from tests.synth import write_model
 
@@ -342,7 +342,7 @@ def test_warm_equals_cold_tiny(tiny_mlx_model):
 
 def test_tiny_model_logits_match_numpy(tiny_mlx_model):
     """The same synthetic file on numpy and MLX: logits agree to float32 rounding, chunked or not."""
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     _, np_model = load_model(tiny_mlx_model.source_path, NumpyBackend())
     ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
@@ -358,7 +358,7 @@ def test_tiny_model_logits_match_numpy(tiny_mlx_model):
                                                   ("gemma-3-270m-q4_k_m.gguf", "py_fib", "auto")])
 def test_real_model_greedy_matches_llamacpp(request, model_name, case, mode):
     """Greedy ids on MLX equal llama.cpp's for prompts where float32 engines agree with it."""
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     from tests.conftest import reference_data
 
@@ -372,7 +372,7 @@ def test_real_model_greedy_matches_llamacpp(request, model_name, case, mode):
 @pytest.mark.slow
 def test_real_model_speculative_equals_plain(smollm2_path):
     from echoline.engine.drafting.ngram_index import NgramIndex
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     _, model = load_model(smollm2_path, MlxBackend())
     prompt = [1604, 3987, 46477, 24, 94, 727, 472, 1620, 1604, 3987, 46477]

@@ -18,7 +18,7 @@ from echoline.engine.drafting import Draft, NgramIndex
 from echoline.engine.drafting.controller import DraftController, VerifyCost
 from echoline.engine.drafting.plain_arm import PlainArm
 from echoline.engine.generate import StopRules, generate_tokens
-from echoline.engine.model import load_model
+from echoline.engine.models.loader import load_model
 from echoline.engine.types import GenerationStats
 
 from tests.synth import write_model

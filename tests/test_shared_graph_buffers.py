@@ -19,7 +19,7 @@ import pytest
 from echoline.engine.api import Engine
 from echoline.engine.backends.numpy_backend import NumpyBackend
 from echoline.engine.kvcache import KVCache
-from echoline.engine.model import load_model
+from echoline.engine.models.loader import load_model
 
 from tests.synth import write_model
 from tests.test_sessions import VOCAB, StandInTokenizer, buffer

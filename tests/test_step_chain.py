@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from echoline.engine.backends.numpy_backend import NumpyBackend
 from echoline.engine.generate import StopRules, generate_tokens
-from echoline.engine.model import load_model
+from echoline.engine.models.loader import load_model
 from echoline.engine.step_chain import GraphChain, HostChain, make_chain
 from echoline.engine.types import GenerationStats
 from hypothesis import HealthCheck, given, settings

@@ -147,7 +147,7 @@ def median_time(fn, reps: int) -> float:
 
 def bench(name: str, context: int, reps: int, ks: list[int], out: Path) -> list[str]:
     from echoline.engine.backends.cupy_backend import CupyBackend
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     t0 = time.perf_counter()
     path = write_model(out / f"{name}.gguf", SHAPES[name])

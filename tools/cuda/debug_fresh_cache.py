@@ -20,7 +20,7 @@ def rows(model, ids, prefix, k):
 def main() -> int:
     import gguf
     from echoline.engine.backends.cupy_backend import CupyBackend
-    from echoline.engine.model import load_model
+    from echoline.engine.models.loader import load_model
 
     from tests.synth import write_model
 
