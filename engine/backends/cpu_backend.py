@@ -11,8 +11,8 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
-from echoline.engine.backends import cpu_activations_mode
 from echoline.engine.backends.base import Array, Backend
+from echoline.engine.backends.cpu_activations import cpu_activations_mode
 from echoline.engine.backends.host_cache import HostCacheMixin
 from echoline.engine.errors import EcholineError
 from echoline.engine.gguf_file import QuantTensor
