@@ -16,6 +16,7 @@ with ``at``), while its ``times`` (default unlimited) last. A rule answers:
 
 - ``find`` → ``replace``: one edit replacing the first occurrence of ``find``;
 - ``"at": "cursor"``: one insertion of ``replace`` at the request's position;
+- ``when``: the rule applies only while the document contains this text;
 - ``versionDelta`` (default 0): added to the version in the answer (a wrong version that
   the editor must refuse); ``delayMs``: wait before answering (the editor may have moved
   on: the answer then names an older version).
@@ -85,6 +86,8 @@ class Scripted:
         for i, rule in enumerate(self.rules):
             times = rule.get("times")
             if times is not None and self.used[i] >= int(times):
+                continue
+            if rule.get("when") and str(rule["when"]) not in text:
                 continue
             if rule.get("at") == "cursor" or str(rule.get("find", "")) and rule["find"] in text:
                 self.used[i] += 1

@@ -27,6 +27,8 @@ export const SERVER_KEYS = [
   'endpoint',
   'serverKind',
   'apiKeyEnv',
+  'nextEdit',
+  'nextEditDebounceMs',
 ] as const;
 
 export type ServerKey = (typeof SERVER_KEYS)[number];
@@ -51,6 +53,8 @@ export interface ServerSettings {
   endpoint: string | null;
   serverKind: string;
   apiKeyEnv: string; // the variable's name; the key never leaves the environment
+  nextEdit: boolean; // edit predictions (echoline/nextEdit after a pause)
+  nextEditDebounceMs: number; // the pause after an edit before a prediction is asked
 }
 
 /** The models `echoline models list` knows (used when that command cannot run). */
@@ -84,6 +88,8 @@ export function serverSettings(): ServerSettings {
     endpoint: cfg.get<string | null>('endpoint', null),
     serverKind: cfg.get<string>('serverKind', 'llama'),
     apiKeyEnv: cfg.get<string>('apiKeyEnv', 'ECHOLINE_API_KEY'),
+    nextEdit: cfg.get<boolean>('nextEdit', true),
+    nextEditDebounceMs: cfg.get<number>('nextEditDebounceMs', 300),
   };
 }
 

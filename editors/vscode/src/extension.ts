@@ -19,6 +19,7 @@ import { checkSetup } from './setup';
 import { PREVIEW_SCHEME, PreviewProvider } from './preview';
 import { Rewriter } from './rewrite';
 import { StatusItem, StatusParams } from './status';
+import { NextEditController } from './nextEdit';
 
 let client: LanguageClient | undefined;
 
@@ -109,7 +110,13 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
   const preview = new PreviewProvider();
   const rewriter = new Rewriter(() => client, events, preview, status, log);
   const cursor = new CursorReporter(() => client, () => inlineCompletionsEnabled() && serverSettings().inlineWarm);
-  context.subscriptions.push(log, events, status, preview, cursor);
+  const nextEdit = new NextEditController(
+    () => client,
+    () => serverSettings().nextEdit,
+    () => serverSettings().nextEditDebounceMs,
+    log,
+  );
+  context.subscriptions.push(log, events, status, preview, cursor, nextEdit);
   let lastPhase = '';
   context.subscriptions.push(
     vscode.workspace.registerTextDocumentContentProvider(PREVIEW_SCHEME, preview),
@@ -127,6 +134,9 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand('echoline.acceptRewrite', () => rewriter.resolvePreview(true)),
     vscode.commands.registerCommand('echoline.rejectRewrite', () => rewriter.resolvePreview(false)),
     vscode.commands.registerCommand('echoline.toggleInlineCompletions', () => toggleInline()),
+    vscode.commands.registerCommand('echoline.predictNextEdit', () => nextEdit.request(vscode.window.activeTextEditor, true)),
+    vscode.commands.registerCommand('echoline.acceptNextEdit', () => nextEdit.jumpOrAccept()),
+    vscode.commands.registerCommand('echoline.dismissNextEdit', () => nextEdit.dismiss('dismissed')),
     vscode.commands.registerCommand('echoline.pickModel', () => pickModel(log)),
     vscode.commands.registerCommand('echoline.checkSetup', () => checkSetup(log)),
     vscode.commands.registerCommand('echoline.menu', () => showMenu(serverSettings().model)),
