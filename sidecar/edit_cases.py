@@ -11,12 +11,17 @@ unedited file.
 ``split`` keeps a held-out third: tune prompts and decoding on "tune", report on
 "heldout", so a gain is not just the benchmark being learned.
 
-Only ``dataclasses`` and ``textwrap`` are imported so this module can be read, copied or
-loaded anywhere without the engine.
+The multi-line refactors (several functions or a whole class in a 20-60-line file) are
+data: ``edit_cases_multiline.toml`` beside this module, read by ``load_cases`` at import.
+
+Only the standard library is imported so this module can be read, copied or loaded
+anywhere without the engine.
 """
 
 import textwrap
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,7 @@ class EditCase:
     instruction: str  # what a developer would type
     check: str  # a program in `language`, run next to the edited file; exit 0 = pass
     solution: str  # a correct replacement for exactly the selected lines
+    kind: str = "function"  # "function" (one function) or "multiline" (a multi-line refactor)
 
 
 # Helpers shared by every Python check (prepended to it). The checks look at the code
@@ -1687,4 +1693,35 @@ _BASH = (
 )
 
 
-CASES: tuple[EditCase, ...] = _PYTHON + _JAVASCRIPT + _BASH
+MULTILINE_FILE = Path(__file__).with_name("edit_cases_multiline.toml")
+_CASE_KEYS = {"id", "split", "language", "filename", "source", "select", "through", "instruction",
+              "check", "solution"}
+
+
+def load_cases(path: Path, kind: str = "multiline") -> tuple[EditCase, ...]:
+    """The ``[[case]]`` tables of a TOML file as EditCases (the file's header says the keys).
+
+    The selection runs from the block that starts with ``select`` to the end of the block
+    that starts with ``through`` (default: ``select``'s own), found as ``_span`` finds one.
+    """
+    with open(path, "rb") as fh:
+        tables = tomllib.load(fh).get("case", [])
+    cases = []
+    for raw in tables:
+        unknown = set(raw) - _CASE_KEYS
+        if unknown:
+            raise ValueError(f"{path.name}: case {raw.get('id')!r} has unknown keys {sorted(unknown)}")
+        language = raw["language"]
+        source = raw["source"]
+        first, _ = _span(source, raw["select"], language)
+        _, last = _span(source, raw.get("through", raw["select"]), language)
+        cases.append(EditCase(
+            id=raw["id"], split=raw["split"], language=language, filename=raw["filename"],
+            source=source, lines=(first, last), instruction=raw["instruction"],
+            check=_PRELUDES[language] + raw["check"].lstrip("\n"), solution=raw["solution"], kind=kind,
+        ))
+    return tuple(cases)
+
+
+MULTILINE_CASES: tuple[EditCase, ...] = load_cases(MULTILINE_FILE)
+CASES: tuple[EditCase, ...] = _PYTHON + _JAVASCRIPT + _BASH + MULTILINE_CASES

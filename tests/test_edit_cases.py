@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 from echoline.sidecar import edit_checks
-from echoline.sidecar.edit_cases import CASES, EditCase
+from echoline.sidecar.edit_cases import CASES, MULTILINE_CASES, MULTILINE_FILE, EditCase, load_cases
 from echoline.sidecar.edit_checks import (
     RuntimeUnavailable,
     apply_edit,
@@ -40,7 +40,7 @@ def _damaged(case: EditCase) -> str:
     if case.language == "python":
         header = re.compile(r"\s*(async\s+)?def \w+\(.*\).*:\s*$")
     elif case.language == "javascript":
-        header = re.compile(r"\s*function \w+\(.*\)\s*\{\s*$")
+        header = re.compile(r"\s*(async\s+)?function \w+\(.*\)\s*\{\s*$")
     else:
         header = re.compile(r"\s*[\w-]+\s*\(\)\s*\{\s*$")
     at = next(i for i, line in enumerate(lines) if header.match(line))
@@ -63,6 +63,26 @@ def test_case_set_shape() -> None:
     assert set(languages) == {"python", "javascript", "bash"}
     filenames = [case.filename for case in CASES]
     assert len(set(filenames)) == len(filenames), "module file names must be unique"
+    assert {case.kind for case in CASES} == {"function", "multiline"}
+
+
+def test_multiline_set_shape() -> None:
+    """The multi-line refactors (issue 49): both splits, Python plus some JS and shell."""
+    multi = [case for case in CASES if case.kind == "multiline"]
+    assert multi == list(MULTILINE_CASES)
+    splits = Counter(case.split for case in multi)
+    assert splits["tune"] >= 8 and splits["heldout"] >= 8
+    assert {case.language for case in multi} == {"python", "javascript", "bash"}
+    for split in ("tune", "heldout"):
+        assert Counter(c.language for c in multi if c.split == split)["python"] >= 5
+
+
+def test_a_case_file_with_an_unknown_key_is_refused(tmp_path) -> None:
+    path = tmp_path / "cases.toml"
+    path.write_text(MULTILINE_FILE.read_text(encoding="utf-8").replace("\nthrough = ", "\nthrow = ", 1),
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_cases(path)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_IDS)
@@ -72,10 +92,14 @@ def test_case_is_well_formed(case: EditCase) -> None:
     ext = {"python": ".py", "javascript": ".js", "bash": ".sh"}[case.language]
     assert case.filename.endswith(ext) and "/" not in case.filename
     source_lines = split_lines(case.source)
-    assert 10 <= len(source_lines) <= 40
     start, end = case.lines
     assert 1 <= start <= end <= len(source_lines)
-    assert end - start + 1 <= 15
+    if case.kind == "multiline":  # several functions or a class in a 20-60-line file
+        assert 20 <= len(source_lines) <= 60
+        assert 5 <= end - start + 1 <= 40
+    else:
+        assert 10 <= len(source_lines) <= 40
+        assert end - start + 1 <= 15
     assert case.solution.endswith("\n")
     selected = "".join(source_lines[start - 1 : end])
     assert selected != case.solution
