@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bench edits: which part of the edit set")
     b.add_argument("--case", action="append", default=[], metavar="ID",
                    help="bench edits: run only these case ids (repeatable)")
+    b.add_argument("--edit-set", choices=("all", "function", "multiline"), default="all",
+                   help="bench edits: one-function edits, multi-line refactors, or both")
     b.add_argument("--step", type=int, default=4, metavar="N",
                    help="bench inline: characters typed between two inline requests (default 4; 0: no typing, quality only)")
     b.add_argument("--positions", type=int, default=5, metavar="N",
