@@ -32,6 +32,7 @@ from typing import Any
 import gguf
 import numpy as np
 from echoline.engine.errors import ModelFileError
+from echoline.kernels import quant_types
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" little-endian
 _U64 = struct.Struct("<Q")
@@ -63,24 +64,9 @@ _NUMPY_DTYPES: dict[int, str] = {
     _VT.FLOAT64: "<f8",
 }
 
-#: Quant types the engine can compute with (the CPU kernels and the numpy reference).
-SUPPORTED_QTYPES = frozenset(
-    {
-        gguf.GGMLQuantizationType.F32,
-        gguf.GGMLQuantizationType.F16,
-        gguf.GGMLQuantizationType.BF16,
-        gguf.GGMLQuantizationType.Q4_0,
-        gguf.GGMLQuantizationType.Q4_1,
-        gguf.GGMLQuantizationType.Q5_0,
-        gguf.GGMLQuantizationType.Q5_1,
-        gguf.GGMLQuantizationType.Q8_0,
-        gguf.GGMLQuantizationType.Q4_K,
-        gguf.GGMLQuantizationType.Q5_K,
-        gguf.GGMLQuantizationType.Q6_K,
-        gguf.GGMLQuantizationType.IQ4_NL,
-        gguf.GGMLQuantizationType.IQ4_XS,
-    }
-)
+#: Quant types the engine can compute with (every backend's kernels and the numpy
+#: reference): the entries of ``kernels.quant_types``.
+SUPPORTED_QTYPES = quant_types.SUPPORTED_QTYPES
 
 # ---- limits on what a header may claim ------------------------------------------------------
 # Each is far above any real model (largest seen: 262k-token vocabularies, ~500k merges,

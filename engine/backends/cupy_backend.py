@@ -31,23 +31,11 @@ from echoline.engine.gguf_file import QuantTensor
 from echoline.kernels.cuda import FACTORED, TENSOR, load_module
 from echoline.kernels.cuda.launch import ProgrammaticKernel
 from echoline.kernels.cuda.launch import available as pdl_available
+from echoline.kernels.quant_types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
-_KERNEL_NAMES: dict[Q, str] = {
-    Q.F32: "f32",
-    Q.F16: "f16",
-    Q.BF16: "bf16",
-    Q.Q4_0: "q4_0",
-    Q.Q4_1: "q4_1",
-    Q.Q5_0: "q5_0",
-    Q.Q5_1: "q5_1",
-    Q.Q8_0: "q8_0",
-    Q.Q4_K: "q4_k",
-    Q.Q5_K: "q5_k",
-    Q.Q6_K: "q6_k",
-    Q.IQ4_NL: "iq4_nl",
-    Q.IQ4_XS: "iq4_xs",
-}
+#: gguf quant type -> kernel-name stem (``kernels.quant_types``)
+_KERNEL_NAMES: dict[Q, str] = {t.qtype: t.kernel for t in QUANT_TYPES}
 _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
 
 

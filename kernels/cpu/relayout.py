@@ -22,6 +22,7 @@ from echoline.kernels.gguf_blocks import (
     k_scale_min,
     nibbles_32,
 )
+from echoline.kernels.quant_types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
 QK_K = 256
@@ -37,21 +38,10 @@ class Kind:
     wdtype: str  # "int8" or "float32"
 
 
+#: Each supported type's representation, from its ``kernels.quant_types`` entry.
 KINDS: dict[Q, Kind] = {
-    Q.F32: Kind(32, False, False, "float32"),
-    Q.F16: Kind(32, False, False, "float32"),
-    Q.BF16: Kind(32, False, False, "float32"),
-    Q.Q4_0: Kind(32, True, False, "int8"),
-    Q.Q5_0: Kind(32, True, False, "int8"),
-    Q.Q8_0: Kind(32, True, False, "int8"),
-    Q.Q4_1: Kind(32, True, True, "int8"),
-    Q.Q5_1: Kind(32, True, True, "int8"),
-    Q.Q4_K: Kind(32, True, True, "int8"),
-    Q.Q5_K: Kind(32, True, True, "int8"),
-    Q.Q6_K: Kind(16, True, False, "int8"),
-    # non-linear 4-bit levels (int8 values of a fixed table) times a block scale
-    Q.IQ4_NL: Kind(32, True, False, "int8"),
-    Q.IQ4_XS: Kind(32, True, False, "int8"),
+    t.qtype: Kind(t.cpu_block, t.cpu_weights == "int8", t.cpu_offset, t.cpu_weights)
+    for t in QUANT_TYPES
 }
 
 

@@ -14,37 +14,24 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from echoline.kernels import quant_types as registry
+
 HERE = Path(__file__).resolve().parent
 
 #: NVRTC options. --fmad=false: the kernels write every fused multiply-add out,
 #: so no instantiation can contract differently and break batch invariance.
 OPTIONS = ("--std=c++17", "--fmad=false")
 
-#: kernel-name stem -> the QT_* constant of quant.cuh
-QUANT_TYPES = {
-    "f32": "QT_F32",
-    "f16": "QT_F16",
-    "bf16": "QT_BF16",
-    "q4_0": "QT_Q4_0",
-    "q4_1": "QT_Q4_1",
-    "q5_0": "QT_Q5_0",
-    "q5_1": "QT_Q5_1",
-    "q8_0": "QT_Q8_0",
-    "q4_k": "QT_Q4_K",
-    "q5_k": "QT_Q5_K",
-    "q6_k": "QT_Q6_K",
-    "iq4_nl": "QT_IQ4_NL",
-    "iq4_xs": "QT_IQ4_XS",
-}
-
+#: kernel-name stem -> the QT_* constant of quant.cuh (from ``kernels.quant_types``)
+QUANT_TYPES = {t.kernel: t.cuda_constant for t in registry.QUANT_TYPES}
 
 #: types with factored product kernels (quant.cuh codes8, kernel suffix _f)
-FACTORED = frozenset({"q4_k", "q6_k"})
+FACTORED = frozenset(t.kernel for t in registry.QUANT_TYPES if t.cuda_factored)
 
 #: types with tensor-core product kernels (quant.cuh tc_frag, kernels mt_<q>_n<NT>_m<MT>, and
 #: mtw_<q>_n<NT>_s<ST> for very wide weights: tiles staged in shared memory, mts_<q>_n<NT>_w<KW>
 #: for long rows: K split over blocks)
-TENSOR = frozenset({"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"})
+TENSOR = frozenset(t.kernel for t in registry.QUANT_TYPES if t.cuda_tensor)
 
 
 def kernel_source(qtype: str | None = None) -> str:

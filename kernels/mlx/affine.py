@@ -29,12 +29,15 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 from echoline.kernels.gguf_blocks import half, high_bits_32, k_codes_4, k_scale_min, nibbles_32
+from echoline.kernels.quant_types import QUANT_TYPES
 
 Q = gguf.GGMLQuantizationType
 GROUP = 32
 
 #: Bits of the affine code each exactly-rewritable quant type becomes.
-AFFINE_BITS: dict[Q, int] = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q5_0: 5, Q.Q5_1: 5, Q.Q8_0: 8, Q.Q4_K: 4, Q.Q5_K: 5}
+AFFINE_BITS: dict[Q, int] = {
+    t.qtype: t.mlx_affine_bits for t in QUANT_TYPES if t.mlx_affine_bits is not None
+}
 
 
 @dataclass
