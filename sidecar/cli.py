@@ -112,8 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check the set-up (libraries, backend, model, caches); "
                                       "--invariance: batch invariance on the real model")
     _add_model_args(d)
+    d.set_defaults(model="auto")
+    d.add_argument("--rewrite-model", default=None, metavar="MODEL",
+                   help="the rewrite job's model (default: --model; auto: this machine's choice)")
+    d.add_argument("--inline-model", default=None, metavar="MODEL",
+                   help="inline completion's and edit prediction's model (default: --model; auto: the fastest)")
     d.add_argument("--invariance", action="store_true",
-                   help="load the model and check that verify and prefill rows equal decoded ones")
+                   help="load the model and check that verify and prefill rows equal decoded ones "
+                        "(the rewrite job's model)")
 
     s = sub.add_parser("serve", help="run the language server (stdio unless --tcp)")
     s.add_argument("--tcp", type=parse_hostport, metavar="HOST:PORT",
@@ -261,14 +267,16 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if not args.invariance:
         from echoline.engine.setup_check import print_setup, setup_report
 
-        setup = setup_report(args.model, args.backend)
+        setup = setup_report(args.model, args.backend, args.rewrite_model, args.inline_model)
         print_setup(setup)
         if args.json:
             print(json.dumps(setup))
         return 0 if setup["ok"] else 1
     from echoline.engine.doctor import run
+    from echoline.engine.setup_check import job_models
 
-    report = run(args.model, args.backend)
+    model = job_models(args.model, args.backend, args.rewrite_model, args.inline_model)["rewrite"]["model"]
+    report = run(model, args.backend)
     if args.json:
         print(json.dumps(report))
     return 0 if report["batch_invariant"] else 1

@@ -18,6 +18,11 @@ from echoline.engine.models_registry import DEFAULT_MODEL
 from echoline.engine.remote.kinds import KINDS as SERVER_KINDS
 
 ENGINES = ("local", "openai")
+#: The ``model`` value that leaves each job's model to the machine (engine/model_choice.py).
+AUTO = "auto"
+#: The jobs that may each have a model of their own: rewrites, and inline completion with
+#: edit prediction.
+JOBS = ("rewrite", "inline")
 #: Environment variables ``echoline serve --engine/--endpoint/--server-kind`` set: the
 #: defaults a client's settings then override (an editor that sends none keeps them).
 ENV_ENGINE, ENV_ENDPOINT, ENV_SERVER_KIND = "ECHOLINE_ENGINE", "ECHOLINE_ENDPOINT", "ECHOLINE_SERVER_KIND"
@@ -27,7 +32,12 @@ ENV_ENGINE, ENV_ENDPOINT, ENV_SERVER_KIND = "ECHOLINE_ENGINE", "ECHOLINE_ENDPOIN
 class Settings:
     """Everything the user can tune. Names mirror the LSP keys (camelCase there)."""
 
-    model: str = DEFAULT_MODEL
+    # The model of both jobs; "auto": each job's default on this machine (engine/model_choice.py:
+    # the rewrite model from the calibrated speed, the fastest for inline). A job's own
+    # setting (rewrite_model, inline_model) wins over it; None there: follow ``model``.
+    model: str = AUTO
+    rewrite_model: str | None = None  # rewrites and instruction edits
+    inline_model: str | None = None  # inline completion and edit prediction
     backend: str = "auto"
     cpu_activations: str | None = None  # None: the server's environment decides (default auto)
     speculation: bool = True
@@ -67,8 +77,27 @@ class Settings:
         """What requires a model reload (or a reconnect) when it changes."""
         local = (self.model, self.backend, self.cpu_activations, self.kv_budget_mb)
         if self.engine == "local":
-            return ("local", *local)
+            return ("local", *local, self.rewrite_model, self.inline_model)
         return ("openai", self.model, self.endpoint, self.server_kind, self.api_key_env)
+
+    def job_model(self, job: str) -> tuple[str, str]:
+        """(model or ``AUTO``, the setting that decided it) for ``job`` ("rewrite" or
+        "inline"): the job's own setting wins over ``model``. A remote engine serves one
+        model to both jobs: ``model``, the GGUF whose tokenizer the server shares."""
+        if job not in JOBS:
+            raise ValueError(f"unknown job {job!r}; known: {', '.join(JOBS)}")
+        own = self.rewrite_model if job == "rewrite" else self.inline_model
+        if self.engine != "local":
+            return (DEFAULT_MODEL if self.model == AUTO else self.model), "model"
+        if own is not None:
+            return own, f"{job}Model"
+        return self.model, "model"
+
+    def job_engine_key(self, model: str) -> tuple[Any, ...]:
+        """What tells two jobs' engines apart: jobs whose keys are equal share one engine."""
+        if self.engine == "local":
+            return ("local", model, self.backend, self.cpu_activations, self.kv_budget_mb)
+        return ("openai", model, self.endpoint, self.server_kind, self.api_key_env)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """What the loader needs beyond the local engine's arguments (sidecar/engine_choice.py)."""
@@ -85,6 +114,14 @@ def _str(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
         raise ValueError("must be a non-empty string")
     return v.strip()
+
+
+def _opt_model(v: Any) -> str | None:
+    """A job's model: a name, a path, ``auto`` (the machine's default for the job), or
+    null / "" (follow ``model``)."""
+    if v is None or (isinstance(v, str) and not v.strip()):
+        return None
+    return _str(v)
 
 
 def _backend(v: Any) -> str:
@@ -182,6 +219,8 @@ def _pos_number(v: Any) -> float:
 
 KEYS: dict[str, tuple[str, Any]] = {
     "model": ("model", _str),
+    "rewriteModel": ("rewrite_model", _opt_model),
+    "inlineModel": ("inline_model", _opt_model),
     "backend": ("backend", _backend),
     "cpuActivations": ("cpu_activations", _cpu_activations),
     "speculation": ("speculation", _bool),

@@ -6,9 +6,15 @@ arguments that only one side understands) lives next to nothing else.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from echoline.engine.errors import EcholineError
+
+if TYPE_CHECKING:
+    from echoline.engine.model_choice import Choice
+    from echoline.sidecar.config import Settings
 
 #: Arguments of the local engine a remote one has no use for (the server owns its memory).
 _LOCAL_ONLY = ("backend", "kv_budget_bytes", "cpu_activations", "prefill_chunk")
@@ -48,3 +54,40 @@ def remote_status(engine: Any, *, brief: bool = False) -> dict[str, Any]:
     if brief:
         return {"exactness": info.get("exactness"), "endpoint": info.get("endpoint")}
     return {"remote": info, "exactness": info.get("exactness")}
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """The model one job runs, why, and the key its engine is shared by (jobs with equal
+    keys get one engine: no second load of the same model)."""
+
+    job: str
+    model: str
+    reason: str
+    key: tuple[Any, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "reason": self.reason}
+
+
+def job_models(settings: Settings, machine: Callable[[str], dict[str, Choice]] | None = None) -> dict[str, JobModel]:
+    """Each job's model (``config.JOBS``): the job's own setting, else ``model``; ``auto``
+    asks ``machine`` (default ``engine.model_choice.machine_choice``, called only then: it
+    may import a GPU library to see whether there is a GPU)."""
+    from echoline.sidecar.config import AUTO, JOBS
+
+    choices: dict[str, Choice] | None = None
+    out: dict[str, JobModel] = {}
+    for job in JOBS:
+        model, setting = settings.job_model(job)
+        if model == AUTO:
+            if choices is None:
+                if machine is None:
+                    from echoline.engine.model_choice import machine_choice as machine
+                choices = machine(settings.backend)
+            choice = choices[job]
+            model, reason = choice.model, choice.reason
+        else:
+            reason = f"{setting} setting"
+        out[job] = JobModel(job, model, reason, settings.job_engine_key(model))
+    return out

@@ -137,7 +137,7 @@ class InlineAhead:
         """``completion`` is now shown between ``prefix`` and ``suffix`` (``rest``: the rest
         of the cursor's line): compute the completion after accepting it, unless it is kept
         already or being computed."""
-        if not completion or not self._settings().inline_warm or self._worker.state != "ready":
+        if not completion or not self._settings().inline_warm or self._worker.state_of("inline") != "ready":
             return
         new_prefix, new_suffix = accepted(prefix, suffix, rest, completion)
         old = self._target.get(uri)
@@ -153,7 +153,7 @@ class InlineAhead:
         job = self._worker.submit(
             ahead_job(new_prefix, new_suffix, uri, s.inline_max_tokens, s.speculation, s.inline_suffix_tokens,
                       self._starts, keep),
-            kind="prefill", key=(self.key_name, uri))
+            kind="prefill", key=(self.key_name, uri), engine_job="inline")
         self._target[uri] = (new_prefix, new_suffix, tag, job)
         self.runs += 1
 

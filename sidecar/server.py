@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 
 from echoline.sidecar import config as cfg
 from echoline.sidecar import rewrite_request, tcp_guard
-from echoline.sidecar.engine_choice import load_engine, remote_status
+from echoline.sidecar.engine_choice import JobModel, job_models, load_engine, remote_status
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
 from echoline.sidecar.inline import HeadStarts, completion_end, inline_job
@@ -65,7 +65,7 @@ from echoline.sidecar.lsp_utils import short as short
 from echoline.sidecar.progress import WorkDone, load_message
 from echoline.sidecar.rewrite import run_rewrite
 from echoline.sidecar.rewrite_request import RewriteArgs, RewriteProgress
-from echoline.sidecar.worker import EngineWorker, Job, JobCancelled
+from echoline.sidecar.worker import PRIMARY, EngineWorker, Job, JobCancelled
 from echoline.sidecar.workspace_index import WorkspaceIndex, normalize_uri
 from lsprotocol import types
 from lsprotocol.converters import get_converter
@@ -131,6 +131,8 @@ class EcholineServer(LanguageServer):
         self.job_timeout_s = JOB_TIMEOUT_S
         self.apply_edit_timeout_s = APPLY_EDIT_TIMEOUT_S
         self._loaded_key: tuple | None = None
+        #: Each job's model and why (``engine_choice.job_models``), as of the last load.
+        self.job_models: dict[str, JobModel] | None = None
         #: The load's latest phase ("downloading 12.0 / 469.0 MiB", "compiling kernels
         #: (first run only)", ...), and the progress bars of requests waiting for it.
         self.load_message = ""
@@ -292,27 +294,70 @@ class EcholineServer(LanguageServer):
                 "tokS": round(self.last_tok_s, 2),
                 "acceptance": round(self.last_acceptance, 4),
                 **remote_status(self.worker.engine, brief=True),
+                **self.models_status(),
             },
         )
 
+    def models_status(self) -> dict[str, Any]:
+        """Which model does which job and why: ``models`` {job: {model, reason, state}} and
+        ``modelSummary``, one line for a status line."""
+        from echoline.engine.model_choice import summary
+
+        models = self.models_by_job()
+        out = {job: {**m.as_dict(), "state": self.worker.state_of(job)} for job, m in models.items()}
+        return {"models": out, "modelSummary": summary(out)}
+
+    def models_by_job(self) -> dict[str, JobModel]:
+        """The jobs' models: as loaded, or as the settings say now (before the first load)."""
+        if self.job_models is None:
+            self.job_models = job_models(self.settings)
+        return self.job_models
+
     # ---- model -------------------------------------------------------------------------
     async def load_model(self) -> None:
+        """(Re)load for the settings: the rewrite engine now (with the inline job when both
+        name the same model: one engine), the inline engine on its first use."""
         s = self.settings
         self._loaded_key = s.engine_key()
+        self.job_models = job_models(s)
+        rewrite, inline = self.job_models["rewrite"], self.job_models["inline"]
+        if rewrite.key == inline.key:
+            jobs: tuple[str, ...] = ("rewrite", "inline")
+        else:
+            jobs = ("rewrite",)
+            if self.worker.key_of("inline") not in (None, inline.key):
+                self.worker.release(("inline",))  # another model now: loaded on first use
+        await self._watch_load(self._start_load(jobs, rewrite), rewrite, shared=len(jobs) > 1)
+
+    def ensure_engine(self, job: str) -> None:
+        """Queue the load of ``job``'s engine if it has none yet (lazily, on first use)."""
+        if self.worker.state_of(job) != "idle":
+            return
+        jm = self.models_by_job()[job]
+        asyncio.ensure_future(self._watch_load(self._start_load((job,), jm), jm))
+
+    def _start_load(self, jobs: tuple[str, ...], jm: JobModel) -> Job:
+        """Queue the load of ``jm``'s model for ``jobs``: from here on, their requests see
+        "loading" and wait for it (an engine with the same key already held is shared)."""
+        s = self.settings
         self.load_message, self._load_percentage = "starting", None
-        # Queue the load first: from here on, requests see "loading" and wait for it.
-        job = self.worker.load(s.model, progress=self._load_reporter(), backend=s.backend,
-                               kv_budget_bytes=s.kv_budget_bytes, cpu_activations=s.cpu_activations,
-                               reply_history=s.reply_history, **s.engine_kwargs())
+        return self.worker.load(jm.model, progress=self._load_reporter(jobs[0]), jobs=jobs, key=jm.key,
+                                backend=s.backend, kv_budget_bytes=s.kv_budget_bytes,
+                                cpu_activations=s.cpu_activations, reply_history=s.reply_history,
+                                **s.engine_kwargs())
+
+    async def _watch_load(self, job: Job, jm: JobModel, shared: bool = False) -> None:
+        """The load's progress bar and status notifications, and its error shown; ``shared``:
+        the engine serves every job (the bar then names no job)."""
         bar = WorkDone(self, "echoline")
         self._load_watchers.add(bar)
         self.send_status(self.load_message)
-        await bar.begin(f"Loading model {s.model}")
+        await bar.begin(f"Loading model {jm.model}" + ("" if shared else f" (for {jm.job})"))
         t0 = time.monotonic()
         try:
             engine = await asyncio.wrap_future(job.future)
         except Exception as exc:
-            msg = self.worker.error or f"could not load model {s.model!r}: {exc}"
+            msg = self.worker.error_of(jm.job) or f"could not load model {jm.model!r}: {exc}"
             self._load_watchers.discard(bar)
             bar.end("failed")
             self.show_error(f"echoline: {msg}")
@@ -322,13 +367,14 @@ class EcholineServer(LanguageServer):
             self.load_message = ""
         self._load_watchers.discard(bar)
         backend = engine.backend_variant if isinstance(engine, EngineLike) else "?"
-        done = f"{self.worker.model_label} on {backend} in {time.monotonic() - t0:.1f}s"
+        done = f"{self.worker.model_of(jm.job)} on {backend} in {time.monotonic() - t0:.1f}s"
         bar.end(done)
         self.send_status(done)
 
-    def _load_reporter(self) -> Callable[[str, int, int], None]:
-        """The engine's ``LoadProgress`` for this load: on the worker thread, at most every
-        ``PROGRESS_INTERVAL_S`` within a phase (every new phase at once), handed to the loop."""
+    def _load_reporter(self, job: str = PRIMARY) -> Callable[[str, int, int], None]:
+        """The engine's ``LoadProgress`` for the load of ``job``'s engine: on the worker
+        thread, at most every ``PROGRESS_INTERVAL_S`` within a phase (every new phase at
+        once), handed to the loop."""
         last = {"phase": "", "at": 0.0}
 
         def progress(phase: str, done: int, total: int) -> None:  # worker thread
@@ -336,49 +382,52 @@ class EcholineServer(LanguageServer):
             if phase == last["phase"] and now - last["at"] < PROGRESS_INTERVAL_S and done < total:
                 return
             last.update(phase=phase, at=now)
-            self.from_thread(self._load_phase, *load_message(phase, done, total))
+            self.from_thread(self._load_phase, *load_message(phase, done, total), job)
 
         return progress
 
-    def _load_phase(self, message: str, percentage: int | None) -> None:  # event loop
-        if self.worker.state not in ("idle", "loading"):
+    def _load_phase(self, message: str, percentage: int | None, job: str = PRIMARY) -> None:  # event loop
+        if self.worker.state_of(job) not in ("idle", "loading"):
             return  # a late report of a load that is over
         self.load_message, self._load_percentage = message, percentage
         for bar in list(self._load_watchers):
             bar.report(message, percentage)
         self.send_status(message)
 
-    async def wait_for_model(self, bar: WorkDone | None = None) -> str:
-        """Wait, at most ``readyTimeoutS``, while the model loads; the worker's state after
+    async def wait_for_model(self, bar: WorkDone | None = None, job: str = PRIMARY) -> str:
+        """Wait, at most ``readyTimeoutS``, while ``job``'s model loads; its state after
         (``ready``, ``error``, or ``loading`` on timeout). ``bar``: a begun progress of the
         waiting request, which shows the load's phases meanwhile."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.ready_timeout_s
-        if bar is not None and self.worker.state in ("idle", "loading"):
+        if bar is not None and self.worker.state_of(job) in ("idle", "loading"):
             self._load_watchers.add(bar)
             if self.load_message:
                 bar.report(self.load_message, self._load_percentage)
         try:
-            while self.worker.state in ("idle", "loading") and loop.time() <= deadline:
+            while self.worker.state_of(job) in ("idle", "loading") and loop.time() <= deadline:
                 await asyncio.sleep(0.05)
         finally:
             if bar is not None:
                 self._load_watchers.discard(bar)
-        return self.worker.state
+        return self.worker.state_of(job)
 
-    async def engine_ready(self, bar: WorkDone | None = None) -> None:
-        """Wait (bounded) for the model; a clear error when it is not there."""
-        state = await self.wait_for_model(bar)
+    async def engine_ready(self, bar: WorkDone | None = None, job: str = PRIMARY) -> None:
+        """Wait (bounded) for ``job``'s model; a clear error when it is not there."""
+        if self.job_models is not None:
+            self.ensure_engine(job)
+        state = await self.wait_for_model(bar, job)
         if state in ("idle", "loading"):
+            model = self.worker.model_of(job) or self.settings.model
             raise request_failed(
-                f"echoline: model {self.settings.model!r} is still loading after "
+                f"echoline: model {model!r} is still loading after "
                 f"{self.settings.ready_timeout_s:.0f}s ({self.load_message or 'loading'}); "
                 "try again shortly"
             )
         if state == "error":
             raise request_failed(
-                f"echoline: no model available ({self.worker.error}). "
-                "Fix the 'model' setting (echoline.model) and the server reloads it."
+                f"echoline: no model available ({self.worker.error_of(job)}). "
+                f"Fix the 'model' setting (echoline.model, or echoline.{job}Model) and the server reloads it."
             )
 
     async def run_job(self, fn: Any, kind: str, key: Any = None) -> Any:
@@ -423,7 +472,12 @@ class EcholineServer(LanguageServer):
         if new.reply_history != old.reply_history and self._loaded_key == new.engine_key():
             # No reload: the loaded engine keeps fewer (or more) replies from now on.
             n = new.reply_history
-            self.worker.submit(lambda e, _c: e.set_reply_history(n) if e is not None else None, kind="settings")
+
+            def history(_e: Any, _c: threading.Event) -> None:
+                for engine in self.worker.loaded_engines():  # every job's engine
+                    engine.set_reply_history(n)
+
+            self.worker.submit(history, kind="settings")
         if self._loaded_key is not None and new.engine_key() != self._loaded_key:
             self._loaded_key = new.engine_key()
             asyncio.ensure_future(self.load_model())
@@ -585,12 +639,14 @@ async def on_inline_completion(
     # editor would show one per keystroke. The state is in echoline/status and, when the
     # request carried a workDoneToken, in its progress bar.
     bar = None
-    if ls.worker.state in ("idle", "loading") and params.work_done_token is not None:
+    if ls.job_models is not None:
+        ls.ensure_engine("inline")  # the inline engine loads on its first use
+    if ls.worker.state_of("inline") in ("idle", "loading") and params.work_done_token is not None:
         bar = WorkDone(ls, "echoline")
         await bar.begin(ls.load_message or "loading the model", params.work_done_token)
     state = "cancelled"
     try:
-        state = await ls.wait_for_model(bar)
+        state = await ls.wait_for_model(bar, "inline")
     finally:
         if bar is not None:
             bar.end("model ready" if state == "ready" else ls.load_message or state)
@@ -625,7 +681,7 @@ def _inline_tag(ls: EcholineServer) -> tuple[Any, ...]:
     """What an inline result depends on beside the text: the engine and the settings that
     shape the prompt and the reply (``sidecar/inline_store.py``)."""
     s = ls.settings
-    return (id(ls.worker.engine), s.inline_max_tokens, s.inline_suffix_tokens)
+    return (id(ls.worker.engine_for("inline")), s.inline_max_tokens, s.inline_suffix_tokens)
 
 
 def _inline_list(pos: types.Position, rest: str, completion: str, encoding: str) -> types.InlineCompletionList:
@@ -780,6 +836,9 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         "acceptance": ls.last_acceptance,
         "lastPrefill": ls.idle_prefill.last,
         "lastInlineWarm": ls.inline_warm.last,
+        **ls.models_status(),
+        "engines": ls.worker.engines(),
+        "memory": resident_memory(),
     }
     engine = ls.worker.engine
     if isinstance(engine, EngineLike):
@@ -811,6 +870,21 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     # Handlers running + requests to the client unanswered (this command's own two
     # included): flat over a session, or something leaks (see EcholineProtocol).
     out["pendingFutures"] = ls.protocol.pending_futures()
+    return out
+
+
+def resident_memory() -> dict[str, int | None]:
+    """This process's resident memory now and at its peak (``rssBytes``, ``peakRssBytes``:
+    VmRSS and VmHWM of /proc/self/status; None where there is no /proc)."""
+    out: dict[str, int | None] = {"rssBytes": None, "peakRssBytes": None}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in ("VmRSS", "VmHWM"):
+                    out["rssBytes" if name == "VmRSS" else "peakRssBytes"] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        pass
     return out
 
 

@@ -9,6 +9,13 @@ with a *key* (e.g. ``("inline", uri)``) supersedes the older job with that key.
 
 Draft sources are not jobs: updates are coalesced (last text wins) and applied
 between jobs, never during a generation.
+
+Engines by job: the worker may hold an engine per job ("rewrite"; "inline" for inline
+completion and edit prediction), each a ``Slot``. Jobs that name the same model (the same
+key) share one slot, so one engine serves both and nothing loads twice. A job runs on the
+engine of its kind's job (``ENGINE_OF_KIND``: an idle prefill on the rewrite engine, an
+inline warm-up on the inline one); every loaded engine gets the same draft sources (the
+workspace index), each tokenized with its own tokenizer.
 """
 
 from __future__ import annotations
@@ -37,7 +44,14 @@ _DELETE = object()
 BACKGROUND = frozenset({"prefill", "warm"})
 # Jobs that leave background jobs running. A warm-up is not among them: it cancels an idle
 # prefill (which resumes after it), since the cursor is where the user types next.
-NO_PREEMPT = frozenset({"prefill", "status", "sync", "settings"})
+NO_PREEMPT = frozenset({"prefill", "status", "sync", "settings", "bind"})
+#: The jobs that may each have an engine: rewrites, and inline completion with edit prediction.
+JOBS = ("rewrite", "inline")
+#: The job whose engine a kind runs on; kinds not listed (status, settings) use ``PRIMARY``.
+ENGINE_OF_KIND = {"rewrite": "rewrite", "prefill": "rewrite", "inline": "inline", "warm": "inline",
+                  "next_edit": "inline", "nextEdit": "inline"}
+#: The job whose engine is loaded at start, and whose state ``EngineWorker.state`` is.
+PRIMARY = "rewrite"
 
 
 class JobCancelled(Exception):
@@ -62,6 +76,8 @@ class Job:
     cancel_at: float | None = None
     step_s: float | None = None  # mean seconds per decode round, when the result says
     detail: dict[str, Any] | None = None  # a background job's own figures (its result)
+    engine_job: str = PRIMARY  # the job whose engine this one runs on (ENGINE_OF_KIND)
+    model: str | None = None  # the model of the engine it ran on
 
     def request_cancel(self, superseded: bool = False) -> None:
         self.superseded = self.superseded or superseded
@@ -79,11 +95,29 @@ class Job:
             run = round(self.finished_at - self.started_at, 4)
         return {"kind": self.kind, "cancelled": self.cancel_at is not None,
                 "superseded": self.superseded, "runS": run, "stopLatencyS": stop,
-                "stepS": self.step_s, **({"detail": self.detail} if self.detail else {})}
+                "stepS": self.step_s, "model": self.model,
+                **({"detail": self.detail} if self.detail else {})}
+
+
+@dataclass(eq=False)
+class Slot:
+    """One engine (loading, loaded or failed) and the jobs' view of it: its own per-chunk
+    token ids of the sources (its tokenizer's) and the source updates it has not seen."""
+
+    key: Hashable
+    model: str
+    engine: EngineLike | None = None
+    state: str = "loading"  # "loading", "ready", "error"
+    error: str | None = None
+    label: str | None = None
+    tokens: SourceTokens = field(default_factory=SourceTokens)
+    dirty: dict[str, object] = field(default_factory=dict)
 
 
 class EngineWorker:
-    """Owns the engine. States: "idle" (nothing loaded yet), "loading", "ready", "error"."""
+    """Owns the engines. States: "idle" (nothing loaded yet), "loading", "ready", "error";
+    ``state``, ``engine``, ``error`` and ``model_label`` are the ``PRIMARY`` job's
+    (``state_of``/``engine_for`` name a job)."""
 
     def __init__(self, loader: Callable[..., Any]) -> None:
         self._loader = loader
@@ -92,52 +126,164 @@ class EngineWorker:
         self._running: Job | None = None
         self._by_key: dict[Hashable, Job] = {}
         self._sources: dict[str, str] = {}
-        self._dirty: dict[str, object] = {}
-        self._tokens = SourceTokens()  # per-chunk ids of the sources (engine thread only)
+        self._slots: dict[Hashable, Slot] = {}  # every engine held, by key
+        self._bound: dict[str, Slot] = {}  # job -> the slot its jobs run on
+        # job -> the slot a queued load or bind will give it (None: it will have none); what
+        # ``state_of`` reports meanwhile, while jobs queued before that still run on ``_bound``.
+        self._pending: dict[str, Slot | None] = {}
         self._ids = itertools.count(1)
         self._stop = False
-        self.engine: EngineLike | None = None
-        self.state = "idle"
-        self.error: str | None = None
-        self.model_label: str | None = None
         self.finished: deque[Job] = deque(maxlen=8)  # recent generation jobs, for status
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="echoline-engine", daemon=True)
         self._thread.start()
 
     # ---- model -------------------------------------------------------------
-    def load(self, model: str, progress: LoadProgress | None = None, **kwargs: Any) -> Job:
-        """Queue a (re)load. Requests submitted after it wait for it (FIFO).
+    def load(self, model: str, progress: LoadProgress | None = None, *, jobs: tuple[str, ...] = JOBS,
+             key: Hashable | None = None, **kwargs: Any) -> Job:
+        """Queue a (re)load of ``model`` for ``jobs``. Requests submitted after it wait for
+        it (FIFO). ``key`` says which loads are the same engine (default: the model and
+        the arguments): an engine with that key already held (or loading) is shared, not
+        loaded again. The engines the jobs leave are dropped before the new one loads.
 
         ``progress``: told each phase of the load (download, compile, calibration), on this
         thread; the loader gets it as ``progress=`` and the warm-up reports to it too."""
+        if key is None:
+            key = (model, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+        with self._cond:
+            held = self._slots.get(key)
+            if held is not None and held.state == "error":
+                held = None  # a failed load is tried again
+            if held is not None:
+                for j in jobs:
+                    self._pending[j] = held
+                share = held
+
+                def bind(_engine: Any, _cancel: threading.Event) -> Any:
+                    self._bind(jobs, share)
+                    if share.state == "error":
+                        raise RuntimeError(share.error or "the shared engine failed to load")
+                    return share.engine
+
+                return self.submit(bind, kind="bind")
+            slot = Slot(key, model)
+            self._slots[key] = slot
+            for j in jobs:
+                self._pending[j] = slot
+            if PRIMARY in jobs:
+                self._ready.clear()
 
         def run(_engine: Any, _cancel: threading.Event) -> Any:
-            self.engine = None
+            self._bind(jobs, slot)  # frees the engines these jobs leave before loading
             try:
                 engine = self._loader(model, progress=progress, **kwargs)
             except BaseException as exc:
-                self.error = f"could not load model {model!r}: {exc}"
-                self.state = "error"
-                self._ready.set()
+                slot.error = f"could not load model {model!r}: {exc}"
+                slot.state = "error"
+                self._settled(jobs)
                 raise
             _warm_up(engine, progress)
-            self.engine = engine
-            self._tokens.clear()
-            self.model_label = engine.model_name if isinstance(engine, EngineLike) else model
-            self.error = None
-            self.state = "ready"
+            _record_speeds(engine)
+            slot.engine = engine
+            slot.label = engine.model_name if isinstance(engine, EngineLike) else model
             with self._cond:
-                for sid, text in self._sources.items():
-                    self._dirty[sid] = text
-            self._ready.set()
+                slot.dirty = dict(self._sources)
+                slot.state = "ready"
+            self._settled(jobs)
             return engine
 
-        with self._cond:
-            self.state = "loading"
-            self.error = None
-            self._ready.clear()
         return self.submit(run, kind="load")
+
+    def release(self, jobs: tuple[str, ...]) -> Job:
+        """Queue dropping ``jobs``' engines (a setting changed their model): they load
+        again on first use; an engine another job still uses stays."""
+        with self._cond:
+            for j in jobs:
+                self._pending[j] = None
+        return self.submit(lambda _e, _c: self._bind(jobs, None), kind="bind")
+
+    def _bind(self, jobs: tuple[str, ...], slot: Slot | None) -> None:
+        """(engine thread) Point ``jobs`` at ``slot`` and drop the slots no job uses."""
+        with self._cond:
+            for j in jobs:
+                if slot is None:
+                    self._bound.pop(j, None)
+                else:
+                    self._bound[j] = slot
+                if self._pending.get(j, slot) is slot:
+                    self._pending.pop(j, None)
+            used = set(self._bound.values()) | {s for s in self._pending.values() if s is not None}
+            for k, s in list(self._slots.items()):
+                if s not in used:
+                    del self._slots[k]
+
+    def _settled(self, jobs: tuple[str, ...]) -> None:
+        if PRIMARY in jobs:
+            self._ready.set()
+
+    def _jobs_of(self, slot: Slot) -> set[str]:  # holds self._cond
+        return {j for j in JOBS if self._pending.get(j, self._bound.get(j)) is slot}
+
+    def _slot_of(self, job: str) -> Slot | None:
+        """The slot ``job`` has or will have once its queued load/bind ran."""
+        with self._cond:
+            if job in self._pending:
+                return self._pending[job]
+            return self._bound.get(job)
+
+    def state_of(self, job: str) -> str:
+        """``job``'s engine state: "idle" (none yet: loaded on first use), "loading",
+        "ready" or "error"."""
+        slot = self._slot_of(job)
+        return "idle" if slot is None else slot.state
+
+    def error_of(self, job: str) -> str | None:
+        slot = self._slot_of(job)
+        return None if slot is None else slot.error
+
+    def model_of(self, job: str) -> str | None:
+        """The loaded engine's model name (``EngineLike.model_name``), else the model asked for."""
+        slot = self._slot_of(job)
+        return None if slot is None else (slot.label or slot.model)
+
+    def key_of(self, job: str) -> Hashable | None:
+        """The key of ``job``'s engine (None: it has none)."""
+        slot = self._slot_of(job)
+        return None if slot is None else slot.key
+
+    def engine_for(self, job: str) -> EngineLike | None:
+        """The engine ``job``'s work runs on now (None: not loaded)."""
+        slot = self._bound.get(job)
+        return None if slot is None else slot.engine
+
+    def engines(self) -> list[dict[str, Any]]:
+        """Each engine held: its model, state and the jobs it serves (for status)."""
+        with self._cond:
+            slots = list(self._slots.values())
+            return [{"model": s.label or s.model, "state": s.state, "jobs": sorted(self._jobs_of(s))}
+                    for s in slots]
+
+    def loaded_engines(self) -> list[EngineLike]:
+        """The engines loaded now (engine thread: a settings job applies to each)."""
+        with self._cond:
+            return [s.engine for s in self._slots.values() if s.engine is not None]
+
+    @property
+    def engine(self) -> EngineLike | None:
+        return self.engine_for(PRIMARY)
+
+    @property
+    def state(self) -> str:
+        return self.state_of(PRIMARY)
+
+    @property
+    def error(self) -> str | None:
+        return self.error_of(PRIMARY)
+
+    @property
+    def model_label(self) -> str | None:
+        slot = self._slot_of(PRIMARY)
+        return None if slot is None else slot.label
 
     def wait_settled(self, timeout: float) -> bool:
         """Block until the current load finished (either way). False on timeout."""
@@ -147,13 +293,15 @@ class EngineWorker:
     def set_source(self, source_id: str, text: str) -> None:
         with self._cond:
             self._sources[source_id] = text
-            self._dirty[source_id] = text
+            for slot in self._slots.values():
+                slot.dirty[source_id] = text
             self._cond.notify()
 
     def remove_source(self, source_id: str) -> None:
         with self._cond:
             self._sources.pop(source_id, None)
-            self._dirty[source_id] = _DELETE
+            for slot in self._slots.values():
+                slot.dirty[source_id] = _DELETE
             self._cond.notify()
 
     def has_source(self, source_id: str) -> bool:
@@ -161,34 +309,40 @@ class EngineWorker:
             return source_id in self._sources
 
     def pending_sources(self) -> int:
+        """Source updates not yet in an engine (the most any held engine has waiting)."""
         with self._cond:
-            return len(self._dirty)
+            return max((len(s.dirty) for s in self._slots.values()), default=0)
 
     def token_cache_bytes(self) -> int:
         """Memory of the per-chunk token ids kept for incremental updates (engine thread)."""
-        return self._tokens.memory_bytes()
+        with self._cond:
+            slots = list(self._slots.values())
+        return sum(s.tokens.memory_bytes() for s in slots)
 
     def sync_sources(self) -> Job:
         """A no-op job: when it completes, every earlier source update is in the engine."""
         return self.submit(lambda _e, _c: None, kind="sync")
 
     def _apply_sources(self) -> None:
-        engine = self.engine
-        if engine is None:
-            return
         with self._cond:
-            batch, self._dirty = self._dirty, {}
-        for sid, text in batch.items():
-            try:
-                if text is _DELETE:
-                    self._tokens.forget(sid)
-                    engine.remove_source(sid)
-                else:
-                    self._set_source(engine, sid, text)  # type: ignore[arg-type]
-            except Exception:
-                log.exception("engine rejected source %s", sid)
+            batches = []
+            for slot in self._slots.values():
+                if slot.engine is not None and slot.dirty:
+                    batches.append((slot, slot.dirty))
+                    slot.dirty = {}
+        for slot, batch in batches:
+            engine = slot.engine
+            for sid, text in batch.items():
+                try:
+                    if text is _DELETE:
+                        slot.tokens.forget(sid)
+                        engine.remove_source(sid)
+                    else:
+                        self._set_source(engine, sid, text, slot.tokens)  # type: ignore[arg-type]
+                except Exception:
+                    log.exception("engine rejected source %s", sid)
 
-    def _set_source(self, engine: Any, sid: str, text: str) -> None:
+    def _set_source(self, engine: Any, sid: str, text: str, tokens: SourceTokens) -> None:
         """Hand the engine the source's ids, re-tokenizing only the chunks an edit touched.
 
         Same ids as ``engine.set_source(sid, text)`` (no BOS, special-token text left
@@ -200,17 +354,20 @@ class EngineWorker:
                 or not hasattr(tok, "encode_batch")):
             engine.set_source(sid, text)
             return
-        ids = self._tokens.ids(sid, text, lambda texts: tok.encode_batch(texts, parse_special=False))
+        ids = tokens.ids(sid, text, lambda texts: tok.encode_batch(texts, parse_special=False))
         engine.set_source_ids(sid, ids)
 
     # ---- jobs ---------------------------------------------------------------
     def submit(
-        self, fn: Callable[[Any, threading.Event], Any], *, kind: str, key: Hashable | None = None
+        self, fn: Callable[[Any, threading.Event], Any], *, kind: str, key: Hashable | None = None,
+        engine_job: str | None = None,
     ) -> Job:
         """Queue ``fn``. A job of any kind but the background ones first cancels the
         background jobs (an idle prefill) queued or running, so it waits for at most one
-        of their chunks; a job with ``key`` supersedes the older job with that key."""
-        job = Job(fn=fn, kind=kind, key=key, id=next(self._ids))
+        of their chunks; a job with ``key`` supersedes the older job with that key.
+        ``fn`` gets the engine of ``engine_job`` (default: its kind's, ``ENGINE_OF_KIND``)."""
+        job = Job(fn=fn, kind=kind, key=key, id=next(self._ids),
+                  engine_job=engine_job or ENGINE_OF_KIND.get(kind, PRIMARY))
         with self._cond:
             if kind not in NO_PREEMPT:
                 self._cancel_background()
@@ -250,8 +407,8 @@ class EngineWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and not self._queue and not (
-                    self._dirty and self.engine is not None
+                while not self._stop and not self._queue and not any(
+                    s.dirty and s.engine is not None for s in self._slots.values()
                 ):
                     self._cond.wait()
                 if self._stop:
@@ -278,8 +435,11 @@ class EngineWorker:
             return
         self._running = job
         job.started_at = time.monotonic()
+        slot = self._bound.get(job.engine_job)
+        engine = None if slot is None else slot.engine
+        job.model = None if slot is None else slot.label
         try:
-            result = job.fn(self.engine, job.cancel)
+            result = job.fn(engine, job.cancel)
         except BaseException as exc:  # report everything to the awaiting handler
             job.finished_at = time.monotonic()
             job.future.set_exception(exc)
@@ -312,6 +472,21 @@ def _warm_up(engine: Any, progress: LoadProgress | None) -> None:
         engine.warm_up(progress)
     except Exception:
         log.exception("warm-up after loading failed")
+
+
+def _record_speeds(engine: Any) -> None:
+    """Keep a local engine's calibrated speeds for the next start's model choice
+    (``engine.model_choice``): a remote engine or a stand-in has none."""
+    if not isinstance(engine, EngineLike) or not getattr(engine, "takes_source_ids", False):
+        return
+    try:
+        from echoline.engine.model_choice import engine_speeds, record_speeds
+
+        speeds = engine_speeds(engine)
+        if speeds is not None:
+            record_speeds(engine.model_name, engine.backend_name, speeds)
+    except Exception:
+        log.exception("could not record the engine's speeds")
 
 
 def _mean_step(result: Any) -> float | None:

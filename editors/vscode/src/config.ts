@@ -10,6 +10,8 @@ import * as vscode from 'vscode';
  */
 export const SERVER_KEYS = [
   'model',
+  'rewriteModel',
+  'inlineModel',
   'backend',
   'cpuActivations',
   'speculation',
@@ -35,7 +37,9 @@ export type ServerKey = (typeof SERVER_KEYS)[number];
 
 /** Keys the server understands in initializationOptions and didChangeConfiguration. */
 export interface ServerSettings {
-  model: string;
+  model: string; // 'auto': each job's default on this machine
+  rewriteModel: string | null; // null: model
+  inlineModel: string | null; // null: model
   backend: string;
   cpuActivations: string | null; // null: the server's default (auto); sent so a reset reaches it
   speculation: boolean;
@@ -70,7 +74,9 @@ export function serverSettings(): ServerSettings {
   const budget = cfg.get<number | null>('kvBudgetMB', null);
   const suffix = cfg.get<number | null>('inlineSuffixTokens', null);
   return {
-    model: cfg.get<string>('model', 'qwen2.5-coder-0.5b'),
+    model: cfg.get<string>('model', 'auto'),
+    rewriteModel: cfg.get<string | null>('rewriteModel', null) || null,
+    inlineModel: cfg.get<string | null>('inlineModel', null) || null,
     backend: cfg.get<string>('backend', 'auto'),
     cpuActivations: cfg.get<string | null>('cpuActivations', null),
     speculation: cfg.get<boolean>('speculation', true),
