@@ -13,10 +13,15 @@ M.defaults = {
   autostart = true,
   root_markers = { '.git', 'pyproject.toml', 'package.json' },
   -- Server settings (initializationOptions and workspace/didChangeConfiguration).
-  -- 'qwen2.5-coder-0.5b' (edits and completion on a laptop CPU), 'qwen2.5-coder-1.5b'
-  -- (better edits: GPU, Apple silicon or 4+ cores), 'smollm2' (tiny, quick tests),
-  -- 'gemma3-270m' (base model, plain completion), or a path to a .gguf file.
-  model = 'qwen2.5-coder-0.5b',
+  -- The model of both jobs (rewrites; inline completion and edit prediction): 'auto' (each
+  -- job's default here: rewrites get 'qwen2.5-coder-1.5b' where this machine runs it fast
+  -- enough, else 'qwen2.5-coder-0.5b'; inline gets 'qwen2.5-coder-0.5b'), a name
+  -- ('qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b', 'smollm2' (tiny, quick tests),
+  -- 'gemma3-270m' (base model, plain completion)), or a path to a .gguf file.
+  -- `echoline doctor` says which model does what and why.
+  model = 'auto',
+  rewrite_model = nil, -- rewrites' own model (nil: model); 'auto': the machine's choice
+  inline_model = nil, -- inline completion's and edit prediction's own model (nil: model)
   backend = 'auto',
   cpu_activations = nil, -- cpu backend: 'auto' (server default: q8 with AVX2 or better, else f32), 'q8' or 'f32'
   speculation = true,
@@ -80,6 +85,8 @@ function M.server_settings(o)
   o = o or M.options
   return {
     model = o.model,
+    rewriteModel = o.rewrite_model,
+    inlineModel = o.inline_model,
     backend = o.backend,
     cpuActivations = o.cpu_activations,
     speculation = o.speculation,
