@@ -21,8 +21,8 @@ from echoline.engine.drafting.controller import DraftController, VerifyCost
 from echoline.engine.drafting.ngram_index import NgramIndex
 from echoline.engine.errors import EcholineError
 from echoline.engine.generate import Sampler, StopRules, generate_tokens
+from echoline.engine.model_catalog import resolve_model
 from echoline.engine.models.loader import load_model
-from echoline.engine.models_registry import resolve_model
 from echoline.engine.sessions import SessionStore
 from echoline.engine.tokenizer import Tokenizer
 from echoline.engine.types import GenerationResult, GenerationStats, TokenEvent
@@ -45,7 +45,7 @@ PREFILL_COST_CONTEXT = 2048
 #: a first run (a download, a kernel compile, a calibration: minutes in all) is never
 #: silent. ``total`` is 0 for a phase without a count; the download's are bytes.
 LoadProgress = Callable[[str, int, int], None]
-DOWNLOADING = "downloading"  # the registry's labels (models_registry.pull)
+DOWNLOADING = "downloading"  # the registry's labels (model_catalog.pull)
 VERIFYING = "verifying"
 LOADING = "loading weights"
 COMPILING = "compiling kernels (first run only)"

@@ -125,7 +125,7 @@ def _machine_key(backend: str) -> str:
 def registry_name(model_file: str) -> str:
     """The registry's name of a model file (``qwen2.5-coder-0.5b-instruct.gguf`` ->
     ``qwen2.5-coder-0.5b``); the file name itself when the registry does not know it."""
-    from echoline.engine.models_registry import MODELS
+    from echoline.engine.model_catalog import MODELS
 
     for name, spec in MODELS.items():
         if spec.filename == model_file:

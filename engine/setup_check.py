@@ -88,7 +88,7 @@ def job_models(model: str, backend: str = "auto", rewrite_model: str | None = No
 
 def _model_check(model: str, label: str = "model") -> tuple[dict[str, Any], dict[str, Any]]:
     """(facts, check) of one model: cached and verified, missing, or a path."""
-    from echoline.engine.models_registry import MODELS, hash_state, model_path
+    from echoline.engine.model_catalog import MODELS, hash_state, model_path
 
     model_info: dict[str, Any] = {"name": model}
     if model in MODELS:

@@ -15,7 +15,7 @@ import threading
 
 from echoline.engine.backends import BACKEND_NAMES, CPU_ACTIVATIONS
 from echoline.engine.errors import EcholineError
-from echoline.engine.models_registry import DEFAULT_MODEL, MODELS
+from echoline.engine.model_catalog import DEFAULT_MODEL, MODELS
 from echoline.sidecar.load_feedback import LoadFeedback
 
 from echoline.version import package_version
@@ -201,7 +201,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _ensure_model(name: str) -> None:
     """Pull or verify a named model with a progress bar before an engine loads it."""
-    from echoline.engine.models_registry import MODELS, resolve_model
+    from echoline.engine.model_catalog import MODELS, resolve_model
 
     if name in MODELS:
         bar = LoadFeedback()
@@ -212,7 +212,7 @@ def _ensure_model(name: str) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from echoline.engine.models_registry import list_models, pull
+    from echoline.engine.model_catalog import list_models, pull
 
     if args.models_command == "pull":
         bar = LoadFeedback()

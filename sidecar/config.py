@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from echoline.engine.backends import BACKEND_NAMES as BACKENDS
 from echoline.engine.backends import CPU_ACTIVATIONS
-from echoline.engine.models_registry import DEFAULT_MODEL
+from echoline.engine.model_catalog import DEFAULT_MODEL
 from echoline.engine.remote.kinds import KINDS as SERVER_KINDS
 
 ENGINES = ("local", "openai")

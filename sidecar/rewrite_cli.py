@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from echoline.engine.models_registry import DEFAULT_MODEL, MODELS
+from echoline.engine.model_catalog import DEFAULT_MODEL, MODELS
 from echoline.sidecar.engine_choice import load_engine
 from echoline.sidecar.rewrite import run_rewrite
 

@@ -51,14 +51,14 @@ def cpu_backend_name() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from echoline.engine.models_registry import resolve_model
+    from echoline.engine.model_catalog import resolve_model
 
     return resolve_model("smollm2")
 
 
 @pytest.fixture(scope="session")
 def gemma_path() -> Path:
-    from echoline.engine.models_registry import resolve_model
+    from echoline.engine.model_catalog import resolve_model
 
     return resolve_model("gemma3-270m")
 

@@ -13,7 +13,7 @@ import pytest
 from echoline.engine.backends.cpu_backend import CpuBackend
 from echoline.engine.backends.numpy_backend import NumpyBackend
 from echoline.engine.gguf_file import QuantTensor
-from echoline.kernels.cpu import ops
+from echoline.kernels.cpu import attention, rowops
 from echoline.kernels.cpu.matmul import matmul, prepare
 from echoline.kernels.cpu.relayout import dequantize_relayout
 from hypothesis import HealthCheck, given, settings
@@ -233,12 +233,12 @@ def test_attention_rows_invariant_and_close(n, heads, hd, window, seed) -> None:
     v = rng.standard_normal((ctx, nkv, hd)).astype(np.float32)
     q = rng.standard_normal((n, nh, hd)).astype(np.float32)
     pos = rng.integers(0, ctx, size=n)
-    out = ops.attention(q, k, v, pos, window, 0.3)
+    out = attention.attention(q, k, v, pos, window, 0.3)
     ref = NumpyBackend().attention(q, k, v, pos, window, 0.3)
     assert np.isfinite(out).all() and np.allclose(out, ref, rtol=1e-4, atol=1e-5)
     for i in range(n):
         assert np.array_equal(
-            ops.attention(q[i : i + 1], k, v, pos[i : i + 1], window, 0.3)[0], out[i]
+            attention.attention(q[i : i + 1], k, v, pos[i : i + 1], window, 0.3)[0], out[i]
         )
 
 
@@ -262,14 +262,14 @@ def test_attention_long_context_blocks_rows_invariant(n, heads, hd, window, ctx,
     pos = np.sort(rng.integers(0, ctx, size=n))
     pos[-1] = ctx - 1
     scale = float(hd) ** -0.5
-    out = ops.attention(q, k, v, pos, window, scale)
+    out = attention.attention(q, k, v, pos, window, scale)
     ref = NumpyBackend().attention(q, k, v, pos, window, scale)
     assert np.isfinite(out).all() and np.allclose(out, ref, rtol=1e-4, atol=2e-5)
     for i in range(n):
-        alone = ops.attention(q[i : i + 1], k, v, pos[i : i + 1], window, scale)[0]
+        alone = attention.attention(q[i : i + 1], k, v, pos[i : i + 1], window, scale)[0]
         assert np.array_equal(alone, out[i])
     sub = np.arange(n)[::2]
-    assert np.array_equal(ops.attention(q[sub], k, v, pos[sub], window, scale), out[sub])
+    assert np.array_equal(attention.attention(q[sub], k, v, pos[sub], window, scale), out[sub])
 
 
 def test_attention_serial_and_parallel_paths_equal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,10 +278,10 @@ def test_attention_serial_and_parallel_paths_equal(monkeypatch: pytest.MonkeyPat
     v = rng.standard_normal((300, 3, 64)).astype(np.float32)
     q = rng.standard_normal((5, 9, 64)).astype(np.float32)
     pos = np.array([3, 100, 250, 298, 299])
-    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1)
-    par = ops.attention(q, k, v, pos, 0, 0.125)
-    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1 << 60)
-    assert np.array_equal(ops.attention(q, k, v, pos, 0, 0.125), par)
+    monkeypatch.setattr(attention, "PARALLEL_ATTENTION_WORK", 1)
+    par = attention.attention(q, k, v, pos, 0, 0.125)
+    monkeypatch.setattr(attention, "PARALLEL_ATTENTION_WORK", 1 << 60)
+    assert np.array_equal(attention.attention(q, k, v, pos, 0, 0.125), par)
 
 
 @SETTINGS
@@ -316,26 +316,26 @@ def test_tiled_attention_rows_equal_decode_rows(n, heads, hd, window, ctx, conti
 
 def _check_tiled_rows(mp, q, k, v, pos, window, scale, row_tile, cut) -> None:
     n = q.shape[0]
-    mp.setattr(ops, "ROW_TILE", row_tile)
-    mp.setattr(ops, "TILED_MIN_ROWS", 1)  # every call below is tiled ...
-    tiled = ops.attention(q, k, v, pos, window, scale)
+    mp.setattr(attention, "ROW_TILE", row_tile)
+    mp.setattr(attention, "TILED_MIN_ROWS", 1)  # every call below is tiled ...
+    tiled = attention.attention(q, k, v, pos, window, scale)
     ref = NumpyBackend().attention(q, k, v, pos, window, scale)
     assert np.isfinite(tiled).all() and np.allclose(tiled, ref, rtol=1e-4, atol=2e-5)
     # ... including a chunked prefill split anywhere
-    parts = [ops.attention(q[a:b], k, v, pos[a:b], window, scale) for a, b in ((0, cut), (cut, n)) if b > a]
+    parts = [attention.attention(q[a:b], k, v, pos[a:b], window, scale) for a, b in ((0, cut), (cut, n)) if b > a]
     assert np.array_equal(np.concatenate(parts), tiled)
     # ... and from a key store (the CPU backend's K cache), read in place through a view
     # that starts anywhere in it (a ring's slice), for all rows and for each row alone
     off = int(pos[0]) % 7
-    store = ops.empty_keys(off + k.shape[0] + 5, k.shape[1], k.shape[2])
+    store = attention.empty_keys(off + k.shape[0] + 5, k.shape[1], k.shape[2])
     store[off : off + k.shape[0]] = k
     kview = store[off : off + k.shape[0]]
-    assert ops.key_store(kview) is not None and ops.key_store(k) is None
-    assert np.array_equal(ops.attention(q, kview, v, pos, window, scale), tiled)
-    mp.setattr(ops, "TILED_MIN_ROWS", 1 << 30)  # ... and the decode path, row by row
+    assert attention.key_store(kview) is not None and attention.key_store(k) is None
+    assert np.array_equal(attention.attention(q, kview, v, pos, window, scale), tiled)
+    mp.setattr(attention, "TILED_MIN_ROWS", 1 << 30)  # ... and the decode path, row by row
     for i in range(n):
-        assert np.array_equal(ops.attention(q[i : i + 1], k, v, pos[i : i + 1], window, scale)[0], tiled[i])
-        assert np.array_equal(ops.attention(q[i : i + 1], kview, v, pos[i : i + 1], window, scale)[0], tiled[i])
+        assert np.array_equal(attention.attention(q[i : i + 1], k, v, pos[i : i + 1], window, scale)[0], tiled[i])
+        assert np.array_equal(attention.attention(q[i : i + 1], kview, v, pos[i : i + 1], window, scale)[0], tiled[i])
 
 
 def test_key_store_grows_and_copies_like_a_plain_cache() -> None:
@@ -347,11 +347,11 @@ def test_key_store_grows_and_copies_like_a_plain_cache() -> None:
     rng = np.random.default_rng(5)
     rows = rng.standard_normal((40, 2, 16)).astype(np.float32)
     kc, plain = b.empty_key_cache(48, 2, 16), np.zeros((48, 2, 16), np.float32)
-    assert ops.key_store(kc) is not None and kc.shape == plain.shape
+    assert attention.key_store(kc) is not None and kc.shape == plain.shape
     b.write_cache(kc, 3, rows)
     b.write_cache(plain, 3, rows)
     grown = b.grow_cache(kc, 96)
-    assert ops.key_store(grown) is not None and grown.shape == (96, 2, 16)
+    assert attention.key_store(grown) is not None and grown.shape == (96, 2, 16)
     assert np.array_equal(grown[:48], plain) and not grown[48:].any()
     other = b.empty_key_cache(64, 2, 16)
     b.write_cache(other, 0, grown[10:30])
@@ -365,13 +365,13 @@ def test_tiled_attention_serial_parallel_and_threshold(monkeypatch: pytest.Monke
     v = rng.standard_normal((400, 3, 64)).astype(np.float32)
     q = rng.standard_normal((23, 9, 64)).astype(np.float32)
     pos = np.arange(377, 400)
-    monkeypatch.setattr(ops, "TILED_MIN_ROWS", 1)
-    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1)
-    par = ops.attention(q, k, v, pos, 0, 0.125)
-    monkeypatch.setattr(ops, "PARALLEL_ATTENTION_WORK", 1 << 60)
-    assert np.array_equal(ops.attention(q, k, v, pos, 0, 0.125), par)
-    monkeypatch.setattr(ops, "TILED_MIN_ROWS", 1 << 30)
-    assert np.array_equal(ops.attention(q, k, v, pos, 0, 0.125), par)
+    monkeypatch.setattr(attention, "TILED_MIN_ROWS", 1)
+    monkeypatch.setattr(attention, "PARALLEL_ATTENTION_WORK", 1)
+    par = attention.attention(q, k, v, pos, 0, 0.125)
+    monkeypatch.setattr(attention, "PARALLEL_ATTENTION_WORK", 1 << 60)
+    assert np.array_equal(attention.attention(q, k, v, pos, 0, 0.125), par)
+    monkeypatch.setattr(attention, "TILED_MIN_ROWS", 1 << 30)
+    assert np.array_equal(attention.attention(q, k, v, pos, 0, 0.125), par)
 
 
 def test_exp_nonpositive_accurate_and_lane_independent() -> None:
@@ -380,14 +380,14 @@ def test_exp_nonpositive_accurate_and_lane_independent() -> None:
     x[:6] = [0.0, -0.0, -1e-30, -86.9, -87.5, -np.inf]
     y = x.copy()
     bits = np.empty(1000, np.int32)
-    ops.exp_nonpositive(y, bits, 0, 1000)
+    attention.exp_nonpositive(y, bits, 0, 1000)
     ref = np.exp(x.astype(np.float64))
     big = ref > 1e-30
     assert np.max(np.abs(y[big] - ref[big]) / ref[big]) < 5e-7
     assert y[0] == 1.0 and y[4] == 0.0 and y[5] == 0.0
     for lo in (0, 1, 7, 13):  # a value's result never depends on where its loop starts
         z = x.copy()
-        ops.exp_nonpositive(z, bits, lo, 1000)
+        attention.exp_nonpositive(z, bits, lo, 1000)
         assert np.array_equal(z[lo:], y[lo:])
 
 
@@ -399,15 +399,15 @@ def test_softmax_lane_max_is_the_maximum(n: int, lo: int, seed: int) -> None:
     row = (rng.standard_normal(lo + n) * 10).astype(np.float32)
     special = rng.integers(0, lo + n, size=3)
     row[special] = rng.choice(np.array([0.0, -0.0, -np.inf, 88.0], dtype=np.float32), size=3)
-    assert ops._span_max(row, lo, lo + n) == np.max(row[lo : lo + n])
+    assert attention._span_max(row, lo, lo + n) == np.max(row[lo : lo + n])
     # the softmax sum over the span is the reference sum of exp(s - max) to float32 rounding
     if np.isfinite(np.max(row[lo : lo + n])):
         ref = np.exp(row[lo : lo + n].astype(np.float64) - float(np.max(row[lo : lo + n]))).sum()
-        total = ops._softmax_span(row.copy(), np.empty(lo + n, np.int32), lo, lo + n)
+        total = attention._softmax_span(row.copy(), np.empty(lo + n, np.int32), lo, lo + n)
         assert abs(total - ref) <= 1e-5 * ref
     poisoned = row.copy()
     poisoned[lo + int(rng.integers(0, n))] = np.nan
-    assert np.isnan(ops._softmax_span(poisoned, np.empty(lo + n, np.int32), lo, lo + n))
+    assert np.isnan(attention._softmax_span(poisoned, np.empty(lo + n, np.int32), lo, lo + n))
 
 
 @SETTINGS
@@ -420,14 +420,14 @@ def test_elementwise_ops_rows_invariant(n: int, d: int, seed: int) -> None:
     nb = NumpyBackend()
     results = {
         "rms": (
-            ops.rms_norm(x, w, 1e-6),
-            lambda a, i: ops.rms_norm(a, w, 1e-6),
+            rowops.rms_norm(x, w, 1e-6),
+            lambda a, i: rowops.rms_norm(a, w, 1e-6),
             nb.rms_norm(x, w, 1e-6),
         ),
-        "silu": (ops.silu_mul(x, u), lambda a, i: ops.silu_mul(a, u[i : i + len(a)]), nb.silu_mul(x, u)),
+        "silu": (rowops.silu_mul(x, u), lambda a, i: rowops.silu_mul(a, u[i : i + len(a)]), nb.silu_mul(x, u)),
         "gelu": (
-            ops.gelu_tanh_mul(x, u),
-            lambda a, i: ops.gelu_tanh_mul(a, u[i : i + len(a)]),
+            rowops.gelu_tanh_mul(x, u),
+            lambda a, i: rowops.gelu_tanh_mul(a, u[i : i + len(a)]),
             nb.gelu_tanh_mul(x, u),
         ),
     }
@@ -462,7 +462,7 @@ def test_activations_accurate_and_lane_independent() -> None:
 
     # 0.5 * (1 + tanh(y)) == sigmoid(2y); the tanh form cancels to 0 below x ~ -7 even in float64
     zs = {"silu": x64, "gelu": 2.0 * 0.7978845608028654 * (x64 + 0.044715 * x64**3)}
-    for name, fn in (("silu", ops.silu_mul), ("gelu", ops.gelu_tanh_mul)):
+    for name, fn in (("silu", rowops.silu_mul), ("gelu", rowops.gelu_tanh_mul)):
         got = fn(x, u)
         ref = x64 * sigmoid(zs[name])
         ok = np.isfinite(ref) & (np.abs(ref) > 1e-30)
@@ -563,7 +563,7 @@ def test_gated_activations_on_views_and_tails() -> None:
         g = (rng.standard_normal((5, 2 * cols)) * 12).astype(np.float32)
         g[0, 0] = -200.0  # exp underflows: silu gives the exact -0
         gate, up = g[:, :cols], g[:, cols:]
-        for fn in (ops.silu_mul, ops.gelu_tanh_mul):
+        for fn in (rowops.silu_mul, rowops.gelu_tanh_mul):
             want = fn(np.ascontiguousarray(gate), np.ascontiguousarray(up))
             assert np.array_equal(fn(gate, up).view(np.int32), want.view(np.int32))
             strided = fn(g[:, : 2 * cols : 2], g[:, 1 : 2 * cols : 2])
@@ -571,8 +571,8 @@ def test_gated_activations_on_views_and_tails() -> None:
             assert np.array_equal(strided.view(np.int32), copied.view(np.int32))
         x = gate.astype(np.float64)
         silu = x / (1.0 + np.exp(-x)) * up
-        got = ops.silu_mul(gate, up)
+        got = rowops.silu_mul(gate, up)
         np.testing.assert_allclose(got, silu, rtol=2e-6, atol=1e-30)
         assert got[0, 0] == 0 and np.signbit(got[0, 0]) != np.signbit(up[0, 0])  # -0 · up: the sign kept
         # other dtypes are converted, not read as float32 bits
-        np.testing.assert_allclose(ops.silu_mul(gate.astype(np.float64), up.astype(np.float64)), got)
+        np.testing.assert_allclose(rowops.silu_mul(gate.astype(np.float64), up.astype(np.float64)), got)

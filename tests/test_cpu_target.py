@@ -9,34 +9,34 @@ from __future__ import annotations
 
 import llvmlite.binding as llvm
 import pytest
-from echoline.kernels.cpu import _env, q8act
+from echoline.kernels.cpu import numba_setup, q8act
 
 
 @pytest.fixture
 def target(monkeypatch):
     def set_target(name: str | None, feats: str | None = None) -> None:
-        monkeypatch.setattr(_env._config, "CPU_NAME", name)
-        monkeypatch.setattr(_env._config, "CPU_FEATURES", feats)
+        monkeypatch.setattr(numba_setup._config, "CPU_NAME", name)
+        monkeypatch.setattr(numba_setup._config, "CPU_FEATURES", feats)
 
     return set_target
 
 
 def test_host_by_default(target):
     target(None)
-    assert _env.target_cpu() == (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    assert numba_setup.target_cpu() == (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
     host = llvm.get_host_cpu_features()
     assert q8act.vnni_available() == bool(host.get("avx512vnni") and host.get("avx512bw"))
 
 
 def test_a_named_cpu_changes_the_cache_key_and_drops_vnni(target):
     target(None)
-    host_key = _env._cpu_name()
+    host_key = numba_setup._cpu_name()
     target("haswell", "")  # NUMBA_CPU_FEATURES empty: the named CPU's own features
-    assert _env.target_cpu() == ("haswell", "")
-    assert _env._cpu_name() != host_key  # its own cache folder: never the host's code
-    assert not q8act.vnni_available() and _env.target_has("avx2") and q8act.q8_available()
+    assert numba_setup.target_cpu() == ("haswell", "")
+    assert numba_setup._cpu_name() != host_key  # its own cache folder: never the host's code
+    assert not q8act.vnni_available() and numba_setup.target_has("avx2") and q8act.q8_available()
     target("pentium4", "")  # unknown to the table: every feature absent
-    assert not _env.target_has("avx2") and not q8act.q8_available()
+    assert not numba_setup.target_has("avx2") and not q8act.q8_available()
 
 
 def test_a_name_alone_keeps_the_host_features(target):
@@ -45,13 +45,13 @@ def test_a_name_alone_keeps_the_host_features(target):
     target(None)
     host_vnni = q8act.vnni_available()
     target("haswell")
-    assert _env.target_cpu() == ("haswell", llvm.get_host_cpu_features().flatten())
+    assert numba_setup.target_cpu() == ("haswell", llvm.get_host_cpu_features().flatten())
     assert q8act.vnni_available() == host_vnni
 
 
 def test_explicit_features_decide(target):
     target("icelake-server", "+avx512vnni,+avx512bw,+avx2")
-    assert q8act.vnni_available() and _env.target_has("avx2")
+    assert q8act.vnni_available() and numba_setup.target_has("avx2")
     target("icelake-server", "+avx2,-avx512vnni")
     assert not q8act.vnni_available()
 
@@ -68,9 +68,9 @@ SSE_ONLY = frozenset({"popcnt"})
 
 def _as_host(monkeypatch, feats: frozenset[str]) -> None:
     """Make this process see a host (LLVM's own CPU name) with exactly ``feats``."""
-    monkeypatch.setattr(_env._config, "CPU_NAME", None)
-    monkeypatch.setattr(_env._config, "CPU_FEATURES", ",".join(f"+{f}" for f in sorted(feats)))
-    monkeypatch.setattr(_env, "host_features", lambda: feats)
+    monkeypatch.setattr(numba_setup._config, "CPU_NAME", None)
+    monkeypatch.setattr(numba_setup._config, "CPU_FEATURES", ",".join(f"+{f}" for f in sorted(feats)))
+    monkeypatch.setattr(numba_setup, "host_features", lambda: feats)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_kernel_choice_follows_the_host_features(monkeypatch, feats, form, wide)
     assert q8act.vnni_available() == (form == "avx512vnni")
     assert q8act.q8_available() == (form is not None)
     assert (matmul.tiles_for_target() == matmul.WIDE_TILES) == wide
-    assert _env.missing_on_host() == []  # the host's own code always runs on it
+    assert numba_setup.missing_on_host() == []  # the host's own code always runs on it
 
 
 def test_named_cpu_beyond_the_host_is_refused(monkeypatch):
@@ -98,19 +98,19 @@ def test_named_cpu_beyond_the_host_is_refused(monkeypatch):
     from echoline.engine.backends.cpu_backend import CpuBackend
     from echoline.engine.errors import EcholineError
 
-    monkeypatch.setattr(_env, "host_features", lambda: ZEN4)
-    monkeypatch.setattr(_env._config, "CPU_NAME", "alderlake")
-    monkeypatch.setattr(_env._config, "CPU_FEATURES", "")
-    assert _env.missing_on_host() == ["avxvnni"]
-    assert _env.missing_on_host(ALDERLAKE) == []
-    assert _env.missing_on_host(HASWELL) == ["avxvnni"]
+    monkeypatch.setattr(numba_setup, "host_features", lambda: ZEN4)
+    monkeypatch.setattr(numba_setup._config, "CPU_NAME", "alderlake")
+    monkeypatch.setattr(numba_setup._config, "CPU_FEATURES", "")
+    assert numba_setup.missing_on_host() == ["avxvnni"]
+    assert numba_setup.missing_on_host(ALDERLAKE) == []
+    assert numba_setup.missing_on_host(HASWELL) == ["avxvnni"]
     with pytest.raises(EcholineError, match="avxvnni"):
         CpuBackend(activations="f32")
-    monkeypatch.setattr(_env._config, "CPU_NAME", "haswell")
-    assert _env.missing_on_host() == [] and _env.missing_on_host(SSE_ONLY) == [
+    monkeypatch.setattr(numba_setup._config, "CPU_NAME", "haswell")
+    assert numba_setup.missing_on_host() == [] and numba_setup.missing_on_host(SSE_ONLY) == [
         "avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe"]  # fmt: skip
-    monkeypatch.setattr(_env._config, "CPU_FEATURES", "+avx512f")  # a name plus a feature on top
-    assert _env.missing_on_host(HASWELL) == ["avx512f"]
+    monkeypatch.setattr(numba_setup._config, "CPU_FEATURES", "+avx512f")  # a name plus a feature on top
+    assert numba_setup.missing_on_host(HASWELL) == ["avx512f"]
 
 
 CHILD = r"""
@@ -141,10 +141,10 @@ def test_generated_code_has_no_avx512_or_vnni_under_an_avx2_mask(tmp_path):
     import subprocess
     import sys
 
-    if "avx2" not in _env.host_features():
+    if "avx2" not in numba_setup.host_features():
         pytest.skip("this CPU lacks avx2, which the AVX2 form uses")
     mask = ",".join(f"+{f}" for f in sorted(HASWELL))
-    mask += "".join(f",-{f}" for f in sorted(_env.CODE_FEATURES - HASWELL))
+    mask += "".join(f",-{f}" for f in sorted(numba_setup.CODE_FEATURES - HASWELL))
     (tmp_path / "child.py").write_text(CHILD)
     env = {**os.environ, "NUMBA_CPU_NAME": llvm.get_host_cpu_name(), "NUMBA_CPU_FEATURES": mask,
            "ECHOLINE_CPU_ACTIVATIONS": "q8", "PYTHONPATH": os.getcwd()}  # fmt: skip

@@ -94,7 +94,7 @@ def test_status_bar_item_opens_the_menu() -> None:
     # The model picker asks the server's CLI, with the known names as fallback.
     assert "'models', 'list', '--json'" in CONFIG_TS
     known = re.search(r"KNOWN_MODELS = \[(.*?)\]", CONFIG_TS).group(1)
-    from echoline.engine.models_registry import MODELS
+    from echoline.engine.model_catalog import MODELS
 
     assert set(re.findall(r"'([^']+)'", known)) == set(MODELS)
 

@@ -26,11 +26,11 @@ from lsprotocol import types
 from pytest_lsp import ClientServerConfig
 
 from tests.synth import write_fim_qwen2_model
-from tests.test_models_registry import _wheel
+from tests.test_model_catalog import _wheel
 
 WRAPPER = """
 import json, os
-from echoline.engine import models_registry as reg
+from echoline.engine import model_catalog as reg
 spec = json.loads(os.environ["TEST_MODEL_SPEC"])
 spec["parts"] = tuple(reg.WheelPart(**p) for p in spec["parts"])
 reg.MODELS["toy"] = reg.ModelSpec(**spec)

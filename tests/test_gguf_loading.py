@@ -15,8 +15,8 @@ from echoline.engine.errors import (
     UnsupportedArchitectureError,
 )
 from echoline.engine.gguf_file import GGUFFile
+from echoline.engine.model_catalog import resolve_model
 from echoline.engine.models.loader import config_from_gguf, load_model
-from echoline.engine.models_registry import resolve_model
 
 from tests.synth import GGUF_QUANTIZABLE, IQ_QUANTS, K_QUANTS, Q, write_model
 

@@ -46,7 +46,7 @@ def _engines(st: dict[str, Any]) -> dict[str, list[str]]:
 
 @pytest.fixture
 def models() -> tuple[Path, Path]:
-    from echoline.engine.models_registry import resolve_model
+    from echoline.engine.model_catalog import resolve_model
 
     return Path(resolve_model("smollm2")), Path(resolve_model("gemma3-270m"))
 

@@ -1,5 +1,5 @@
 """The CPU package's own numba kernels are cached by content, not by path
-(``kernels/cpu/_env.py`` ``install_source_locator``): a second copy of the same code, as a
+(``kernels/cpu/numba_setup.py`` ``install_source_locator``): a second copy of the same code, as a
 fresh install is, loads the first copy's compiled kernels; changed code compiles afresh."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_a_copy_of_the_same_code_loads_the_compiled_kernels(tmp_path: Path) -> N
     assert (second["hits"], second["misses"], second["path"]) == (1, 0, first["path"]), second
 
     # changed code (here: any file of the package) is compiled again, in a folder of its own
-    ops = other / "kernels" / "cpu" / "ops.py"
+    ops = other / "kernels" / "cpu" / "attention.py"
     ops.write_text(ops.read_text() + "\n# changed\n")
     third = _probe(other, cache)
     assert third["misses"] == 1 and third["hits"] == 0, third
@@ -59,7 +59,7 @@ def test_a_copy_of_the_same_code_loads_the_compiled_kernels(tmp_path: Path) -> N
 
 def test_static_folders_of_old_code_are_pruned(tmp_path: Path) -> None:
     """All but the current code's folder and the most recently written others go."""
-    from echoline.kernels.cpu import _env
+    from echoline.kernels.cpu import numba_setup
 
     static = tmp_path / "static"
     for i, name in enumerate(["cur", "a", "b", "c", "d"]):
@@ -68,6 +68,6 @@ def test_static_folders_of_old_code_are_pruned(tmp_path: Path) -> None:
         os.utime(static / name, (1_000_000 + i, 1_000_000 + i))  # "d" the newest
     (static / "cur").touch()
     os.utime(static / "cur", (1, 1))  # the current one stays however old
-    removed = _env.prune_static.__wrapped__(static, "cur", keep=3)
+    removed = numba_setup.prune_static.__wrapped__(static, "cur", keep=3)
     assert sorted(removed) == ["a", "b"]
     assert sorted(d.name for d in static.iterdir()) == ["c", "cur", "d"]

@@ -95,7 +95,7 @@ def test_a_fresh_non_editable_install_runs_the_main_command(wheel: Path, tmp_pat
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import echoline.engine as e; print(e.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     assert str(venv) in where and str(ROOT) not in where
-    # its numba kernels went to the cache folder, keyed by content (kernels/cpu/_env.py), not
+    # its numba kernels went to the cache folder, keyed by content (kernels/cpu/numba_setup.py), not
     # beside the installed files, where the next install of the same code would miss them
     installed = Path(where.strip()).parent.parent / "kernels" / "cpu"
     assert installed.is_dir() and not list(installed.rglob("*.nbi")), installed

@@ -19,16 +19,16 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_the_variable_moves_every_cache(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from echoline.engine import calibration, models_registry, setup_check, tokenizer
-    from echoline.kernels.cpu import _env, weight_cache
+    from echoline.engine import calibration, model_catalog, setup_check, tokenizer
+    from echoline.kernels.cpu import numba_setup, weight_cache
 
     clean_env.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
     assert paths.cache_root() == tmp_path
-    assert models_registry.cache_dir() == tmp_path / "models"
-    assert models_registry.model_path("smollm2").parent == tmp_path / "models"
+    assert model_catalog.cache_dir() == tmp_path / "models"
+    assert model_catalog.model_path("smollm2").parent == tmp_path / "models"
     assert tokenizer.default_cache_dir() == tmp_path / "tokenizers"
     assert weight_cache.cache_dir() == tmp_path / "relayout"
-    assert _env.cache_root().parent == tmp_path / "numba"
+    assert numba_setup.cache_root().parent == tmp_path / "numba"
     model = tmp_path / "m.gguf"
     model.write_bytes(b"x")
     assert calibration._cache_file(model, "cpu").parent == tmp_path / "calibration"

@@ -11,7 +11,7 @@ AVX-512; numba generates its code and caches it apart), and for ``alderlake`` (A
 including weights whose every code is at its largest against activations all at +127 or -127
 (where the AVX2 form's ``vpmaddubsw`` pair sums reach their bound).
 
-A target runs only where this CPU has every feature its code may use (``_env.missing_on_host``):
+A target runs only where this CPU has every feature its code may use (``numba_setup.missing_on_host``):
 AMD Zen 4 has AVX-512 VNNI but not the VEX-encoded AVX-VNNI, so Alder Lake's kernels would die
 there with SIGILL; that target is skipped, naming the missing feature.
 """
@@ -70,12 +70,12 @@ def _run(tmp: Path, tag: str, env: dict, form: str, spec: dict) -> dict:
 
 def _missing_for(cpu: str, monkeypatch) -> list[str]:
     """What code built for ``cpu`` may use that this host lacks (as the child would see it)."""
-    from echoline.kernels.cpu import _env
+    from echoline.kernels.cpu import numba_setup
 
-    monkeypatch.setattr(_env._config, "CPU_NAME", cpu)
-    monkeypatch.setattr(_env._config, "CPU_FEATURES", "")
+    monkeypatch.setattr(numba_setup._config, "CPU_NAME", cpu)
+    monkeypatch.setattr(numba_setup._config, "CPU_FEATURES", "")
     try:
-        return _env.missing_on_host()
+        return numba_setup.missing_on_host()
     finally:
         monkeypatch.undo()
 

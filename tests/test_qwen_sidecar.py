@@ -32,7 +32,7 @@ SCALE = "import math\n\n\ndef scale(x, t):\n    return x * t\n\n\nprint(scale(2,
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from echoline.engine.models_registry import resolve_model
+    from echoline.engine.model_catalog import resolve_model
 
     resolve_model(MODEL)  # pull (and verify) before the server starts on a fresh machine
     root = tmp_path_factory.mktemp("qwen-ws")

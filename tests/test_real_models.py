@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from echoline.engine.api import Engine
 from echoline.engine.drafting.controller import DraftController, VerifyCost
-from echoline.engine.models_registry import MODELS
+from echoline.engine.model_catalog import MODELS
 
 from tests.conftest import cpu_backend_name, greedy_reference, large_models_enabled
 
@@ -37,7 +37,7 @@ def engine_for(name: str, backend: str | None = None) -> Engine:
     if key not in _ENGINES:
         if key[1] in ("cpu/q8", "cpu/f32"):
             from echoline.engine.backends.cpu_backend import CpuBackend
-            from echoline.engine.models_registry import resolve_model
+            from echoline.engine.model_catalog import resolve_model
 
             mode = key[1].split("/")[1]
             _ENGINES[key] = Engine(resolve_model(name), backend=CpuBackend(activations=mode))

@@ -451,7 +451,7 @@ def test_ambiguous_left_out_ids_keep_the_text_and_mark_the_engine(server, tokeni
 
 
 def test_gap_recovery_refuses_ambiguous_bytes(tokenizer):
-    from echoline.engine.remote.gaps import recover
+    from echoline.engine.remote.missing_ids import recover
 
     assert recover(tokenizer, b" \xe2", 1) == ([4636], True)
     a, b = (tokenizer.encode(c, add_bos=False, parse_special=False) for c in "ab")

@@ -159,10 +159,10 @@ def test_compiled_kernels_are_known_by_their_index_files(tmp_path: Path, monkeyp
     """What makes a load say "compiling kernels (first run only)": no numba index file in
     this machine's kernel cache folder yet."""
     from echoline.engine.backends.cpu_backend import CpuBackend
-    from echoline.kernels.cpu import _env
+    from echoline.kernels.cpu import numba_setup
 
     monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
-    assert not _env.has_compiled_kernels() and not CpuBackend.kernels_cached(CpuBackend.__new__(CpuBackend))
-    (_env.cache_root() / "__pycache__").mkdir()
-    (_env.cache_root() / "__pycache__" / "echoline_mm_x.kernel-1.py311.nbi").write_bytes(b"")
-    assert _env.has_compiled_kernels()
+    assert not numba_setup.has_compiled_kernels() and not CpuBackend.kernels_cached(CpuBackend.__new__(CpuBackend))
+    (numba_setup.cache_root() / "__pycache__").mkdir()
+    (numba_setup.cache_root() / "__pycache__" / "echoline_mm_x.kernel-1.py311.nbi").write_bytes(b"")
+    assert numba_setup.has_compiled_kernels()

@@ -34,7 +34,7 @@ FIB = (
 
 
 def model_path() -> Path:
-    from echoline.engine.models_registry import resolve_model
+    from echoline.engine.model_catalog import resolve_model
 
     return Path(resolve_model("smollm2"))
 

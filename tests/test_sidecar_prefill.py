@@ -69,7 +69,7 @@ async def _server(root: Path, prefill: bool) -> LanguageClient:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def servers(tmp_path_factory: pytest.TempPathFactory):
-    from echoline.engine.models_registry import resolve_model
+    from echoline.engine.model_catalog import resolve_model
 
     resolve_model("smollm2")
     on_root, off_root = tmp_path_factory.mktemp("on"), tmp_path_factory.mktemp("off")

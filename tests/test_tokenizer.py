@@ -19,7 +19,7 @@ from echoline.engine.chat_template import (
 )
 from echoline.engine.errors import EcholineError, TokenizerError
 from echoline.engine.gguf_file import GGUFFile
-from echoline.engine.models_registry import MODELS, resolve_model
+from echoline.engine.model_catalog import MODELS, resolve_model
 from echoline.engine.tokenizer import FimTokens, Tokenizer
 
 from tests.conftest import qwen_reference, reference_data

@@ -68,7 +68,7 @@ def main() -> int:
 
     from contextlib import nullcontext
 
-    from echoline.engine.models_registry import resolve_model
+    from echoline.engine.model_catalog import resolve_model
     from echoline.engine.remote.engine import RemoteEngine
 
     from tools.llamacpp_peer import LlamaServer

@@ -18,7 +18,7 @@ import json as _json_module
 import textwrap
 from pathlib import Path
 
-from echoline.engine.models_registry import resolve_model
+from echoline.engine.model_catalog import resolve_model
 
 from tools.llamacpp_peer import LlamaServer
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from echoline.engine.api import HISTORY_CONTEXT, Engine
 from echoline.engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
-from echoline.engine.models_registry import resolve_model
+from echoline.engine.model_catalog import resolve_model
 from echoline.engine.setup_check import cpu_model
 from echoline.sidecar.rewrite_traffic import rewrite_requests
 
@@ -101,7 +101,7 @@ def isa() -> dict[str, str]:
     """What each engine was built for: llama.cpp's ISA cap (``ECHOLINE_PEER_ISA``, else the
     CPU's own) and the CPU numba generates echoline's kernels for (``NUMBA_CPU_NAME``)."""
     try:
-        from echoline.kernels.cpu._env import target_cpu
+        from echoline.kernels.cpu.numba_setup import target_cpu
 
         numba_cpu = target_cpu()[0]
     except ImportError:  # no numba: the numpy backend

@@ -47,7 +47,7 @@ from typing import Any
 
 from echoline.engine.api import Engine
 from echoline.engine.bench.traffic import source_paths
-from echoline.engine.models_registry import resolve_model
+from echoline.engine.model_catalog import resolve_model
 from echoline.engine.setup_check import cpu_model
 from echoline.sidecar.bench_inline import content_lines, spread
 from echoline.sidecar.prompts import auto_suffix_tokens, heal_prefix, inline_prompt

@@ -16,7 +16,7 @@ from echoline.engine.backends.cpu_activations import cpu_activations_mode
 from echoline.engine.backends.host_cache import HostCacheMixin
 from echoline.engine.errors import EcholineError
 from echoline.engine.gguf_file import QuantTensor
-from echoline.kernels.cpu import _env, ops
+from echoline.kernels.cpu import attention, numba_setup, rowops
 from echoline.kernels.cpu.embed import embed_rows
 from echoline.kernels.cpu.matmul import PreparedMatrix, matmul, prepare_cached
 from echoline.kernels.cpu.relayout import KINDS
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # q8act loads only when the q8 mode is used
 @lru_cache(maxsize=16)
 def _rope_tables_for(positions: bytes, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
     """RoPE tables keyed by the positions' bytes (read-only: callers only read them)."""
-    return ops.rope_tables(np.frombuffer(positions, dtype=np.int64), head_dim, base)
+    return rowops.rope_tables(np.frombuffer(positions, dtype=np.int64), head_dim, base)
 
 
 def _f32(x: Array) -> np.ndarray:
@@ -42,15 +42,15 @@ class CpuBackend(HostCacheMixin, Backend):
     batch_invariant = True
 
     def kernels_cached(self) -> bool:
-        """numba has compiled kernels in this machine's cache folder (``kernels/cpu/_env``)."""
-        return _env.has_compiled_kernels()
+        """numba has compiled kernels in this machine's cache folder (``kernels/cpu/numba_setup``)."""
+        return numba_setup.has_compiled_kernels()
 
     def __init__(self, activations: str | None = None) -> None:
         """``activations``: one of ``engine.backends.CPU_ACTIVATIONS`` (what each does is
         there); None reads ``ECHOLINE_CPU_ACTIVATIONS`` (default auto: q8 with AVX2 or better,
         else f32). An explicit q8 on a CPU with neither AVX2 nor AVX-512 VNNI is an error, not a quiet fallback: the two modes give different replies."""
         try:
-            _env.check_runnable()
+            numba_setup.check_runnable()
         except RuntimeError as exc:
             raise EcholineError(str(exc)) from None
         mode = cpu_activations_mode(activations)
@@ -83,13 +83,13 @@ class CpuBackend(HostCacheMixin, Backend):
         return table  # rows are dequantized on demand from the memory map
 
     def empty_key_cache(self, capacity: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
-        # Positions innermost, as the attention tiles read them (ops.empty_keys says why).
-        return ops.empty_keys(capacity, n_kv_heads, head_dim)
+        # Positions innermost, as the attention tiles read them (attention.empty_keys says why).
+        return attention.empty_keys(capacity, n_kv_heads, head_dim)
 
     def grow_cache(self, cache: np.ndarray, capacity: int) -> np.ndarray:
-        if ops.key_store(cache) is None:
+        if attention.key_store(cache) is None:
             return super().grow_cache(cache, capacity)
-        new = ops.empty_keys(capacity, cache.shape[1], cache.shape[2])
+        new = attention.empty_keys(capacity, cache.shape[1], cache.shape[2])
         new[: cache.shape[0]] = cache
         return new
 
@@ -106,12 +106,12 @@ class CpuBackend(HostCacheMixin, Backend):
     def rms_norm(self, x: Array, weight: np.ndarray, eps: float) -> np.ndarray:
         x = _f32(x)
         flat = x.reshape(-1, x.shape[-1])
-        return ops.rms_norm(flat, _f32(weight), float(eps)).reshape(x.shape)
+        return rowops.rms_norm(flat, _f32(weight), float(eps)).reshape(x.shape)
 
     def rope(self, x: Array, positions: np.ndarray, base: float, neox: bool) -> np.ndarray:
         x = _f32(x)
         cos, sin = self._rope_tables(positions, x.shape[-1], base)
-        return ops.rope_apply(x, cos, sin, bool(neox))
+        return rowops.rope_apply(x, cos, sin, bool(neox))
 
     @staticmethod
     def _rope_tables(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
@@ -122,17 +122,17 @@ class CpuBackend(HostCacheMixin, Backend):
 
     def attention(self, q, k_cache, v_cache, positions, window, scale) -> np.ndarray:
         pos = np.ascontiguousarray(positions, dtype=np.int64).reshape(-1)
-        return ops.attention(_f32(q), k_cache, v_cache, pos, int(window), float(scale))
+        return attention.attention(_f32(q), k_cache, v_cache, pos, int(window), float(scale))
 
     def silu_mul(self, gate, up) -> np.ndarray:
         gate, up = _f32(gate), _f32(up)
-        return ops.silu_mul(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])).reshape(
+        return rowops.silu_mul(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])).reshape(
             gate.shape
         )
 
     def gelu_tanh_mul(self, gate, up) -> np.ndarray:
         gate, up = _f32(gate), _f32(up)
-        out = ops.gelu_tanh_mul(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]))
+        out = rowops.gelu_tanh_mul(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]))
         return out.reshape(gate.shape)
 
     def add(self, a, b) -> np.ndarray:

@@ -30,7 +30,7 @@ DEFAULT_SOURCES = (
     "engine/gguf_file.py",
     "engine/models/base.py",
     "engine/backends/numpy_backend.py",
-    "engine/models_registry.py",
+    "engine/model_catalog.py",
 )
 
 

@@ -126,7 +126,7 @@ class RemoteEngine(PromptEncoding):
         tokenizer differs from the GGUF's. Keyword arguments meant for ``Engine.load``
         (backend, kv budget, ...) are accepted and ignored: the server owns those.
         """
-        from echoline.engine.models_registry import resolve_model
+        from echoline.engine.model_catalog import resolve_model
         from echoline.engine.remote.probe import check_tokenizer, exactness_probe
 
         t0 = time.perf_counter()
@@ -425,7 +425,7 @@ class RemoteEngine(PromptEncoding):
         return Reply(ids=list(out.ids), text=out.text, finish=finish, cached=cached, stats=stats)
 
     def _fill_gap(self, chunk: dict[str, Any], ids: list[int] | None, received: int) -> list[int] | None:
-        """Put back the ids llama-server left out of its stream (``gaps.py``), where the
+        """Put back the ids llama-server left out of its stream (``missing_ids.py``), where the
         chunk says how many tokens exist so far; ids it cannot pin down (several splits of
         the bytes, or none) keep the text right and mark the replies not exact (``text_only``)."""
         verbose = chunk.get("__verbose")
@@ -435,7 +435,7 @@ class RemoteEngine(PromptEncoding):
         missing = total - received - len(ids)
         if missing <= 0:
             return ids
-        from echoline.engine.remote.gaps import recover
+        from echoline.engine.remote.missing_ids import recover
 
         text = kinds.chunk_text(chunk).encode("utf-8")
         known = b"".join(self.tokenizer.token_bytes(t) for t in ids)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from echoline.kernels.cpu._env import cache_root
+from echoline.kernels.cpu.numba_setup import cache_root
 
 _LOCK = threading.Lock()
 _LOADED: dict[str, Callable] = {}

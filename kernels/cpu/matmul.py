@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from echoline.kernels.cpu import weight_cache
-from echoline.kernels.cpu._env import njit, target_has  # sets numba flags before numba loads
 from echoline.kernels.cpu.codegen import KernelSpec, load_kernel
+from echoline.kernels.cpu.numba_setup import njit, target_has  # sets numba flags before numba loads
 from echoline.kernels.cpu.relayout import KINDS, Kind, unpack
 
 #: Outputs per weight group (layout) and the default register tiles (rows, outputs).

@@ -12,7 +12,7 @@ import argparse
 import time
 
 import numpy as np
-from echoline.kernels.cpu import ops
+from echoline.kernels.cpu import attention
 
 #: (query heads, kv heads, head dim, window, context before the rows, rows)
 SHAPES = [
@@ -31,7 +31,7 @@ SHAPES = [
 
 def _key_store(k: np.ndarray, v: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """k and v copied into caches of ``capacity`` rows, K as the CPU backend stores it."""
-    ks = ops.empty_keys(capacity, k.shape[1], k.shape[2])
+    ks = attention.empty_keys(capacity, k.shape[1], k.shape[2])
     ks[: k.shape[0]] = k
     vs = np.zeros((capacity,) + v.shape[1:], dtype=np.float32)
     vs[: v.shape[0]] = v
@@ -39,14 +39,14 @@ def _key_store(k: np.ndarray, v: np.ndarray, capacity: int) -> tuple[np.ndarray,
 
 
 def _run(q, k, v, pos, window, min_rows: int) -> tuple[float, np.ndarray]:
-    saved = ops.TILED_MIN_ROWS
-    ops.TILED_MIN_ROWS = min_rows
+    saved = attention.TILED_MIN_ROWS
+    attention.TILED_MIN_ROWS = min_rows
     try:
         t0 = time.perf_counter()
-        out = ops.attention(q, k, v, pos, window, 0.125)
+        out = attention.attention(q, k, v, pos, window, 0.125)
         return time.perf_counter() - t0, out
     finally:
-        ops.TILED_MIN_ROWS = saved
+        attention.TILED_MIN_ROWS = saved
 
 
 def bench(nh: int, nkv: int, hd: int, window: int, ctx0: int, n: int, reps: int) -> str:
@@ -83,7 +83,7 @@ def forward_bench(model: str, old_path: bool, reps: int = 3) -> None:
     from echoline.engine.api import Engine
 
     if old_path:
-        ops.TILED_MIN_ROWS = 1 << 30
+        attention.TILED_MIN_ROWS = 1 << 30
     m = Engine.load(model).model
     ids = [int(i) for i in np.random.default_rng(0).integers(100, 20000, 2300)]
     for ctx, n in [(0, 300), (1950, 300), (1950, 16), (1950, 8)]:

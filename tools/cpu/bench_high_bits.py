@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 from echoline.engine.gguf_file import GGUFFile
-from echoline.engine.models_registry import resolve_model
+from echoline.engine.model_catalog import resolve_model
 from echoline.kernels.cpu import q8act
 from echoline.kernels.cpu.matmul import prepare
 

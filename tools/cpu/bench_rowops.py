@@ -2,11 +2,11 @@
 activation, and attention at 1-4 rows for each head split.
 
 Run: ``python -m tools.cpu.bench_rowops``. Medians of ``--reps`` calls, one thread count
-(numba's). The attention part times ``ops._attention_tiles_parallel`` at every head split
+(numba's). The attention part times ``cpu_attention._attention_tiles_parallel`` at every head split
 over a dozen layers' worth of caches (so keys and values are not cache-hot, as in a model)
-and checks that every split gives the same bits; the split ``ops.attention`` picks is
+and checks that every split gives the same bits; the split ``cpu_attention.attention`` picks is
 starred. Not a test: a developer's view behind the figures in the docstrings of
-``q8act._quantize_block``, ``ops._sigmoid_times`` and ``ops.attention``.
+``q8act._quantize_block``, ``rowops._sigmoid_times`` and ``cpu_attention.attention``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from echoline.kernels.cpu import ops
+from echoline.kernels.cpu import attention as cpu_attention
+from echoline.kernels.cpu import rowops
 from echoline.kernels.cpu.q8act import activation_terms
 
 #: (label, query heads, KV heads, head dim) of the real models' attention.
@@ -40,7 +41,7 @@ def row_work(reps: int, rng: np.random.Generator) -> None:
             x = rng.standard_normal((n, cols)).astype(np.float32)
             gu = rng.standard_normal((n, 2 * cols)).astype(np.float32)
             q = median_us(lambda x=x: activation_terms(x, True), reps)
-            g = median_us(lambda gu=gu, c=cols: ops.silu_mul(gu[:, :c], gu[:, c:]), reps)
+            g = median_us(lambda gu=gu, c=cols: rowops.silu_mul(gu[:, :c], gu[:, c:]), reps)
             print(f"{n:>3} rows x {cols:>5}: quantize {q:8.1f} us   silu_mul {g:8.1f} us")
 
 
@@ -49,8 +50,8 @@ def _tiles(q, layers, pos, hsplit: int) -> np.ndarray:
     n, nh, hd = q.shape
     out = np.empty((n, nh * hd), np.float32)
     for k, v in layers:
-        kt, off = ops.key_store(k)
-        ops._attention_tiles_parallel(q, kt, -off, v, pos, 0, np.float32(0.088), ops.ROW_TILE, hsplit, out)
+        kt, off = cpu_attention.key_store(k)
+        cpu_attention._attention_tiles_parallel(q, kt, -off, v, pos, 0, np.float32(0.088), cpu_attention.ROW_TILE, hsplit, out)
     return out
 
 
@@ -58,7 +59,7 @@ def attention(reps: int, rng: np.random.Generator, context: int) -> None:
     for label, nh, nkv, hd in HEADS:
         layers = []
         for _ in range(12):
-            k = ops.empty_keys(context + 64, nkv, hd)
+            k = cpu_attention.empty_keys(context + 64, nkv, hd)
             k[: context + 16] = rng.standard_normal((context + 16, nkv, hd)).astype(np.float32)
             layers.append((k, rng.standard_normal((context + 64, nkv, hd)).astype(np.float32)))
         group = nh // nkv

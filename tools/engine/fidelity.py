@@ -24,7 +24,7 @@ from echoline.engine.backends.cpu_backend import CpuBackend
 from echoline.engine.backends.numpy_backend import NumpyBackend
 from echoline.engine.bench import traffic
 from echoline.engine.bench.spec import _prompts
-from echoline.engine.models_registry import resolve_model
+from echoline.engine.model_catalog import resolve_model
 
 
 def top1(engine: Engine, ids: list[int]) -> np.ndarray:

@@ -211,7 +211,7 @@ def install_source_locator() -> bool:
     static kernel again: 20 functions, about 80 s of a first rewrite on a 2-core AVX2 machine,
     although the code was the same. Keyed by content, every install of the same kernels
     shares one compile. The key covers the whole package, not one file, because a kernel
-    inlines functions from its neighbours (``ops`` calls ``attention_tiled``), which numba's
+    inlines functions from its neighbours (``attention`` calls ``attention_tiled``), which numba's
     own per-file stamp does not see. Returns whether the locator is in place (numba's
     internals moved: caching then falls back to numba's default, nothing else changes).
     """

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from echoline.engine import models_registry as reg
+from echoline.engine import model_catalog as reg
 from echoline.engine.errors import EcholineError
 
 
