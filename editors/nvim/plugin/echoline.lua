@@ -49,6 +49,20 @@ vim.api.nvim_create_user_command('EcholineSuggest', function()
   require('echoline').suggest(0)
 end, { desc = 'echoline: request an inline suggestion at the cursor' })
 
+vim.api.nvim_create_user_command('EcholineNextEdit', function()
+  require('echoline').next_edit(0)
+end, { desc = 'echoline: predict the next edit at the cursor now' })
+
+vim.api.nvim_create_user_command('EcholineNextEditAccept', function()
+  if not require('echoline').next_edit_accept(0) then
+    vim.notify('echoline: no predicted edit shown', vim.log.levels.INFO)
+  end
+end, { desc = 'echoline: jump to the predicted edit, then apply it' })
+
+vim.api.nvim_create_user_command('EcholineNextEditDismiss', function()
+  require('echoline').next_edit_dismiss(0)
+end, { desc = 'echoline: dismiss the predicted edit' })
+
 vim.api.nvim_create_user_command('EcholineStatus', function()
   local s = require('echoline').statusline()
   vim.notify(s ~= '' and s or 'echoline: not running', vim.log.levels.INFO)

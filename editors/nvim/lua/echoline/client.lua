@@ -113,6 +113,7 @@ function M.base_config(o)
     on_attach = function(client, b)
       require('echoline.ghost').attach(client, b)
       require('echoline.cursor').attach(b)
+      require('echoline.next_edit').attach(client, b)
     end,
   }
 end

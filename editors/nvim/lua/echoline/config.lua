@@ -48,6 +48,11 @@ M.defaults = {
   endpoint = nil, -- engine 'openai': the server's URL, e.g. 'http://gpu-box:8000'
   server_kind = nil, -- 'llama' (server default), 'vllm', 'sglang' or 'openai'
   api_key_env = nil, -- the variable holding the API key (server default: ECHOLINE_API_KEY)
+  -- Edit predictions: after a pause of next_edit_debounce_ms following an edit, the
+  -- server predicts the next edit; it is drawn where it would happen (keymaps.next_edit
+  -- jumps to it, then applies it). :EcholineNextEdit asks whatever this says.
+  next_edit = true,
+  next_edit_debounce_ms = 300,
   -- Rewrite: preview as a diff and apply on accept; false applies directly.
   confirm = true,
   -- Inline completion (ghost text).
@@ -61,6 +66,10 @@ M.defaults = {
     accept_word = false, -- opt-in, e.g. '<M-Right>': its next word
     accept_line = false, -- opt-in, e.g. '<M-C-Right>': the rest of its current line
     dismiss = '<C-]>',
+    -- Normal and insert mode: jump to the predicted edit, then apply it (with none shown
+    -- the key does what it did before). Set '<Tab>' here to use Tab; false: no mapping.
+    next_edit = '<M-n>',
+    next_edit_dismiss = false, -- opt-in, normal mode (edits and cursor moves dismiss too)
   },
   -- Progress of a running rewrite in the message area: one line, replaced in place
   -- (at most every 250 ms; a progress message on 0.12+). The statusline shows it too.
@@ -104,6 +113,8 @@ function M.server_settings(o)
     endpoint = o.endpoint,
     serverKind = o.server_kind,
     apiKeyEnv = o.api_key_env,
+    nextEdit = o.next_edit,
+    nextEditDebounceMs = o.next_edit_debounce_ms,
   }
 end
 

@@ -89,6 +89,21 @@ function M.rewrite_prompt(opts)
   end)
 end
 
+--- Ask for an edit prediction at the cursor now (:EcholineNextEdit); `opts.on_result`
+--- gets the prediction (or nil) and what happened ('shown', 'none', 'stale', …).
+function M.next_edit(bufnr, opts)
+  return require('echoline.next_edit').request(bufnr, opts)
+end
+
+--- Jump to the predicted edit, or apply it when the cursor is on it; false: none shown.
+function M.next_edit_accept(bufnr)
+  return require('echoline.next_edit').jump_or_accept(bufnr)
+end
+
+function M.next_edit_dismiss(bufnr)
+  return require('echoline.next_edit').dismiss(bufnr, 'dismissed')
+end
+
 --- For 'statusline': `set statusline+=%{v:lua.require'echoline'.statusline()}`.
 function M.statusline()
   return require('echoline.status').statusline()
