@@ -114,3 +114,61 @@ def test_nvim_next_edit_drawn_jumped_accepted_and_stale_refused(
     assert text[16:18] == ["    logger.info(add(1, 2))", "    logger.info(fibonacci(10))"]
     assert text[-1] == "# appended" and len(text) == 19
     assert not any(r.get("error") for r in asked), asked
+
+
+def _server_answers_next_edit() -> bool:
+    """The real server registers echoline/nextEdit (its handler lives in sidecar/server.py)."""
+    return "echoline/nextEdit" in (REPO / "sidecar" / "server.py").read_text()
+
+
+def _apply(lines: list[str], edits: list[dict]) -> list[str]:
+    """The plugin's edits (0-based rows, byte columns) applied to ``lines``, last first."""
+    data = [line.encode() for line in lines]
+    text = b"\n".join(data)
+    starts = [0]
+    for line in data[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    for e in sorted(edits, key=lambda e: (e["srow"], e["scol"]), reverse=True):
+        s = starts[e["srow"]] + e["scol"]
+        end = starts[e["erow"]] + e["ecol"]
+        text = text[:s] + e["text"].encode() + text[end:]
+    return text.decode().split("\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _server_answers_next_edit(), reason="the server does not answer echoline/nextEdit yet")
+def test_nvim_next_edit_with_the_real_server(
+    nvim: str,  # noqa: F811
+    tmp_path: Path,
+    smollm2_path: Path,
+) -> None:
+    """Whatever the model predicts after a repeated change, the plugin gets it without
+    error for the buffer's version, and the mapping applies exactly that answer."""
+    from tests.editor_env import BACKEND, MODEL, server_cmd
+
+    src = tmp_path / "sample.py"
+    src.write_text(SAMPLE)
+    out = tmp_path / "out.json"
+    env = nvim_env(
+        tmp_path,
+        ECHOLINE_TEST_FILE=str(src),
+        ECHOLINE_TEST_OUT=str(out),
+        ECHOLINE_TEST_CMD=json.dumps(server_cmd()),
+        ECHOLINE_TEST_PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        ECHOLINE_TEST_MODEL=MODEL,
+        ECHOLINE_TEST_BACKEND=BACKEND,
+    )
+    script = REPO / "editors" / "nvim" / "tests" / "next_edit_real.lua"
+    proc = subprocess.run([nvim, "--headless", "--clean", "-c", f"luafile {script}"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=REPO)  # fmt: skip
+    record = json.loads(out.read_text()) if out.exists() else {}
+    assert proc.returncode == 0 and record.get("ok"), (
+        f"{record.get('error')}\n{proc.stderr[-3000:]}\n{proc.stdout[-2000:]}"
+    )
+    assert record["what"] in ("shown", "none"), record
+    if record["what"] == "shown":
+        assert record["pred_version"] == record["version"]
+        assert record["last"] == "accepted", record
+        assert record["after"] == _apply(record["before"], record["edits"]), record
+    else:
+        assert record["after"] == record["before"]
