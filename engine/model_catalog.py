@@ -158,7 +158,7 @@ MODELS: dict[str, ModelSpec] = {
     ),
 }
 #: What runs when no model is named: the 0.5B code model, fast enough on a 2-core CPU with
-#: int8 activations (issue #20, docs/benchmarks.md). SmolLM2 stays for quick tests.
+#: int8 activations (docs/benchmarks.md). SmolLM2 stays for quick tests.
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 Progress = Callable[[str, int, int], None]

@@ -1,6 +1,6 @@
 """Which model does which job on this machine, and why.
 
-Why: quality depends on the model that answers (issue 49: on held-out multi-line
+Why: quality depends on the model that answers (on held-out multi-line
 refactors the Qwen2.5-Coder 0.5B passed 3/10, the 1.5B 9/10), while inline completion
 wants the fastest model. So a rewrite gets the best model this machine runs within the
 latency target, and inline completion (and edit prediction) keeps the 0.5B.

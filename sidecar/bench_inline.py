@@ -13,7 +13,7 @@ layout on an engine of its own (an engine lends cached prefixes between its sess
   (the layout until 2026-12-05);
 * ``grid``: the head's start on a 2,048-character grid, the suffix in whole lines within
   ``--suffix-tokens`` (default: the server's "auto", what the engine prefills within 1.25 s)
-  (the layout of 2026-12-05, session 30);
+  (the layout of 2026-12-05);
 * ``now``: the same, and the buffer's previous head start kept where it still fits
   (``sidecar.prompts.inline_head_start``'s ``keep``), as the server runs it;
 * ``warm``: ``now``, and before each navigation request the inline warm-up the server

@@ -1,6 +1,6 @@
 """``echoline bench lsp``: the rewrite path through the real language server, timed.
 
-Why it exists: the sidecar promises (issue #6) a first progress report on a
+Why it exists: the sidecar promises a first progress report on a
 warm buffer within 0.3 s of the request, and rewrite throughput through LSP
 within 10% of the engine's own. Both are only meaningful end to end, so this
 starts ``python -m echoline serve`` as a subprocess over stdio, speaks LSP to it
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 FIRST_TEXT_TARGET_S = 0.3
-REWRITE_TARGET_S = 3.0  # issue #20: a warm 10-line rewrite in a 300-line file, end to end
+REWRITE_TARGET_S = 3.0  # a warm 10-line rewrite in a 300-line file, end to end
 THROUGHPUT_TARGET = 0.9  # LSP tok/s at least 90% of the engine's
 SELECTION_CHARS = 700  # ~200 tokens: the reply fits the default 256 max tokens
 READY_TIMEOUT_S = 300.0

@@ -34,14 +34,14 @@ class CudaTuning:
     #: gated (gate|up) products always block-shared
     ksplit_gated: bool = False
     #: Q4_K / Q6_K CUDA-core products sum codes * x per 8-weight chunk and apply the chunk's
-    #: scale (and min) once (kernels.cu mm_body F; round 5): a fixed policy, all row counts alike
+    #: scale (and min) once (kernels.cu mm_body F): a fixed policy, all row counts alike
     factored_products: bool = True
     #: ... for weights of at most this many output columns (Qwen q|k|v, o, down): the head
     #: (124 -> 139 us) and gate|up at 16 rows (87 -> 110 us) measured slower factored
     factored_max_cols: int = 4096
     #: a fused weight of two quant types (Qwen q|k Q4_K + v Q6_K) runs as one launch
     fuse_segment_pairs: bool = True
-    #: tensor-core products (kernels.cu mt_body, round 6): mma.sync with x rounded to f16 per
+    #: tensor-core products (kernels.cu mt_body): mma.sync with x rounded to f16 per
     #: (row, 64-unit) after a power-of-two scaling; the same kernels for every row count, one
     #: row included, so decode and verify stay bit-identical. Per weight: all its segments
     #: must be TENSOR types (else the CUDA-core kernels run it)
@@ -68,17 +68,17 @@ class CudaTuning:
     tensor_min_units_per_warp: int = 1
     #: ... and a launch of 9-17 rows runs its 8-row passes in parallel blocks (grid y) while
     #: that keeps it within this many warps per SM (0: never). A row's value does not depend
-    #: on the block that computes it, so this is a speed choice per launch. Round 8:
-    #: SmolLM2's narrow launches gain (k=16 -9 %, k=17 -19 %), Qwen's wider ones lost 3 % split
+    #: on the block that computes it, so this is a speed choice per launch. Measured
+    #: (H200): SmolLM2's narrow launches gain (k=16 -9 %, k=17 -19 %), Qwen's wider ones lost 3 % split
     tensor_row_split_warps_per_sm: int = 20
-    #: ... and only while the split grid fits in one wave of resident blocks (session 22):
+    #: ... and only while the split grid fits in one wave of resident blocks (H200, 2026-12-03):
     #: since KW 16 (``tensor_min_units_per_warp``) a narrow weight's block is 16 warps, one
     #: per SM, so Qwen 0.5B's 72-tile q|k|v split in two (144 blocks) ran a second wave on
     #: 12 SMs. The same bits either way. Env ``ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE=0|1``
     tensor_row_split_one_wave: bool = True
     #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
-    #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body,
-    #: issue 21): one-warp blocks stage whole 16-column tiles (16 consecutive rows of blocks)
+    #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body):
+    #: one-warp blocks stage whole 16-column tiles (16 consecutive rows of blocks)
     #: into shared memory with 16-byte cp.async copies and run mt_body on them (MT 1, KW 1).
     #: Qwen2.5-0.5B's 151936 x 896 Q8_0 head, 1 / 8 / 16 rows: 60.2 / 80.7 / 119.7 us, against
     #: 55.5 / 170.8 / 347.2 on the CUDA cores and 72.2 / 79.4 / 100.0 with mt_body.
@@ -103,7 +103,7 @@ class CudaTuning:
     tensor_wide_max_smem: int = 48 * 1024
     #: ... warps per block splitting each staged tile's 64-weight units (1, 2 or 4; kernels.cu
     #: mtw_body's KW). It sets the order of a row's sums, so it is fixed per weight (this
-    #: setting), never by the row count. Why more than one: ncu of the Qwen head (session 20)
+    #: setting), never by the row count. Why more than one: ncu of the Qwen head (H200, 2026-12-03)
     #: read it bound by each warp's serial math with ~14 one-warp blocks per SM (shared memory
     #: allows no more), so a tile's math can go to more warps at the same shared memory. Two
     #: stages only with one warp. H200 (``tools.cuda.wide_probe``), the Qwen 0.5B head at 1 /
@@ -120,7 +120,7 @@ class CudaTuning:
     tensor_wide_row_groups: int = 1
     #: weights with rows at least ``tensor_split_min_in`` long (Qwen's 4864- and 8960-input
     #: down projections, past ``tensor_max_in``) on the tensor cores with K split over blocks
-    #: (kernels.cu mts kernels, issue 21): ``tensor_split_warps`` warps per block and as many
+    #: (kernels.cu mts kernels): ``tensor_split_warps`` warps per block and as many
     #: blocks per 16-column tile as the chip needs (``_tensor_splits``), the warps' sums added
     #: in one fixed order by the tile's last block (the bits of mt_body with KW = all warps).
     #: No fused norm or gated epilogue. Env ``ECHOLINE_CUDA_TENSOR_SPLIT=0|1``
@@ -163,7 +163,7 @@ class CudaTuning:
     #: Env ``ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS=N``
     tensor_xprep_wide_min_rows: int = 1
     #: (row, head) items of one GQA group per attention block (its 8 warps loop over them):
-    #: a speed choice only, each item computes alike in any block (round 6 sweep)
+    #: a speed choice only, each item computes alike in any block (a sweep on the H200)
     attn_items: int = 8
     #: blocks per SM the CUDA-core attention asks the register allocator for (kernels.cu
     #: ATTN_MINB) in launches of at least ``attn_min_blocks_min_rows`` rows: a speed choice,
@@ -177,7 +177,7 @@ class CudaTuning:
     #: (row, head) items a warp of the CUDA-core attention takes at once (1, 2 or 4;
     #: kernels.cu attn_partial_d<n>_g<IPW>) in launches of at least
     #: ``attn_items_per_warp_min_rows`` rows: a lane then reads each K and V element from
-    #: shared memory once for all of them. A speed choice, the same bits (session 18). H200,
+    #: shared memory once for all of them. A speed choice, the same bits. H200 (2026-12-03),
     #: Qwen 0.5B shape, context 1024, ms at 8 / 16 rows: 1 item 1.203 / 1.595; 2 items (4
     #: blocks) 1.160 / 1.481; 4 items (2 blocks) 1.212 / 1.473 (one row 1.03 in all).
     #: Env ``ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP=1|2|4``
@@ -197,14 +197,14 @@ class CudaTuning:
     #: ... and, short of that, for the models whose GQA groups have at least this many
     #: query heads a kv head (0: none): a 16-row verify's items then fill the tiles (Qwen
     #: 0.5B's groups of 7: 112 items, 7 tiles a kv head). By shape only, so the same for
-    #: every row count. H200, context 1,024, one layer, µs at 1 / 16 rows (session 23,
+    #: every row count. H200, context 1,024, one layer, µs at 1 / 16 rows (2026-12-03,
     #: ``attn_probe --time``): Qwen 0.5B 6.6 / 10.4 on the tensor cores against 6.3 / 12.2;
     #: SmolLM2 (groups of 3) 6.8 / 10.1 against 6.0 / 10.4, so it stays on the CUDA cores.
     #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP=0..16``
     tensor_attention_min_group: int = 6
     #: warps of a tensor-core attention block: 8 while a call has at most this many
     #: sixteen-item tiles a kv head (one-row decode: few blocks, each on a shorter path),
-    #: else 4 (more blocks resident). The same bits (session 23).
+    #: else 4 (more blocks resident). The same bits (H200, 2026-12-03).
     #: Env ``ECHOLINE_CUDA_TENSOR_ATTENTION_W8_MAX_TILES=0..8``
     tensor_attention_w8_max_tiles: int = 1
     #: ... and blocks of two tiles sharing one staging of the split's K and V from this many
@@ -214,7 +214,7 @@ class CudaTuning:
     #: kernels/cuda/launch.py): the next kernel is set up while one runs, and its blocks
     #: wait at ``griddepcontrol.wait`` for its results, so the gaps of a chain of ~200
     #: small launches per step overlap. The same bits (every kernel waits before its first
-    #: global access). H200, synthetic shapes, context 1024, session 19 (``bench_device
+    #: global access). H200, synthetic shapes, context 1024, 2026-12-03 (``bench_device
     #: --pdl``): the chained plain loop, tok/s plain / released at exit / at start: Qwen
     #: 1.5B 490.1 / **510.6** / 453.3, Qwen 0.5B 986.5 / **1003.2** / 974.8, SmolLM2
     #: 1147.3 / **1196.9** / 1188.9; 16 rows (ms) 3.199 / 3.104, 1.624 / 1.571, 1.299 /

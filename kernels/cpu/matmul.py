@@ -19,7 +19,7 @@ from echoline.kernels.cpu.numba_setup import njit, target_has  # sets numba flag
 from echoline.kernels.cpu.relayout import KINDS, Kind, unpack
 
 #: Outputs per weight group (layout) and the default register tiles (rows, outputs).
-#: Session 6 (``python -m tools.engine.op_profile --model M --context 1300``, tile sets
+#: Measured (``python -m tools.engine.op_profile --model M --context 1300``, tile sets
 #: interleaved across runs): 4x64 / 3x64 replaced 8x32 / 4x32. SmolLM2's products at 3, 4,
 #: 8, 16 rows: 6.4 -> 5.2, 7.0 -> 5.4, 9.2 -> 8.5, 14.3 -> 13.6 ms; Gemma 3's 10.1 -> 8.3,
 #: 11.0 -> 8.5, 14.6 -> 13.5, 24.7 -> 23.5 ms; one row unchanged. Then a 5x64 tile that
@@ -30,9 +30,9 @@ GROUP = 64
 WIDE_TILES: tuple[tuple[int, int], ...] = ((5, 64), (4, 64), (3, 64), (2, 64), (1, 64))
 #: The same plan for code without AVX-512: the multi-row tiles 16 wide, the one-row tile 64.
 #: Why: a 5 x 64 tile is 320 float accumulators, 20 AVX-512 registers but 40 of AVX2's 16.
-#: LLVM spent about 8 minutes compiling one such kernel on a 2-core Zen 1 (AVX2, session 26;
+#: LLVM spent about 8 minutes compiling one such kernel on a 2-core Zen 1 (AVX2, 2026-12-04;
 #: the test suite compiles a dozen), 103 s with every tile 32 wide, 58 s with this set
-#: (``/tmp`` cache, one Q4_K kernel). It also runs faster there (session 27, same Zen 1, the
+#: (``/tmp`` cache, one Q4_K kernel). It also runs faster there (2026-12-04, same Zen 1, the
 #: first 4 layers' products and the head of Qwen2.5-Coder-0.5B, interleaved, medians of 9:
 #: ``python -m tools.cpu.bench_tiles MODEL --sets w32,w16,m32,m64``): against all-32 tiles,
 #: 0.94x the time at 1 row, 0.80 / 0.78 / 0.75x at 4 / 8 / 16 rows; all-16 tiles were as fast
@@ -56,7 +56,7 @@ ROW_CHUNK = 64
 #: 8 rows was never faster as rows (SmolLM2's products, interleaved in one process,
 #: ``python -m tools.cpu.bench_matmul MODEL --layout-ab``: rows/transposed 0.96-0.99 at 2-7
 #: rows, 1.005-1.055 at 8 over three runs, 0.92-0.98 at 9-17). Same bits either way (the
-#: arithmetic is the same chain; tested). With session 6's 4x64 tiles, 8 rows measured the
+#: arithmetic is the same chain; tested). With the 4x64 tiles, 8 rows measured the
 #: same either way (8.47-8.69 vs 8.55-8.60 ms, SmolLM2 at context 1300), so it stayed.
 TRANSPOSE_ROWS = (8, 8)
 _U = np.uint64

@@ -52,7 +52,7 @@ from numba.core.extending import intrinsic
 QBLOCK = 32
 _U = np.uint64  # unsigned loop indices: no wraparound checks, so the loops vectorize
 #: Row tiles (rows, 16-output vectors): 2·rows·vectors accumulators (float running sums and
-#: integer dots) + vectors weight registers stay live. Measured (session 7, SmolLM2, one
+#: integer dots) + vectors weight registers stay live. Measured (SmolLM2, one
 #: process per set, ``ECHOLINE_Q8_TILES``): 4 vectors per pass at 3 rows made the 49152 x 576
 #: head slower at 3 rows (0.60-0.65 ms) than at 4 (0.46-0.55); 3 x 2 took 0.49-0.52, and
 #: whole 3-row forwards 0.3 ms less. Two vectors for 1 and 2 rows measured the same.

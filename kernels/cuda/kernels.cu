@@ -194,7 +194,7 @@ __device__ __forceinline__ void mm_body(int bid, const u8* __restrict__ W, long 
                 }
             }
         } else {
-        constexpr int U = 1;  // 2-4 measured no faster (H200, round 3)
+        constexpr int U = 1;  // 2-4 measured no faster (H200)
         for (int cb = klane; cb < nchunks; cb += kstride * U) {
             float wu[U][C][8];
 #pragma unroll
@@ -387,7 +387,7 @@ __device__ __forceinline__ void mm_body(int bid, const u8* __restrict__ W, long 
     MM2_KERNEL(NA, QA, NB, QB, 8, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 8, 4, F, SUF)          \
     MM2_KERNEL(NA, QA, NB, QB, 16, 1, F, SUF) MM2_KERNEL(NA, QA, NB, QB, 16, 4, F, SUF)
 
-// ---- tensor-core products (round 6, backend flag tensor_products) ----
+// ---- tensor-core products (backend flag tensor_products) ----
 //
 // Y[r, col] = epilogue(sum_k X[r, k] W[col, k]) with mma.sync m16n8k16 (f16 inputs, f32
 // accumulation) for ANY row count, one row included: A = the codes of 16 weight columns
@@ -858,7 +858,7 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
 
 #define MT_SMEM(NT, MT, KW) ((KW - 1) * NT * MT * 4 * 32 + KW * NT * 8)
 
-// Rows of a launch split over gridDim.y blocks (session 5): block y takes whole passes of
+// Rows of a launch split over gridDim.y blocks: block y takes whole passes of
 // 8 * NT rows, span rows from y * span. A row's value never depends on which block or pass
 // computes it, so the split is a scheduling choice per launch (the backend splits the
 // 9-17-row launches of narrow weights, which otherwise run their passes one after another
@@ -890,7 +890,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
                                 half, smem, xpre_rows({Xh, Xs, Xss}, row0, K));                \
     }
 
-// Split-K tensor products (issue 21: weights with long rows, Qwen's 4864- and 8960-input down
+// Split-K tensor products (weights with long rows, Qwen's 4864- and 8960-input down
 // projections): gridDim.z blocks of KW warps share each 16-column tile, so a weight with few
 // tiles still fills the chip at one row; the last block of a tile adds the warps' sums in
 // order (mts_finish). The bits equal mt_body's with KW = gridDim.z * KW. part: gridDim.z *
@@ -980,7 +980,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 #define MT2_ALL(NA, QA, NB, QB)                                                                 \
     MT2_ALL_NT(NA, QA, NB, QB, 1) MT2_ALL_NT(NA, QA, NB, QB, 2) MT2_ALL_NT(NA, QA, NB, QB, 4)
 
-// ---- tensor-core products of very wide weights (issue 21: the output head) ----
+// ---- tensor-core products of very wide weights (the output head) ----
 // mt_body reads its weights with 2- and 4-byte loads straight from global memory; on a
 // 151936-column head that left it slower than the CUDA cores at one row (76.7 vs 59.8 us;
 // the head is bandwidth-bound: ~145 MB, ~30 us at the H200's copy rate). Here a block of
@@ -1277,7 +1277,7 @@ __device__ __forceinline__ void attn_partial_body(const float* Q, int ldq, const
     // the items' positions, loaded in parallel (a thread each) rather than one after another
     // by every thread; a block whose split starts past all of them leaves at the barrier.
     // A graph's grid covers the cache's capacity, so at a context just past a power of two
-    // half its blocks are such (session 22: 3.6 us of a 16-row launch at context 1,024 with
+    // half its blocks are such (H200, 2026-12-03: 3.6 us of a 16-row launch at context 1,024 with
     // a 2,048-row cache when each thread loaded every position itself).
     __shared__ int ps[ATTN_MAX_ITEMS];
     bool reach = false;
@@ -1470,7 +1470,7 @@ ATTN_PARTIAL(5) ATTN_PARTIAL(6) ATTN_PARTIAL(7) ATTN_PARTIAL(8)
 //
 // Block (tile z of 16 items, kv head g, split s of 32 keys), 4 or 8 warps; the splits
 // vary slowest, as in attn_partial_body, so blocks past every position are dispatched last.
-// One tile a block (session 23): the session-5 form put up to 4 tiles in a block of 4
+// One tile a block: the earlier form put up to 4 tiles in a block of 4
 // warps, 128 blocks for a 16-row Qwen 0.5B verify, too few to hide the mma chains.
 //  1. The tile's positions into shared memory; a block whose split meets no item's range
 //     leaves at the barrier. Stage K and V of the split as f32 (rows past the largest
@@ -1846,7 +1846,7 @@ extern "C" __global__ void __launch_bounds__(256)
     out[((long long)i * H + h) * hd + d] = __fdiv_rn(o, L);
 }
 
-// x for the tensor-core products, converted once per product (issue 21): mt_body rounds each
+// x for the tensor-core products, converted once per product: mt_body rounds each
 // (row, 64-element unit) of x to f16 in every column tile, so a wide weight (the head's 9,496
 // tiles) or a 16-row verify repeats the same conversion thousands of times. xprep does it once
 // with the very code mt_body runs (x_lane_convert; a unit's 4 lanes are 4 adjacent threads
