@@ -25,14 +25,14 @@ from echoline.engine.backends.cupy_backend import CupyBackend  # noqa: E402
 from echoline.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from echoline.engine.gguf_file import QuantTensor  # noqa: E402
 from echoline.kernels.cuda.reference import tc_round  # noqa: E402
+from echoline.kernels.quant_types import QUANT_TYPES  # noqa: E402
 
 from tests import cancelling  # noqa: E402
 from tests.synth import encode_matrix  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 Q = gguf.GGMLQuantizationType
-QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-          Q.IQ4_NL, Q.IQ4_XS]
+QTYPES = [t.qtype for t in QUANT_TYPES]  # every type of the registry, in its order
 REL_TOL = 2e-6
 
 
