@@ -53,6 +53,11 @@ class Settings:
     # rests inline_warm_ms (sidecar/inline_warm.py).
     inline_warm: bool = True
     inline_warm_ms: int = 300
+    # Edit predictions (textDocument/copilotInlineEdit, echoline/nextEdit; sidecar/next_edit.py):
+    # off by default until a model's precision on `echoline bench next-edit` earns it.
+    next_edit: bool = False
+    next_edit_debounce_ms: int = 150  # a request waits this long after the document's last change
+    next_edit_region_lines: int = 10  # lines above and below the cursor the prediction may change
     ready_timeout_s: float = 60.0
     prefill_on_idle: bool = True
     prefill_idle_ms: int = 400
@@ -232,6 +237,9 @@ KEYS: dict[str, tuple[str, Any]] = {
     "inlineSuffixTokens": ("inline_suffix_tokens", _auto_or_int_range(0, 4096)),
     "inlineWarm": ("inline_warm", _bool),
     "inlineWarmMs": ("inline_warm_ms", _int_range(0, 60_000)),
+    "nextEdit": ("next_edit", _bool),
+    "nextEditDebounceMs": ("next_edit_debounce_ms", _int_range(0, 10_000)),
+    "nextEditRegionLines": ("next_edit_region_lines", _int_range(1, 40)),
     "readyTimeoutS": ("ready_timeout_s", _pos_number),
     "prefillOnIdle": ("prefill_on_idle", _bool),
     "prefillIdleMs": ("prefill_idle_ms", _int_range(0, 60_000)),
