@@ -31,7 +31,7 @@ def parse_hostport(spec: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-BENCH_KINDS = ("decode", "spec", "cache", "lsp", "edits", "inline")
+BENCH_KINDS = ("decode", "spec", "cache", "lsp", "edits", "inline", "next-edit")
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--suffix-tokens", type=int, default=None, metavar="N",
                    help="bench inline: the new layout's suffix budget (default: the server's auto)")
     b.add_argument("--no-spec", action="store_true", help="bench inline: plain decoding (no speculation)")
+    b.add_argument("--format", choices=("sweep", "filesep", "zeta", "chat"), default=None,
+                   help="bench next-edit: the prompt format (default: the server's)")
+    b.add_argument("--region-lines", type=int, default=None, metavar="N",
+                   help="bench next-edit: editable lines above and below the cursor (default 10)")
+    b.add_argument("--no-plain", action="store_true",
+                   help="bench next-edit: skip the plain-decoding run of each prompt (no speed gain, no identity check)")
+    b.add_argument("--limit", type=int, default=None, metavar="N", help="bench next-edit: the first N cases only")
     b.add_argument("--layouts", type=lambda v: [x for x in v.split(",") if x], default=None, metavar="A,B",
                    help="bench inline: prompt layouts to compare, from before,grid,now,warm (default before,now)")
     b.add_argument("--jumps", type=int, default=0, metavar="N",
@@ -255,6 +262,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from echoline.sidecar.bench_edits import run
     elif args.kind == "inline":
         from echoline.sidecar.bench_inline import run
+    elif args.kind == "next-edit":
+        from echoline.sidecar.bench_next_edit import run
     else:
         from echoline.engine.bench.cache import run
     result = run(args)

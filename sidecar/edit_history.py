@@ -139,20 +139,21 @@ class EditHistory:
         merge_lines: int = MERGE_LINES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._is_secret = is_secret
+        self.is_secret = is_secret
         self._path_of = path_of
         self.max_events, self.max_bytes, self.max_event_bytes = max_events, max_bytes, max_event_bytes
         self.pause_s, self.merge_lines = pause_s, merge_lines
         self._clock = clock
         self._lock = threading.Lock()
         self._texts: dict[str, str] = {}
+        self._changed_at: dict[str, float] = {}
         self._pending: _Pending | None = None
         self._events: list[EditEvent] = []  # closed events, oldest first
 
     # ---- document life cycle ---------------------------------------------------------
     def opened(self, uri: str, text: str) -> None:
         with self._lock:
-            if self._is_secret(uri):
+            if self.is_secret(uri):
                 self._texts.pop(uri, None)
                 return
             self._texts[uri] = text
@@ -160,6 +161,7 @@ class EditHistory:
     def closed(self, uri: str) -> None:
         with self._lock:
             self._texts.pop(uri, None)
+            self._changed_at.pop(uri, None)
             if self._pending is not None and self._pending.uri == uri:
                 self._close_pending()
 
@@ -167,13 +169,14 @@ class EditHistory:
         """The document's whole text after a didChange (the text before is kept here)."""
         now = self._clock()
         with self._lock:
-            if self._is_secret(uri):
+            if self.is_secret(uri):
                 self._texts.pop(uri, None)
                 if self._pending is not None and self._pending.uri == uri:
                     self._pending = None
                 return
             old = self._texts.get(uri)
             self._texts[uri] = text
+            self._changed_at[uri] = now
             if old is None:
                 return  # not seen opened: no "before" to diff against
             span = changed_span(old, text)
@@ -223,6 +226,12 @@ class EditHistory:
                     out.append(ev)
             self._trim(out)
             return out
+
+    def since_change(self, uri: str) -> float:
+        """Seconds since ``uri``'s last change (infinity: none seen): a request's debounce."""
+        with self._lock:
+            at = self._changed_at.get(uri)
+        return float("inf") if at is None else self._clock() - at
 
     def text_of(self, uri: str) -> str | None:
         """The latest text seen of ``uri`` (None: not tracked, e.g. a secret)."""

@@ -32,7 +32,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO
 
 from echoline.sidecar import config as cfg
+from echoline.sidecar import next_edit_request as nes
 from echoline.sidecar import rewrite_request, tcp_guard
+from echoline.sidecar.edit_history import EditHistory
 from echoline.sidecar.engine_choice import JobModel, job_models, load_engine, remote_status
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
@@ -151,6 +153,9 @@ class EcholineServer(LanguageServer):
         self.inline_store = InlineStore()
         self.inline_ahead = InlineAhead(self.worker, lambda: self.settings, self.inline_head_starts,
                                         self.inline_store)
+        #: The user's recent edit events, for edit predictions (secret files never enter).
+        self.edit_history = EditHistory(nes.secret_rule(lambda: self.index),
+                                        lambda uri: nes.prompt_path(uri, self.workspace.root_path))
 
     def _doc_text(self, uri: str) -> str | None:
         doc = find_document(self.workspace, uri)
@@ -538,6 +543,7 @@ def on_shutdown(ls: EcholineServer, *args: Any) -> None:
 
 def on_did_open(ls: EcholineServer, params: types.DidOpenTextDocumentParams) -> None:
     ls.inline_head_starts.opened(params.text_document.uri)
+    ls.edit_history.opened(params.text_document.uri, params.text_document.text)
     ls.buffer_changed(params.text_document.uri)
     ls.idle_prefill.changed(params.text_document.uri)
 
@@ -548,6 +554,9 @@ def on_did_change(ls: EcholineServer, params: types.DidChangeTextDocumentParams)
     ls.idle_prefill.changed(params.text_document.uri)
     ls.inline_warm.edited(params.text_document.uri)
     _edit_is_a_cursor(ls, params)
+    doc = find_document(ls.workspace, params.text_document.uri)
+    if doc is not None:
+        ls.edit_history.changed(params.text_document.uri, doc.source)
 
 
 def _edit_is_a_cursor(ls: EcholineServer, params: types.DidChangeTextDocumentParams) -> None:
@@ -572,6 +581,7 @@ def on_did_close(ls: EcholineServer, params: types.DidCloseTextDocumentParams) -
     ls.inline_ahead.closed(params.text_document.uri)
     ls.inline_store.closed(params.text_document.uri)
     ls.inline_head_starts.closed(params.text_document.uri)
+    ls.edit_history.closed(params.text_document.uri)
     if ls.index is not None:
         ls.index.close_buffer(params.text_document.uri)
 
@@ -691,6 +701,23 @@ def _inline_list(pos: types.Position, rest: str, completion: str, encoding: str)
     end = completion_end(pos, rest, completion, encoding)
     item = types.InlineCompletionItem(insert_text=completion, range=types.Range(start=pos, end=end))
     return types.InlineCompletionList(items=[item])
+
+
+async def on_next_edit(ls: EcholineServer, params: Any) -> dict[str, Any]:
+    """``echoline/nextEdit``: the predicted next edit near the cursor (sidecar/next_edit_request.py)."""
+    uri, version, pos = nes.parse(params)
+    return nes.next_edit_result(await nes.predict(ls, uri, version, pos, ls.position_encoding), _converter)
+
+
+async def on_copilot_inline_edit(ls: EcholineServer, params: Any) -> dict[str, Any]:
+    """``textDocument/copilotInlineEdit``: the same prediction in Copilot's NES shape (UTF-16)."""
+    uri, version, pos = nes.parse(params)
+    return nes.copilot_result(await nes.predict(ls, uri, version, pos, UTF16), _converter)
+
+
+def on_inline_edit_note(ls: EcholineServer, params: Any) -> None:
+    """``textDocument/didShowInlineEdit`` / ``didFocus`` from NES clients: accepted, logged."""
+    log.debug("NES client notification: %s", short(plain_params(params)))
 
 
 def on_code_action(ls: EcholineServer, params: types.CodeActionParams) -> list[types.CodeAction]:
@@ -907,6 +934,10 @@ def create_server(loader: Any = None) -> EcholineServer:
         types.CodeActionOptions(code_action_kinds=[types.CodeActionKind.RefactorRewrite]),
     )(on_code_action)
     ls.feature(CURSOR)(on_cursor)
+    ls.feature(nes.NEXT_EDIT)(on_next_edit)
+    ls.feature(nes.COPILOT_INLINE_EDIT)(on_copilot_inline_edit)
+    ls.feature(nes.DID_SHOW_INLINE_EDIT)(on_inline_edit_note)
+    ls.feature(nes.DID_FOCUS)(on_inline_edit_note)
     ls.command(CMD_REWRITE)(cmd_rewrite)
     ls.command(CMD_STATUS)(cmd_status)
     return ls

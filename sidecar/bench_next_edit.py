@@ -1,0 +1,217 @@
+"""``echoline bench next-edit``: how often an edit prediction is RIGHT, and how fast it is shown.
+
+Cases (``next_edit_cases.json`` beside this module, mined by ``tools/mine_next_edit_cases.py``
+from the commit histories of public, permissively licensed repositories; source, commit and
+licence per case): the file before, the author's first edit replayed as a ``didChange``
+(through ``sidecar.edit_history``, as the server sees it), the cursor at its end, and the
+author's next edit as the expected answer. A prediction is a HIT when applying it gives
+exactly the expected text.
+
+Systems compared on the same cases: ``nothing`` (never shows anything), ``baseline`` (no
+model: repeat the last edit's substitution at its next occurrence within the region) and
+the model (``--model``, prompt ``--format``). Per system: hit rate (hits / cases),
+precision (hits / shown), how often nothing is shown, and harm (a shown prediction that
+undoes the user's own edit; the job never shows one, ``suppressed_undo`` counts those it
+held back).
+
+Speed: each model prediction runs with exact speculation and, unless ``--no-plain``,
+again with plain decoding on the same prompt, both cold (a fresh session): the time from
+the pause to the shown edit (p50/p90), the speculation's gain, and whether the two replies
+are identical over the tokens the decision used (they must be).
+
+Prints one line per case and a summary; with ``--json`` one JSON object:
+``{"model", "format", "split", "cases", "systems": {name: {"cases", "hits", "shown",
+"hit_rate", "precision", "none_rate", "harm"}}, "speed": {...}, "results": [...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from echoline.sidecar.edit_history import EditEvent, EditHistory, changed_span
+from echoline.sidecar.next_edit import (
+    DEFAULT_FORMAT,
+    REGION_LINES,
+    Edit,
+    make_region,
+    prompt_parts,
+    run_next_edit,
+    undoes,
+)
+
+CASES_FILE = Path(__file__).with_name("next_edit_cases.json")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    split: str
+    repo: str
+    commit: str
+    licence: str
+    path: str
+    before: str
+    edited: str
+    expected: str
+    cursor: int
+
+    @property
+    def uri(self) -> str:
+        return "file:///bench/" + self.path
+
+
+def load_cases(split: str = "all", ids: list[str] | None = None, path: Path = CASES_FILE) -> list[Case]:
+    """The cases of ``split`` ("all", "tune", "heldout"), or only ``ids``."""
+    raw = json.loads(path.read_text())["cases"]
+    cases = [Case(c["id"], c["split"], c["repo"], c["commit"], c["licence"], c["path"], c["before"],
+                  c["edited"], c["expected"], c["cursor"]) for c in raw]
+    if ids:
+        unknown = set(ids) - {c.id for c in cases}
+        if unknown:
+            raise SystemExit(f"echoline bench next-edit: unknown case id(s): {', '.join(sorted(unknown))}")
+        return [c for c in cases if c.id in ids]
+    return [c for c in cases if split == "all" or c.split == split]
+
+
+def case_events(case: Case) -> list[EditEvent]:
+    """The user's edit as the server records it: opened at ``before``, changed to ``edited``."""
+    history = EditHistory(path_of=lambda _uri: case.path)
+    history.opened(case.uri, case.before)
+    history.changed(case.uri, case.edited)
+    return history.events()
+
+
+def apply(text: str, edit: Edit) -> str:
+    return text[: edit.start] + edit.text + text[edit.end :]
+
+
+def baseline_predict(text: str, cursor: int, event: EditEvent | None, region_lines: int = REGION_LINES
+                     ) -> Edit | None:  # fmt: skip
+    """No model: the last event's substitution repeated at its next occurrence in the region
+    (after the cursor first, then before it). A pure insertion repeats after the same few
+    characters that preceded it (its anchor)."""
+    if event is None:
+        return None
+    span = changed_span(event.before, event.after)
+    if span is None:
+        return None
+    s, old_end, _, _ = span
+    removed, added = event.removed, event.added
+    region = make_region(text, cursor, region_lines, region_lines)
+    lo, hi = region.start, region.end
+    if removed:
+        needle, repl, lead = removed, added, 0
+    else:
+        line_start = event.before.rfind("\n", 0, s) + 1
+        anchor = event.before[max(line_start, s - 12) : s]
+        if not anchor.strip():
+            return None
+        needle, repl, lead = anchor, anchor + added, len(anchor)
+    spots = []
+    at = text.find(needle, lo)
+    while 0 <= at and at + len(needle) <= hi:
+        spots.append(at)
+        at = text.find(needle, at + 1)
+    # not the place the user just edited, nor a place already changed
+    spots = [a for a in spots if not (removed == "" and text.startswith(added, a + lead))]
+    after = [a for a in spots if a >= cursor] + [a for a in spots if a < cursor][::-1]
+    for a in after:
+        edit = Edit(a + lead, a + len(needle), repl[lead:]) if not removed else Edit(a, a + len(needle), repl)
+        if apply(text, edit) != text:
+            return edit
+    return None
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    vals = sorted(values)
+    return round(vals[min(len(vals) - 1, int(q * len(vals)))], 3)
+
+
+def _summary(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    n = len(rows)
+    shown = sum(r[key]["shown"] for r in rows)
+    hits = sum(r[key]["hit"] for r in rows)
+    harm = sum(r[key]["harm"] for r in rows)
+    return {"cases": n, "hits": hits, "shown": shown, "hit_rate": round(hits / n, 4) if n else None,
+            "precision": round(hits / shown, 4) if shown else None,
+            "none_rate": round((n - shown) / n, 4) if n else None, "harm": harm}
+
+
+def _judge(case: Case, edit: Edit | None, event: EditEvent | None) -> dict[str, Any]:
+    if edit is None:
+        return {"shown": False, "hit": False, "harm": False}
+    return {"shown": True, "hit": apply(case.edited, edit) == case.expected,
+            "harm": event is not None and undoes(case.edited, edit, event),
+            "edit": [edit.start, edit.end, edit.text]}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from echoline.engine.api import Engine
+
+    cases = load_cases(getattr(args, "split", "all"), getattr(args, "case", []) or [])
+    limit = getattr(args, "limit", None)
+    if limit:
+        cases = cases[:limit]
+    fmt = getattr(args, "format", None) or DEFAULT_FORMAT
+    region_lines = getattr(args, "region_lines", None) or REGION_LINES
+    plain_too = not getattr(args, "no_plain", False)
+    engine = Engine.load(args.model, backend=args.backend)
+    engine.warm_up()
+    rows: list[dict[str, Any]] = []
+    spec_s: list[float] = []
+    plain_s: list[float] = []
+    identical = 0
+    for n, case in enumerate(cases):
+        events = case_events(case)
+        last = events[-1] if events else None
+        parts = prompt_parts(case.path, case.edited, case.cursor, events, case.uri, region_lines)
+        t0 = time.perf_counter()
+        out = run_next_edit(engine, parts, fmt=fmt, spec=True, session=f"bench-ne-spec-{n}")
+        spec_s.append(time.perf_counter() - t0)
+        row: dict[str, Any] = {
+            "id": case.id, "split": case.split, "repo": case.repo, "commit": case.commit, "licence": case.licence,
+            "nothing": _judge(case, None, last),
+            "baseline": _judge(case, baseline_predict(case.edited, case.cursor, last, region_lines), last),
+            "model": _judge(case, out.edits[0] if out.edits else None, last),
+            "reason": out.reason, "prompt_tokens": out.prompt_tokens, "used_tokens": out.used_tokens,
+            "spec_s": round(spec_s[-1], 3), "suppressed_undo": out.reason == "undoes the last edit",
+        }
+        if plain_too:
+            t0 = time.perf_counter()
+            ref = run_next_edit(engine, parts, fmt=fmt, spec=False, session=f"bench-ne-plain-{n}")
+            plain_s.append(time.perf_counter() - t0)
+            same = (ref.token_ids[: ref.used_tokens] == out.token_ids[: out.used_tokens]
+                    and ref.edits == out.edits)
+            identical += same
+            row.update(plain_s=round(plain_s[-1], 3), identical=same)
+        for sess in (f"bench-ne-spec-{n}", f"bench-ne-plain-{n}"):
+            engine.sessions.drop(sess)
+        rows.append(row)
+        mark = "HIT " if row["model"]["hit"] else ("miss" if row["model"]["shown"] else "none")
+        print(f"{case.id:32s} {case.split:7s} model={mark} baseline={'HIT ' if row['baseline']['hit'] else '-   '}"
+              f" {row['reason']:22s} {row['spec_s']:6.2f}s" + (f" plain {row['plain_s']:6.2f}s" if plain_too else ""),
+              flush=True)
+    systems = {k: _summary(rows, k) for k in ("nothing", "baseline", "model")}
+    speed = {"spec_p50_s": _pct(spec_s, 0.5), "spec_p90_s": _pct(spec_s, 0.9),
+             "plain_p50_s": _pct(plain_s, 0.5), "plain_p90_s": _pct(plain_s, 0.9),
+             "gain_median": round(statistics.median(p / s for p, s in zip(plain_s, spec_s, strict=False)), 3)
+             if plain_s else None,
+             "identical": identical if plain_too else None}
+    print(f"\n{'system':10s} {'hit rate':>9s} {'precision':>9s} {'none':>6s} {'harm':>5s}  (cases {len(rows)})")
+    for name, s in systems.items():
+        def f(v: Any) -> str:
+            return "-" if v is None else f"{v:.3f}"
+        print(f"{name:10s} {f(s['hit_rate']):>9s} {f(s['precision']):>9s} {f(s['none_rate']):>6s} {s['harm']:5d}")
+    print(f"speed: spec p50 {speed['spec_p50_s']} s, p90 {speed['spec_p90_s']} s; plain p50 {speed['plain_p50_s']} s; "
+          f"gain x{speed['gain_median']}; identical {speed['identical']}/{len(rows) if plain_too else '-'}")
+    return {"model": engine.model_name, "backend": engine.backend_variant, "format": fmt, "region_lines": region_lines,
+            "split": getattr(args, "split", "all"), "cases": len(rows), "systems": systems, "speed": speed,
+            "suppressed_undo": sum(r["suppressed_undo"] for r in rows), "results": rows}
