@@ -258,3 +258,20 @@ def test_check_accepts_other_correct_edits(case_id: str) -> None:
     _need_runtime(case)
     passed, output = run_check(case, apply_edit(case, _ALTERNATIVES[case_id]))
     assert passed, output
+
+
+def test_bench_picks_the_multiline_set_and_counts_runaways() -> None:
+    from echoline.sidecar.bench_edits import _runaway, pick_cases
+
+    multi = pick_cases("heldout", [], "multiline")
+    assert multi and all(c.kind == "multiline" and c.split == "heldout" for c in multi)
+    assert len(pick_cases("all", [], "all")) == len(CASES)
+    assert all(c.kind == "function" for c in pick_cases("tune", [], "function"))
+    rows = [
+        {"finish_reason": "length", "duplicates_after": False, "stopped_by": None, "refusal": None},
+        {"finish_reason": "stop", "duplicates_after": True, "stopped_by": None, "refusal": None},
+        {"finish_reason": "stop", "duplicates_after": False, "stopped_by": "repeat", "refusal": None},
+        {"finish_reason": "stop", "duplicates_after": False, "stopped_by": "too-long", "refusal": "no confident edit"},
+    ]
+    assert _runaway(rows) == {"count": 2, "length": 1, "duplicates_after": 1,
+                              "stopped": {"repeat": 1, "too-long": 1}, "refused": 1}
