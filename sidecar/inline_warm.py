@@ -64,12 +64,18 @@ class InlineWarm(BackgroundPrefill):
 
     # ---- event loop ------------------------------------------------------------------------
     def cursor(self, uri: str, version: int | None, position: types.Position) -> None:
-        """The editor's cursor in ``uri`` (at ``version``; None: the text as it is). The
+        """The editor's cursor in ``uri`` (at ``version``; None: the text as it is; a
+        didChange reports one too, at the end of its edit). The latest cursor is the only
+        one warmed: a pending or running warm-up in another document is dropped. The
         cursor an inline request was just made at (typing: the editor reports the cursor
         after each keystroke's request) is left alone: that request runs the same prompt."""
         if version is not None and self._asked.get(uri) == (version, position):
             self._drop_cursor(uri)
             return
+        for other in [u for u in self._cursor if u != uri]:
+            # The user's cursor is in one place: a warm-up elsewhere is superseded (two
+            # documents' warm-ups would otherwise cancel each other and both re-arm).
+            self._drop_cursor(other)
         self._cursor[uri] = (version, position)
         self.changed(uri)
 
