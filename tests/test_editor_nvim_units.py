@@ -112,6 +112,9 @@ def test_tab_falls_through_and_partial_accepts(nvim: str, tmp_path: Path) -> Non
     assert cases["plain"] == "x = \t1"
     assert cases["global_lua"] == {"line": "x = 1", "hits": 1}
     assert cases["accept"]["line"] == "x = compute(a, b)!"
+    # typing through a shown suggestion keeps its rest on screen; departing drops it
+    assert [s["suffix"] for s in cases["type_through"][:2]] == ["ax(a, b))", "(a, b))"]
+    assert cases["departed"][0]["suffix"] is None
 
 
 def test_toggle(nvim: str, tmp_path: Path) -> None:

@@ -251,6 +251,7 @@ elseif scenario == 'tab_fallthrough' then
       name = name,
       lines = vim.api.nvim_buf_get_lines(b, 0, -1, false),
       suffix = s and s.suffix or vim.NIL,
+      marks = #vim.api.nvim_buf_get_extmarks(b, ghost.ns, 0, -1, {}),
     }
   end
   _G.fire = function()
@@ -292,6 +293,42 @@ elseif scenario == 'tab_fallthrough' then
   feed('A<M-Right><Esc>')
   record.cases.word_fallthrough = line(b)
   eq(line(b), 'zMR', '<M-Right> without a suggestion')
+  vim.cmd('iunmap <M-Right>')
+
+  -- 10. Typing through a suggestion keeps it shown, its rest at the new cursor (the
+  -- events Neovim fires after a keystroke: CursorMovedI, then TextChangedI); a character
+  -- it does not continue with drops it. With a range item the range moves right.
+  b = scratch({ 'x = )' })
+  ghost.attach(nil, b)
+  steps = {}
+  _G.moved = function()
+    vim.api.nvim_exec_autocmds('CursorMovedI', { buffer = b })
+    vim.api.nvim_exec_autocmds('TextChangedI', { buffer = b })
+  end
+  _G.show_at = function()
+    _G.shown = ghost.show_text(b, 0, 4, 'max(a, b))', { srow = 0, scol = 4, erow = 0, ecol = 5 }) ~= nil
+  end
+  feed('0f)i<Cmd>lua show_at()<CR>m<Cmd>lua moved()<CR><Cmd>lua snap("m")<CR>'
+    .. 'ax<Cmd>lua moved()<CR><Cmd>lua snap("max")<CR>'
+    .. '<BS><Cmd>lua moved()<CR><Cmd>lua snap("bs")<CR><Esc>')
+  record.cases.type_through = steps
+  eq(steps[1].suffix, 'ax(a, b))', 'typed "m": the rest shown')
+  eq(steps[2].suffix, '(a, b))', 'typed "max": the rest shown')
+  eq(steps[2].marks, 1, 'one ghost mark after typing through')
+  b = scratch({ 'x = )' })
+  ghost.attach(nil, b)
+  steps = {}
+  feed('0f)i<Cmd>lua show_at()<CR>mi<Cmd>lua moved()<CR><Cmd>lua snap("mi")<CR>'
+    .. '<Cmd>lua show_at()<CR><Cmd>lua snap("again")<CR>'
+    .. '<Esc>')
+  eq(steps[1].suffix, vim.NIL, 'typed "mi": departed, nothing shown')
+  record.cases.departed = steps
+  b = scratch({ 'x = ' })
+  ghost.attach(nil, b)
+  steps = {}
+  feed('A<Cmd>lua show("total")<CR>to<Cmd>lua moved()<CR><Cmd>lua snap("to")<CR><Tab><Cmd>lua snap("all")<CR><Esc>')
+  eq(steps[1].suffix, 'tal', 'no range: typed "to", the rest shown')
+  eq(steps[2].lines, { 'x = total' }, 'accepting the kept rest')
 elseif scenario == 'toggle' then
   require('echoline').setup({ autostart = false })
   local ghost = require('echoline.ghost')

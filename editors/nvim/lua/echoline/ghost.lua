@@ -9,7 +9,8 @@ local M = {}
 local ns = vim.api.nvim_create_namespace('echoline_ghost')
 M.ns = ns
 
---- Shown suggestion per buffer: { row, col, text, suffix, range, tick, mark }.
+--- Shown suggestion per buffer: { row, col, text, suffix, range, tick, mark, line, kept }
+--- (`line`: the cursor's line when it was drawn; `kept`: redrawn by typing through it).
 M.current = {}
 --- Inline suggestions on or off (:EcholineToggle); :EcholineSuggest asks even when off.
 M.enabled = true
@@ -87,9 +88,47 @@ function M.show_text(bufnr, row0, col, text, range)
     range = range,
     tick = vim.b[bufnr].changedtick,
     mark = mark,
+    line = vim.api.nvim_buf_get_lines(bufnr, row0, row0 + 1, false)[1] or '',
   }
   M.current[bufnr] = cur
   return cur
+end
+
+--- Typing through the shown suggestion: when the text typed on the cursor's line since
+--- it was drawn is the start of the suggestion (the text before and after it unchanged),
+--- keep it on screen, its rest drawn at the new cursor, as the server answers the next
+--- request at once with that same rest (docs/sidecar.md, "Typing through a suggestion").
+--- True when it was kept (or is drawn there already); false: the typing departed from it.
+function M.type_through(bufnr)
+  local cur = M.current[bufnr]
+  if not cur or vim.api.nvim_get_current_buf() ~= bufnr then
+    return false
+  end
+  local c = vim.api.nvim_win_get_cursor(0)
+  local row0, col = c[1] - 1, c[2]
+  if row0 == cur.row and col == cur.col and cur.tick == vim.b[bufnr].changedtick then
+    return true
+  end
+  if row0 ~= cur.row or col <= cur.col then
+    return false
+  end
+  local line = vim.api.nvim_buf_get_lines(bufnr, row0, row0 + 1, false)[1] or ''
+  local typed = line:sub(cur.col + 1, col)
+  if line:sub(1, cur.col) ~= cur.line:sub(1, cur.col) or line:sub(col + 1) ~= cur.line:sub(cur.col + 1) then
+    return false -- an edit elsewhere on the line (an auto-inserted pair, ...)
+  end
+  if #typed >= #cur.suffix or cur.suffix:sub(1, #typed) ~= typed then
+    return false
+  end
+  local range = cur.range and vim.deepcopy(cur.range) or nil
+  if range and range.erow == row0 then
+    range.ecol = range.ecol + #typed -- the rest of the line moved right
+  end
+  local kept = M.show_text(bufnr, row0, col, cur.range and cur.text or cur.suffix:sub(#typed + 1), range)
+  if kept then
+    kept.kept = true
+  end
+  return kept ~= nil
 end
 
 --- Draw the LSP inline completion `item` at (row0, col); returns the suggestion.
@@ -351,12 +390,18 @@ function M.attach(_, bufnr)
     buffer = bufnr,
     callback = function()
       local cur = M.current[bufnr]
-      if cur and cur.tick == vim.b[bufnr].changedtick then
+      if cur and cur.tick == vim.b[bufnr].changedtick and not cur.kept then
         return -- our own partial accept: the rest is shown already
       end
-      M.clear(bufnr)
+      if not M.type_through(bufnr) then
+        M.clear(bufnr)
+      end
+      cur = M.current[bufnr]
+      if cur then
+        cur.kept = nil
+      end
       if o.auto_trigger and M.enabled then
-        schedule(bufnr)
+        schedule(bufnr) -- kept or not: the server answers a kept one's rest at once
       end
     end,
   })
@@ -367,7 +412,8 @@ function M.attach(_, bufnr)
       local cur = M.current[bufnr]
       if cur then
         local c = vim.api.nvim_win_get_cursor(0)
-        if c[1] - 1 ~= cur.row or c[2] ~= cur.col then
+        -- (CursorMovedI comes before TextChangedI: a keystroke typed through it keeps it)
+        if (c[1] - 1 ~= cur.row or c[2] ~= cur.col) and not M.type_through(bufnr) then
           M.clear(bufnr)
         end
       end
