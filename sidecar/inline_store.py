@@ -89,7 +89,8 @@ class InlineStore:
         self._shown: dict[str, Shown] = {}
         self._recent: OrderedDict[tuple[str, bytes, Hashable], str] = OrderedDict()
         self._per_doc, self._total = per_doc, total
-        self.hits = {"typed": 0, "recent": 0}
+        #: answers without a run, by source, and lookups that found none (for status)
+        self.hits = {"typed": 0, "recent": 0, "misses": 0}
 
     def lookup(self, uri: str, prefix: str, suffix: str, tag: Hashable) -> Hit | None:
         """The answer for the cursor between ``prefix`` and ``suffix`` without a model run,
@@ -105,6 +106,7 @@ class InlineStore:
             key = (uri, _digest(prefix, suffix), tag)
             text = self._recent.get(key)
             if text is None:
+                self.hits["misses"] += 1
                 return None
             self._recent.move_to_end(key)
             self.hits["recent"] += 1

@@ -176,6 +176,29 @@ def test_nvim_ghost_text_shown_and_accepted(nvim: str, tmp_path: Path) -> None:
     assert record["cursor"][0] == row + suffix.count("\n")
 
 
+def test_nvim_typing_through_a_suggestion_keeps_it(nvim: str, tmp_path: Path) -> None:
+    """Typing the start of the ghost text keeps its rest on screen (no flicker), and the
+    server answers the next request with that rest with no model run."""
+    row, col = 13, len("    print(")
+    lines = SAMPLE.splitlines(keepends=True)
+    lines[row - 1] = lines[row - 1][:col] + "\n"
+    before = "".join(lines)
+    src = tmp_path / "sample.py"
+    src.write_text(before)
+    record, rc, log = run_scenario(nvim, tmp_path, "type_through", row=row, col=col)
+    assert rc == 0, f"{record.get('error')}\n{log}"
+    first, typed = record["first"]["suffix"], record["typed"]
+    rest = first[len(typed):]
+    assert first.startswith(typed) and rest
+    assert record["kept"]["suffix"] == rest and record["kept"]["col"] == col + len(typed), record
+    assert record["kept_mark"]["text"] == rest.split("\n")[0] and record["kept_mark"]["col"] == col + len(typed)
+    assert record["second"]["suffix"] == rest, record
+    b, a = record["store_before"], record["store_after"]
+    assert a["typed"] == b["typed"] + 1 and a["misses"] == b["misses"], (b, a)
+    offset = len("".join(lines[: row - 1])) + col
+    assert src.read_text().startswith(before[:offset] + first)
+
+
 def test_nvim_cancelled_rewrite_leaves_buffer_untouched(nvim: str, tmp_path: Path) -> None:
     src = tmp_path / "sample.py"
     src.write_text(SAMPLE)

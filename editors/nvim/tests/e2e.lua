@@ -195,6 +195,63 @@ elseif scenario == 'ghost' then
   record.cursor = vim.api.nvim_win_get_cursor(0)
   record.buffer = vim.api.nvim_buf_get_lines(bufnr, 0, -1, false)
   vim.cmd('write')
+elseif scenario == 'type_through' then
+  -- A suggestion is shown; the user types its first characters: the plugin keeps the rest
+  -- on screen at once, and the server answers the next request with that same rest from
+  -- its store of shown suggestions, with no model run (echoline.status's inlineStore).
+  local row, col = lines_env('ECHOLINE_TEST_ROW'), lines_env('ECHOLINE_TEST_COL')
+  vim.o.virtualedit = 'onemore'
+  vim.api.nvim_win_set_cursor(0, { row, col })
+  local function suggest()
+    local got, answered = nil, false
+    local t0 = vim.uv.hrtime()
+    echoline.suggest(bufnr, {
+      on_result = function(s)
+        answered = true
+        got = s
+      end,
+    })
+    wait('the inline completion', function() return answered end)
+    return got, (vim.uv.hrtime() - t0) / 1e6
+  end
+  local function status()
+    local res
+    client:request('workspace/executeCommand', { command = 'echoline.status', arguments = {} }, function(_, r)
+      res = r or {}
+    end, bufnr)
+    wait('echoline.status', function() return res ~= nil end, 30000)
+    return res.inlineStore
+  end
+  local first = suggest()
+  if not first then
+    fail('no ghost text was shown (empty or no completion)')
+  end
+  record.first = { text = first.text, suffix = first.suffix }
+  local n = math.min(2, #first.suffix - 1)
+  local typed = first.suffix:sub(1, n)
+  if n < 1 or typed:find('\n') then
+    fail('the suggestion is too short to type through: ' .. vim.inspect(first.suffix))
+  end
+  record.typed = typed
+  local before = status()
+  -- the keystrokes, as Neovim delivers them in Insert mode: the text, the cursor, the events
+  vim.api.nvim_buf_set_text(bufnr, row - 1, col, row - 1, col, { typed })
+  vim.api.nvim_win_set_cursor(0, { row, col + n })
+  vim.api.nvim_exec_autocmds('CursorMovedI', { buffer = bufnr })
+  vim.api.nvim_exec_autocmds('TextChangedI', { buffer = bufnr })
+  local kept = require('echoline.ghost').get(bufnr)
+  local marks = vim.api.nvim_buf_get_extmarks(bufnr, require('echoline.ghost').ns, 0, -1, { details = true })
+  record.kept = kept and { suffix = kept.suffix, row = kept.row, col = kept.col } or vim.NIL
+  record.kept_mark = marks[1] and { row = marks[1][2], col = marks[1][3], text = marks[1][4].virt_text[1][1] }
+    or vim.NIL
+  local second, ms = suggest()
+  record.second = second and { text = second.text, suffix = second.suffix } or vim.NIL
+  record.second_ms = ms
+  record.store_before, record.store_after = before, status()
+  if not echoline.accept(bufnr) then
+    fail('accept() found no suggestion')
+  end
+  vim.cmd('write')
 elseif scenario == 'cancel' then
   local l1, l2 = lines_env('ECHOLINE_TEST_LINE1'), lines_env('ECHOLINE_TEST_LINE2')
   local done, reason = false, nil
