@@ -894,6 +894,9 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         except Exception:
             out["sourceMemoryBytes"] = out["tokenCacheBytes"] = None
     out["recentJobs"] = [job.summary() for job in list(ls.worker.finished)]
+    # inline answers with no model run (typed through a suggestion, recent) and those that
+    # ran (misses), and the completions computed ahead (sidecar/inline_store.py)
+    out["inlineStore"] = {**ls.inline_store.hits, "ahead": ls.inline_ahead.runs}
     # Handlers running + requests to the client unanswered (this command's own two
     # included): flat over a session, or something leaks (see EcholineProtocol).
     out["pendingFutures"] = ls.protocol.pending_futures()
