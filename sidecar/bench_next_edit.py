@@ -9,7 +9,8 @@ exactly the expected text.
 
 Systems compared on the same cases: ``nothing`` (never shows anything), ``baseline`` (no
 model: repeat the last edit's substitution at its next occurrence within the region) and
-the model (``--model``, prompt ``--format``). Per system: hit rate (hits / cases),
+the model (``--model``, prompt ``--format``), and ``gated``: the model's prediction shown
+only when it repeats the user's last change (``repeats_last``). Per system: hit rate (hits / cases),
 precision (hits / shown), how often nothing is shown, and harm (a shown prediction that
 undoes the user's own edit; the job never shows one, ``suppressed_undo`` counts those it
 held back).
@@ -128,6 +129,22 @@ def baseline_predict(text: str, cursor: int, event: EditEvent | None, region_lin
     return None
 
 
+def repeats_last(text: str, edit: Edit, event: EditEvent | None) -> bool:
+    """Whether ``edit`` makes the same kind of change as ``event``: what it adds holds what
+    the event added (or, for a deletion, it removes what the event removed). The gate of
+    the ``gated`` system: the model's prediction shown only when it repeats the user's edit."""
+    if event is None:
+        return False
+    span = changed_span(text[edit.start : edit.end], edit.text)
+    if span is None:
+        return False
+    s, old_end, new_end, _ = span
+    removed, added = text[edit.start + s : edit.start + old_end], edit.text[s:new_end]
+    if event.added.strip():
+        return event.added.strip() in added or event.added.strip() in edit.text
+    return bool(event.removed.strip()) and event.removed.strip() in removed
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -181,6 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "nothing": _judge(case, None, last),
             "baseline": _judge(case, baseline_predict(case.edited, case.cursor, last, region_lines), last),
             "model": _judge(case, out.edits[0] if out.edits else None, last),
+            "gated": _judge(case, out.edits[0] if out.edits and repeats_last(case.edited, out.edits[0], last)
+                            else None, last),
             "reason": out.reason, "prompt_tokens": out.prompt_tokens, "used_tokens": out.used_tokens,
             "spec_s": round(spec_s[-1], 3), "suppressed_undo": out.reason == "undoes the last edit",
         }
@@ -199,7 +218,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"{case.id:32s} {case.split:7s} model={mark} baseline={'HIT ' if row['baseline']['hit'] else '-   '}"
               f" {row['reason']:22s} {row['spec_s']:6.2f}s" + (f" plain {row['plain_s']:6.2f}s" if plain_too else ""),
               flush=True)
-    systems = {k: _summary(rows, k) for k in ("nothing", "baseline", "model")}
+    systems = {k: _summary(rows, k) for k in ("nothing", "baseline", "model", "gated")}
     speed = {"spec_p50_s": _pct(spec_s, 0.5), "spec_p90_s": _pct(spec_s, 0.9),
              "plain_p50_s": _pct(plain_s, 0.5), "plain_p90_s": _pct(plain_s, 0.9),
              "gain_median": round(statistics.median(p / s for p, s in zip(plain_s, spec_s, strict=False)), 3)

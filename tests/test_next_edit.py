@@ -122,7 +122,8 @@ def qwen():
 def test_shown_edit_is_plain_decodings(qwen, fmt: str) -> None:
     """Speculative (early stop) == plain (early stop) == plain to the end, over the tokens
     the decision used, and the same edit, on bench prompts (token ids compared)."""
-    picked = [c for c in load_cases("tune")][:2]
+    # one prompt whose reply shows a hunk (filesep), one whose reply copies the region
+    picked = load_cases(ids=["click-051725fa7e", "click-b24209a225-2"])
     assert FORMATS[fmt]
     for n, case in enumerate(picked):
         parts = prompt_parts(case.path, case.edited, case.cursor, case_events(case), case.uri)
@@ -136,3 +137,16 @@ def test_shown_edit_is_plain_decodings(qwen, fmt: str) -> None:
         assert len(full.token_ids) >= len(plain.token_ids)  # the stop cut the reply, or it ended itself
         for s in (f"t-spec-{fmt}-{n}", f"t-plain-{fmt}-{n}", f"t-full-{fmt}-{n}"):
             qwen.sessions.drop(s)
+
+
+def test_gate_keeps_only_repeats_of_the_last_change() -> None:
+    from echoline.sidecar.bench_next_edit import repeats_last
+
+    h = EditHistory()
+    h.opened("u", "print(x)\nprint(y)\n")
+    h.changed("u", "log(x)\nprint(y)\n")
+    ev = h.events()[-1]
+    text = "log(x)\nprint(y)\n"
+    assert repeats_last(text, Edit(7, 12, "log"), ev)
+    assert not repeats_last(text, Edit(13, 14, "z"), ev)
+    assert not repeats_last(text, Edit(7, 12, "print"), None)
