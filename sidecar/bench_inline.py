@@ -41,6 +41,10 @@ keystroke there instead: Enter and the line's indentation typed at the cursor (t
 goes back before the next jump), the ``warm`` layout's warm-up run at the cursor before
 the keystroke, as the server runs it while the user reads.
 
+``--typing``: instead, a plain LSP client types into a real-size file through the real
+server, a request per keystroke (``sidecar/bench_inline_typing.py``); the object then holds
+``model``, ``backend``, ``suffix_tokens``, ``sources``, ``speculation`` and ``typing_lsp``.
+
 A table on stderr; with ``--json`` one object on stdout's last line: ``{"model", "backend",
 "suffix_tokens", "sources", "step", "speculation", "jumps", "first_key", "layouts": {"before"|"grid"|"now":
 {"typing": {"requests", "median_s", "mean_s", "p90_s", "median_prefilled", "mean_prefilled"},
@@ -157,6 +161,12 @@ def _timing(ts: list[float], ps: list[int]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "typing", False):  # a plain LSP client typing (sidecar/bench_inline_typing.py)
+        from echoline.sidecar.bench_inline_typing import run_typing
+
+        typing = run_typing(args)
+        return {"model": args.model, "backend": args.backend, "suffix_tokens": args.suffix_tokens,
+                "sources": [typing["source"]], "speculation": not args.no_spec, "typing_lsp": typing}
     from echoline.engine.api import Engine
     from echoline.engine.bench.traffic import source_paths
 

@@ -200,6 +200,7 @@ def test_vscode_rewrite_and_inline_suggestion(
             E2E_INSTRUCTION=instruction,
             E2E_GHOST_LINE="13",  # '    print(message)' cut back to '    print('
             E2E_GHOST_BACKSPACE="8",
+            E2E_GHOST_TYPE_THROUGH="2",  # type the ghost text's first characters before Tab
             E2E_PREVIEW_LINE1=str(p_line1),
             E2E_PREVIEW_LINE2=str(p_line2),
             E2E_PREVIEW_INSTRUCTION=p_instruction,
@@ -234,6 +235,14 @@ def test_vscode_rewrite_and_inline_suggestion(
     assert ghost
     # Line 13 was cut back to '    print(' in the editor; committing the suggestion
     # completed it with exactly the ghost text shown.
+    # Typing its first characters kept the rest on screen, right after each keystroke and
+    # after the server's answer (its rest, from the store of shown suggestions).
+    first = record["ghostText"].splitlines()[0]
+    for step in record["typeThrough"]:
+        rest = first[len(step["typed"]):].rstrip()
+        assert step["now"].split("\n")[0].rstrip() == rest, (step, first)
+        assert step["later"].split("\n")[0].rstrip() == rest, (step, first)
+    assert len(record["typeThrough"]) == min(2, len(first) - 1)
     ghost_line = record["afterGhost"].splitlines()[12]
     assert ghost_line == "    print(" + record["ghostText"].splitlines()[0].rstrip(), (ghost_line, record["ghostText"])
     # The rewrite went through the server (apply mode) and was saved: the file equals

@@ -147,6 +147,18 @@ async function main() {
       out.ghostText = parts.join('\n').replace(/\u00a0/g, ' ');
       if (env.E2E_GHOST_SCREENSHOT) await page.screenshot({ path: env.E2E_GHOST_SCREENSHOT });
       step('ghost shown', { ghost: out.ghostText });
+      // Typing through it: each typed character the start of the ghost text, the rest
+      // stays on screen (read after each keystroke and after the server's answer).
+      out.typeThrough = [];
+      const through = Math.min(Number(env.E2E_GHOST_TYPE_THROUGH || 0), out.ghostText.split('\n')[0].length - 1);
+      for (let i = 0; i < through; i++) {
+        await page.keyboard.type(out.ghostText[i]);
+        const now = (await ghost.allInnerTexts()).join('\n').replace(/\u00a0/g, ' ');
+        await page.waitForTimeout(400);
+        const later = (await ghost.allInnerTexts()).join('\n').replace(/\u00a0/g, ' ');
+        out.typeThrough.push({ typed: out.ghostText.slice(0, i + 1), now, later });
+      }
+      if (through > 0) step('typed through', { steps: out.typeThrough });
       await page.keyboard.press('Tab');
       await waitFor('the ghost text to be committed', async () => (await ghost.count()) === 0, 10000);
       await page.keyboard.press('Control+S');
