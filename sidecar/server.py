@@ -682,6 +682,8 @@ async def on_inline_completion(
         return types.InlineCompletionList(items=[])
     completion = out.text
     ls.note_stats(out.stats)
+    ls.inline_store.last_run = {k: out.stats.get(k) for k in (
+        "prompt_tokens", "prefilled_tokens", "generated_tokens", "ttft_s", "total_s")}
     ls.inline_store.shown(uri, prefix, suffix, completion, tag)
     ls.inline_ahead.after(uri, prefix, suffix, rest, completion, tag)
     return _inline_list(pos, rest, completion, encoding)
@@ -896,7 +898,8 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     out["recentJobs"] = [job.summary() for job in list(ls.worker.finished)]
     # inline answers with no model run (typed through a suggestion, recent) and those that
     # ran (misses), and the completions computed ahead (sidecar/inline_store.py)
-    out["inlineStore"] = {**ls.inline_store.hits, "ahead": ls.inline_ahead.runs}
+    out["inlineStore"] = {**ls.inline_store.hits, "ahead": ls.inline_ahead.runs,
+                          "lastRun": ls.inline_store.last_run}
     # Handlers running + requests to the client unanswered (this command's own two
     # included): flat over a session, or something leaks (see EcholineProtocol).
     out["pendingFutures"] = ls.protocol.pending_futures()
