@@ -112,6 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--first-key", action="store_true",
                    help="bench inline: each jump's request follows a keystroke there (Enter and the line's "
                         "indentation); the warm layout's warm-up runs at the cursor before it")
+    b.add_argument("--typing", action="store_true",
+                   help="bench inline: a plain LSP client types into a file (default: the stdlib's difflib.py) "
+                        "one character at a time through the real server, a request per keystroke")
+    b.add_argument("--places", type=int, default=4, metavar="N",
+                   help="bench inline --typing: lines retyped, each after an edit there (default 4)")
+    b.add_argument("--keystrokes", type=int, default=0, metavar="N",
+                   help="bench inline --typing: keystrokes per place (default 0: the whole line)")
+    b.add_argument("--edit-pause", type=float, default=1.0, metavar="S",
+                   help="bench inline --typing: seconds between the edit at a place and its first keystroke "
+                        "(default 1)")
     b.add_argument("--reply-history", type=int, default=None, metavar="N",
                    help="bench spec: earlier replies the engine keeps as draft sources (default 4; "
                         "0 = none, to measure followup traffic without them)")

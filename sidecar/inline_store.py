@@ -34,6 +34,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Any
 
 RECENT_PER_DOC = 32  # results kept per document for undo/backspace
 RECENT_TOTAL = 256  # and in all
@@ -91,6 +92,8 @@ class InlineStore:
         self._per_doc, self._total = per_doc, total
         #: answers without a run, by source, and lookups that found none (for status)
         self.hits = {"typed": 0, "recent": 0, "misses": 0}
+        #: the figures of the last inline request that ran the model (set by the server)
+        self.last_run: dict[str, Any] | None = None
 
     def lookup(self, uri: str, prefix: str, suffix: str, tag: Hashable) -> Hit | None:
         """The answer for the cursor between ``prefix`` and ``suffix`` without a model run,
