@@ -294,7 +294,7 @@ class EcholineServer(LanguageServer):
             NOTIFY_STATUS,
             {
                 "state": state,
-                "model": self.worker.model_label or self.settings.model,
+                "model": self.worker.model_of(PRIMARY) or self.settings.model,
                 "message": message or (self.worker.error or ""),
                 "tokS": round(self.last_tok_s, 2),
                 "acceptance": round(self.last_acceptance, 4),
@@ -858,7 +858,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     """Model state, settings and index figures; with {uri}, whether that file is indexed."""
     out: dict[str, Any] = {
         "state": ls.worker.state,
-        "model": ls.worker.model_label or ls.settings.model,
+        "model": ls.worker.model_of(PRIMARY) or ls.settings.model,
         "error": ls.worker.error,
         "settings": cfg.as_lsp_dict(ls.settings),
         "tokS": ls.last_tok_s,
@@ -899,6 +899,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     # inline answers with no model run (typed through a suggestion, recent) and those that
     # ran (misses), and the completions computed ahead (sidecar/inline_store.py)
     out["inlineStore"] = {**ls.inline_store.hits, "ahead": ls.inline_ahead.runs,
+                          "aheadKept": ls.inline_ahead.kept, "aheadPending": ls.inline_ahead.pending,
                           "lastRun": ls.inline_store.last_run}
     # Handlers running + requests to the client unanswered (this command's own two
     # included): flat over a session, or something leaks (see EcholineProtocol).

@@ -177,3 +177,31 @@ def test_a_failed_inline_load_leaves_the_rewrite_engine_alone() -> None:
         assert gate.is_set()
     finally:
         w.stop()
+
+
+def test_doctor_says_which_model_does_what(smollm2_path: Path, gemma_path: Path) -> None:
+    """``echoline doctor`` reports each job's model and why (``jobs``, ``modelSummary``, a
+    ``models`` check), checks each job's file, and keeps ``model`` the rewrite job's."""
+    import json
+    import subprocess
+    import sys
+
+    from echoline.engine.setup_check import setup_report
+
+    report = setup_report("smollm2", "auto", inline_model="gemma3-270m")
+    assert report["model"]["path"] == str(smollm2_path)
+    assert {j: (m["model"], m["reason"]) for j, m in report["jobs"].items()} == {
+        "rewrite": ("smollm2", "--model"), "inline": ("gemma3-270m", "--inline-model")}
+    assert report["jobs"]["inline"]["file"]["path"] == str(gemma_path)
+    names = {c["name"]: c for c in report["checks"]}
+    assert names["inline model"]["ok"] and "inline: gemma3-270m" in names["models"]["detail"]
+    assert report["modelSummary"] == "rewrite: smollm2 (--model) · inline: gemma3-270m (--inline-model)"
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "echoline", "doctor", "--rewrite-model", "gemma3-270m",
+                           "--inline-model", "auto", "--json"], cwd=root, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0 and out["jobs"]["rewrite"]["model"] == "gemma3-270m"
+    assert out["jobs"]["inline"] == {**out["jobs"]["inline"], "model": FASTEST, "reason": "fastest"}
+    assert "models: rewrite: gemma3-270m (--rewrite-model)" in proc.stderr
