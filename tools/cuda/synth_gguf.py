@@ -111,8 +111,8 @@ def copy_keys(w: gguf.GGUFWriter, reader: gguf.GGUFReader, vocab: int) -> None:
     """Every key of ``reader`` but the format's and the architecture's own, the token list
     padded to ``vocab`` with llama.cpp's unused ``[PADn]`` tokens (as 7B files have)."""
     for f in reader.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture" or f.name.startswith("qwen2."):
-            continue
+        if f.name.startswith(("GGUF.", "qwen2.")) or f.name in ("general.architecture", "general.file_type"):
+            continue  # the shape's own keys are written by hparams; the source's file type is not ours
         vtype = f.types[0]
         val = f.contents()
         sub = f.types[-1] if vtype == VT.ARRAY else None
