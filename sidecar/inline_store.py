@@ -102,8 +102,10 @@ class InlineStore:
             shown = self._shown.get(uri)
             if shown is not None:
                 n = typed_through(shown, prefix, suffix) if shown.tag == tag else None
+                key = (uri, _digest(prefix, suffix), tag)
                 if n is not None:
                     self.hits["typed"] += 1
+                    self._keep(key, shown.text[n:])  # an undo back to here answers it too
                     return Hit(shown.text[n:], "typed", n)
                 del self._shown[uri]  # the typing departed from it
             key = (uri, _digest(prefix, suffix), tag)
@@ -132,15 +134,17 @@ class InlineStore:
 
     def remember(self, uri: str, prefix: str, suffix: str, text: str, tag: Hashable) -> None:
         """Keep a result (empty included: "nothing to suggest here" costs a run too)."""
-        key = (uri, _digest(prefix, suffix), tag)
         with self._lock:
-            self._recent[key] = text
-            self._recent.move_to_end(key)
-            mine = [k for k in self._recent if k[0] == uri]
-            for k in mine[: max(0, len(mine) - self._per_doc)]:
-                del self._recent[k]
-            while len(self._recent) > self._total:
-                self._recent.popitem(last=False)
+            self._keep((uri, _digest(prefix, suffix), tag), text)
+
+    def _keep(self, key: tuple[str, bytes, Hashable], text: str) -> None:  # holds the lock
+        self._recent[key] = text
+        self._recent.move_to_end(key)
+        mine = [k for k in self._recent if k[0] == key[0]]
+        for k in mine[: max(0, len(mine) - self._per_doc)]:
+            del self._recent[k]
+        while len(self._recent) > self._total:
+            self._recent.popitem(last=False)
 
     def on_screen(self, uri: str) -> Shown | None:
         with self._lock:

@@ -138,6 +138,12 @@ class InlineAhead:
         self._store = store
         self._target: dict[str, tuple[str, str, Hashable, Job]] = {}
         self.runs = 0  # jobs submitted (tests and the bench read it)
+        self.kept = 0  # completions computed ahead and kept
+
+    @property
+    def pending(self) -> bool:
+        """Whether a completion ahead is queued or running."""
+        return any(not t[3].future.done() for t in list(self._target.values()))
 
     def after(self, uri: str, prefix: str, suffix: str, rest: str, completion: str, tag: Hashable) -> None:
         """``completion`` is now shown between ``prefix`` and ``suffix`` (``rest``: the rest
@@ -155,6 +161,7 @@ class InlineAhead:
 
         def keep(text: str) -> None:
             self._store.remember(uri, new_prefix, new_suffix, text, tag)
+            self.kept += 1
 
         job = self._worker.submit(
             ahead_job(new_prefix, new_suffix, uri, s.inline_max_tokens, s.speculation, s.inline_suffix_tokens,

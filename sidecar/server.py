@@ -899,6 +899,7 @@ async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
     # inline answers with no model run (typed through a suggestion, recent) and those that
     # ran (misses), and the completions computed ahead (sidecar/inline_store.py)
     out["inlineStore"] = {**ls.inline_store.hits, "ahead": ls.inline_ahead.runs,
+                          "aheadKept": ls.inline_ahead.kept, "aheadPending": ls.inline_ahead.pending,
                           "lastRun": ls.inline_store.last_run}
     # Handlers running + requests to the client unanswered (this command's own two
     # included): flat over a session, or something leaks (see EcholineProtocol).

@@ -22,6 +22,10 @@ def test_typing_through_a_shown_suggestion_answers_its_rest() -> None:
         assert (hit.source, P + C[:n] + hit.text) == ("typed" if n else "typed", P + C)
     # backspace inside the typed part: still the same suggestion's rest
     assert store.lookup(URI, P + C[:3], S, TAG).text == C[3:]
+    # departed, then undone back to a typed-through state: its answer was kept
+    assert store.lookup(URI, P + C[:3] + "#", S, TAG) is None
+    hit = store.lookup(URI, P + C[:3], S, TAG)
+    assert hit is not None and (hit.text, hit.source) == (C[3:], "recent")
 
 
 def test_departing_drops_the_suggestion() -> None:
