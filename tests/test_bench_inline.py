@@ -83,3 +83,30 @@ def test_bench_inline_first_key_after_a_warm_up(tmp_path: Path) -> None:
     assert now["requests"] == warm["requests"] == 6
     assert 1 < warm["median_prefilled"] <= 16 + 8, warm
     assert warm["mean_prefilled"] < now["mean_prefilled"], (warm, now)
+
+
+@pytest.mark.slow
+def test_bench_inline_typing_through_the_server(fim_model: Path, tmp_path: Path) -> None:
+    """``--typing``: a plain LSP client types into a file through the real server, a request
+    per keystroke; every keystroke is counted once (typed through, recent or a model run),
+    each place's first keystroke apart, and the server's own counters agree."""
+    from echoline.sidecar.bench_inline import run
+    from echoline.sidecar.bench_inline_typing import places
+
+    src = tmp_path / "module.py"
+    src.write_text("".join(f"def f{i}(a, b):\n    total_value = a * {i} + b * 2\n    return total_value\n\n"
+                          for i in range(30)))
+    assert len(places(src.read_text(), 3)) == 3
+    args = argparse.Namespace(model=str(fim_model), backend="auto", source=[str(src)], step=4, positions=1,
+                              suffix_tokens=32, no_spec=False, typing=True, places=2, keystrokes=4, edit_pause=0.2)
+    out = run(args)
+    assert out["sources"] == ["module.py"] and out["suffix_tokens"] == 32
+    t = out["typing_lsp"]
+    assert t["places"] == 2 and t["keystrokes"]["n"] == 8
+    assert t["typed_through"]["n"] + t["recent"]["n"] + t["model"]["n"] == 8
+    assert t["first_after_edit"]["n"] == 2 and len(t["first_after_edit"]["values"]) == 2
+    assert t["server"]["typed"] == t["typed_through"]["n"] and t["server"]["recent"] == t["recent"]["n"]
+    assert t["breakdown"]["prefill"]["n"] == t["model"]["n"]
+    assert t["quality"]["positions"] == 1 and t["line_exact"]["keystrokes"] == 8
+    for key in ("p50_s", "p90_s", "max_s"):
+        assert t["keystrokes"][key] is not None and t["keystrokes"][key] >= 0
