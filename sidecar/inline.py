@@ -145,6 +145,23 @@ def accepted(prefix: str, suffix: str, rest_of_line: str, completion: str) -> tu
     return prefix + completion, after
 
 
+def line_end(completion: str) -> int | None:
+    """Where a completion that continues the cursor's line ends: at that line's end, once
+    its first line has some text (None while it has none: a reply that goes to the next
+    line first is a new block, judged by ``block_end``). Why: while the user types within a
+    line, the suggestion that matters is the rest of that line (the issue #51 layout, as
+    Copilot-class tools answer mid-line); the lines after it cost a decode step each, on
+    every keystroke. The cut is a stop rule: the text is a prefix of the plain reply."""
+    cut = completion.find("\n")
+    return cut if cut > 0 and completion[:cut].strip() else None
+
+
+def typing_in_line(cursor_line: str) -> bool:
+    """Whether a request stops at the line's end (``line_end``): text before the cursor on
+    its line (the user is typing within it), not only indentation."""
+    return bool(cursor_line.strip())
+
+
 def inline_session(uri: str) -> str:
     """The engine session of ``uri``'s inline prompts (the requests and the warm-up share it)."""
     return "inline:" + uri
@@ -179,7 +196,7 @@ def inline_job(
     prefix: str, suffix: str, cursor_line: str, uri: str, max_tokens: int, spec: bool,
     suffix_tokens: int | None = None, *, auto_suffix: bool = True,
     anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None, edits: int | None = None,
-    session: str | None = None, record: bool = True, chunked: bool = False,
+    session: str | None = None, record: bool = True, chunked: bool = False, line_stop: bool | None = None,
 ) -> Callable[[Any, threading.Event], InlineOutcome]:  # fmt: skip
     """The worker job completing at the cursor: text before it (``prefix``), after it
     (``suffix``), the cursor line up to the cursor, the buffer's session name part.
@@ -193,12 +210,19 @@ def inline_job(
     when the job runs). ``session`` (default ``inline_session(uri)``), ``record`` (False:
     read the kept head start but leave it, as a warm-up does) and ``chunked`` (prefill the
     prompt in background chunks first, so a cancel waits for at most one) serve the
-    background completion ``ahead_job``; the reply is the same either way."""
+    background completion ``ahead_job``; the reply is the same either way. ``line_stop``:
+    end the completion at its first line's end (``line_end``); None: when the user types
+    within the cursor's line (``typing_in_line``)."""
     healed, removed = heal_prefix(prefix)
     indent = indentation(cursor_line)
+    one_line = typing_in_line(cursor_line) if line_stop is None else line_stop
 
     def removed_ws(generated: str) -> str:
         return unheal(generated, removed)
+
+    def stop_at(text: str) -> int | None:
+        cut = line_end(text) if one_line else None
+        return cut if cut is not None else block_end(text, indent)
 
     def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
         prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, record, edits)
@@ -216,7 +240,7 @@ def inline_job(
         def on_token(ev: Any) -> None:
             # A control token (a FIM model's <|fim_suffix|>, <|file_sep|>, ...) ends the
             # middle: its text must never reach the user's buffer.
-            if any(is_control(t) for t in ev.new_ids) or block_end(removed_ws(ev.text), indent) is not None:
+            if any(is_control(t) for t in ev.new_ids) or stop_at(removed_ws(ev.text)) is not None:
                 ended.set()
                 cancel.set()
 
@@ -233,8 +257,10 @@ def inline_job(
             return InlineOutcome(None, stats, prompt.mode)
         ids = list(result.token_ids)
         cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
-        generated = result.text if cut is None else tok.decode(ids[:cut])
-        return InlineOutcome(finish_completion(removed_ws(generated), indent), stats, prompt.mode)
+        generated = removed_ws(result.text if cut is None else tok.decode(ids[:cut]))
+        end = line_end(generated) if one_line else None
+        return InlineOutcome(finish_completion(generated if end is None else generated[:end], indent), stats,
+                             prompt.mode)
 
     return job
 

@@ -543,6 +543,7 @@ def on_shutdown(ls: EcholineServer, *args: Any) -> None:
 
 def on_did_open(ls: EcholineServer, params: types.DidOpenTextDocumentParams) -> None:
     ls.inline_head_starts.opened(params.text_document.uri)
+    ls.inline_store.closed(params.text_document.uri)  # a fresh open: nothing shown yet
     ls.edit_history.opened(params.text_document.uri, params.text_document.text)
     ls.buffer_changed(params.text_document.uri)
     ls.idle_prefill.changed(params.text_document.uri)

@@ -50,6 +50,7 @@ import time  # noqa: E402
 
 import pytest  # noqa: E402
 import pytest_asyncio  # noqa: E402
+from echoline.sidecar.inline import line_end, typing_in_line  # noqa: E402
 from echoline.sidecar.lsp_utils import plain_params  # noqa: E402
 from echoline.sidecar.prompts import finish_completion, indentation, unheal  # noqa: E402
 from lsprotocol import types  # noqa: E402
@@ -212,7 +213,9 @@ def check_reply(
     assert run["token_ids"] and plain.token_ids[: len(run["token_ids"])] == run["token_ids"]
     cursor_line = prefix.rsplit("\n", 1)[-1]
     reply = unheal(reply_text(run["token_ids"]), removed)
-    expected = finish_completion(reply, indentation(cursor_line))
+    # typing within a line, the completion ends at that line's end (a stop rule: a prefix)
+    cut = line_end(reply) if typing_in_line(cursor_line) else None
+    expected = finish_completion(reply if cut is None else reply[:cut], indentation(cursor_line))
     assert isinstance(res, types.InlineCompletionList)
     if not expected:
         assert res.items == []

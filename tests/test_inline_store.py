@@ -78,3 +78,13 @@ def test_accepting_moves_the_cursor_past_the_suggestion() -> None:
     assert accepted("x = f(", ")\ny", ")", "a, b)") == ("x = f(a, b)", "\ny")
     # and a blank rest of the line
     assert accepted("x = ", "   \ny", "   ", "1") == ("x = 1", "\ny")
+
+
+def test_typing_within_a_line_stops_at_its_end() -> None:
+    from echoline.sidecar.inline import line_end, typing_in_line
+
+    assert typing_in_line("    x = f(") and not typing_in_line("    ") and not typing_in_line("")
+    assert line_end("a, b)\n    return x") == len("a, b)")
+    assert line_end("a, b)") is None  # the line goes on
+    assert line_end("\n    return x\n") is None  # a reply that starts a new line: a block
+    assert line_end("  \n    return x") is None

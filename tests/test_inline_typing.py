@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from echoline.sidecar.inline import line_end, typing_in_line
 from echoline.sidecar.lsp_utils import plain_params
 from echoline.sidecar.prompts import finish_completion, indentation, unheal
 from lsprotocol import types
@@ -118,8 +119,10 @@ def plain_suggestion(reference: Any, run: dict[str, Any], prefix: str) -> str:
     plain = reference.generate(run["prompt"], max_tokens=MAX, spec=False)
     assert plain.token_ids[: len(run["token_ids"])] == run["token_ids"]
     removed = " " if prefix.endswith(" ") else ""
-    return finish_completion(unheal(reference.tokenizer.decode(run["token_ids"]), removed),
-                             indentation(prefix.rsplit("\n", 1)[-1]))
+    reply = unheal(reference.tokenizer.decode(run["token_ids"]), removed)
+    cursor_line = prefix.rsplit("\n", 1)[-1]
+    cut = line_end(reply) if typing_in_line(cursor_line) else None  # typing within a line: its end
+    return finish_completion(reply if cut is None else reply[:cut], indentation(cursor_line))
 
 
 async def test_typing_through_a_suggestion_runs_no_model(lsp: Any, reference: Any) -> None:
