@@ -50,7 +50,7 @@ CURSOR_MARK = "<|user_cursor_is_here|>"
 #: parts or the end of its turn has finished the region).
 CONTROL_ENDS = ("<|file_sep|>", "<|fim_", "<|endoftext|>", "<|im_end|>", "<|repo_name|>")
 REGION_START, REGION_END = "<|editable_region_start|>", "<|editable_region_end|>"
-DEFAULT_FORMAT = "sweep"
+DEFAULT_FORMAT = "filesep"  # chosen on bench next-edit (docs/benchmarks.md): fewest wrong shown
 
 
 @dataclass(frozen=True)
