@@ -28,6 +28,7 @@ region as it was before the last edit, as it is, and an open ``updated`` block),
 
 from __future__ import annotations
 
+import bisect
 import functools
 import inspect
 import threading
@@ -79,10 +80,11 @@ class Region:
 def make_region(text: str, cursor: int, above: int = REGION_LINES, below: int = REGION_LINES) -> Region:
     """Whole lines ``above``/``below`` the cursor's line (clipped to the document)."""
     starts = [0]
-    for i, ch in enumerate(text):
-        if ch == "\n":
-            starts.append(i + 1)
-    line = max(0, sum(1 for s in starts if s <= cursor) - 1)
+    at = text.find("\n")
+    while at >= 0:
+        starts.append(at + 1)
+        at = text.find("\n", at + 1)
+    line = max(0, bisect.bisect_right(starts, cursor) - 1)
     first = max(0, line - above)
     last = min(len(starts) - 1, line + below)
     end = starts[last + 1] if last + 1 < len(starts) else len(text)
