@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from echoline.sidecar.lsp_utils import plain_params
 from lsprotocol import types
 from pytest_lsp import LanguageClient
 
@@ -53,7 +54,9 @@ def models() -> tuple[Path, Path]:
 
 async def test_each_job_runs_on_its_own_engine_loaded_lazily(tmp_path: Path, models: tuple[Path, Path]) -> None:
     smol, gemma = models
-    opts = {"maxTokens": 48, "inlineMaxTokens": 12, "prefillOnIdle": False, "inlineWarm": False}
+    # readyTimeoutS: the inline request waits for its engine's load (a hang guard, not a speed check)
+    opts = {"maxTokens": 48, "inlineMaxTokens": 12, "prefillOnIdle": False, "inlineWarm": False,
+            "readyTimeoutS": 600}
 
     # One model named for both jobs: one engine serves both (one load).
     rec = Recorder()
@@ -74,7 +77,7 @@ async def test_each_job_runs_on_its_own_engine_loaded_lazily(tmp_path: Path, mod
     rec = Recorder()
     client = await start_client(tmp_path, {**opts, "rewriteModel": "smollm2", "inlineModel": "gemma3-270m"}, rec)
     try:
-        ready = await wait_state(rec, {"ready", "error"})
+        ready = plain_params(await wait_state(rec, {"ready", "error"}))  # nested namedtuples -> dicts
         assert ready["state"] == "ready", rec.status
         assert ready["models"]["inline"]["state"] == "idle" and ready["models"]["rewrite"]["model"] == "smollm2"
         assert "rewrite: smollm2 (rewriteModel setting)" in ready["modelSummary"]
