@@ -100,14 +100,15 @@ def decide(*, finish_reason: str, mode: str, max_tokens: int, request_cancelled:
     ``current_version``: the document's version now (None: closed meanwhile); the edit is
     tied to ``version``, the one the range was read from. ``refusal``: why the reply is no
     confident edit (``RewriteOutcome.refusal``: it would not parse, it changed nothing
-    asked to, it ran away): answered with that reason, neither applied nor previewed.
+    asked to, it ran away): not applied, with that reason. A preview is still shown (the
+    user judges it; the server's answer carries the refusal beside it).
     """
     if finish_reason == "cancelled":
         return Verdict(False, "cancelled", "cancelled")
-    if refusal:
-        return Verdict(False, refusal, "no confident edit; not applied")
     if mode == "preview":
         return Verdict(False, "preview", "preview ready", edit_in_answer=True)
+    if refusal:
+        return Verdict(False, refusal, "no confident edit; not applied")
     if finish_reason == "length":
         return Verdict(False, f"the reply reached maxTokens ({max_tokens}) before its end; "
                        "edit not applied (raise echoline.maxTokens or select less)",

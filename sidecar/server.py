@@ -823,7 +823,7 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         refusal=outcome.refusal,
     )
     base = {"text": outcome.text, "stats": outcome.stats, "finishReason": outcome.finish_reason,
-            "stoppedBy": outcome.stopped_by}
+            "stoppedBy": outcome.stopped_by, "noConfidentEdit": outcome.refusal}
     edit = types.WorkspaceEdit(document_changes=[types.TextDocumentEdit(
         text_document=types.OptionalVersionedTextDocumentIdentifier(uri=req.uri, version=req.version),
         edits=[types.TextEdit(range=req.range, new_text=outcome.text)],

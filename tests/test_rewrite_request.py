@@ -80,11 +80,12 @@ def test_precedence_follows_what_the_user_would_want_to_know_first() -> None:
     assert facts(finish_reason="cancelled", mode="preview").reason == "cancelled"
 
 
-def test_no_confident_edit_is_answered_with_its_reason_not_applied_nor_previewed() -> None:
+def test_no_confident_edit_is_answered_with_its_reason_and_not_applied() -> None:
     why = "no confident edit: the model returned the selection unchanged"
-    for mode in ("apply", "preview"):
-        v = facts(mode=mode, refusal=why)
-        assert not v.apply and v.reason == why and not v.edit_in_answer
-        assert v.progress == "no confident edit; not applied"
+    v = facts(refusal=why)
+    assert not v.apply and v.reason == why and not v.edit_in_answer
+    assert v.progress == "no confident edit; not applied"
+    assert facts(refusal=why, current_version=9).reason == why  # before a document change
+    assert facts(mode="preview", refusal=why).edit_in_answer  # a preview is the user's to judge
     assert facts(finish_reason="cancelled", refusal=why).reason == "cancelled"
     assert facts(refusal=None).apply
