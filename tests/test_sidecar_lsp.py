@@ -672,7 +672,9 @@ async def test_cpu_activations_setting_switches_the_engine(tmp_path: Path) -> No
     if not q8_available():
         pytest.skip("auto picks int8 activations only where the int8 kernels run (AVX2)")
     rec = Recorder()
-    client = await start_client(tmp_path, {"backend": "cpu", "cpuActivations": "f32"}, rec)
+    # The 0.5B named: "auto" (the default) may pick the 1.5B for rewrites on a fast machine.
+    client = await start_client(tmp_path, {"model": "qwen2.5-coder-0.5b", "backend": "cpu",
+                                           "cpuActivations": "f32"}, rec)
     try:
         await wait_state(rec, {"ready"})
         assert (await status(client))["variant"] == "cpu"
