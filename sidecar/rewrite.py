@@ -13,7 +13,7 @@ from typing import Any
 
 from echoline.engine.errors import EcholineError
 from echoline.sidecar.prompts import fit_selection, fitted_rewrite_ids, strip_fence
-from echoline.sidecar.rewrite_checks import no_confident_edit
+from echoline.sidecar.rewrite_checks import no_confident_edit, withholds
 from echoline.sidecar.rewrite_stops import stop_rules
 
 
@@ -28,6 +28,11 @@ class RewriteOutcome:
     stopped_by: str | None = None
     # why the reply is no edit to apply (rewrite_checks), None when it is one
     refusal: str | None = None
+
+    @property
+    def withheld(self) -> str | None:
+        """The refusal when it keeps the edit from being applied (a broken edit), else None."""
+        return self.refusal if withholds(self.refusal) else None
 
 
 @dataclass

@@ -19,6 +19,16 @@ from echoline.sidecar.prompts import REPRODUCE_INSTRUCTION, language_for
 from echoline.sidecar.rewrite_stops import TOO_LONG
 
 NO_CONFIDENT_EDIT = "no confident edit"
+#: The one refusal that withholds nothing: the edit changes no text (``withholds``).
+UNCHANGED = f"{NO_CONFIDENT_EDIT}: the model returned the selection unchanged"
+
+
+def withholds(reason: str | None) -> bool:
+    """Whether a refusal keeps the edit from being applied: a broken edit is withheld; an
+    unchanged one would change nothing, so the language server applies that no-op and says
+    why beside it (``noConfidentEdit``), while ``echoline rewrite`` and the benchmark
+    count it as no edit."""
+    return bool(reason) and reason != UNCHANGED
 
 
 def _parse_error(source: str) -> SyntaxError | None:
@@ -53,8 +63,11 @@ def no_confident_edit(file_text: str, start: int, end: int, new_text: str, instr
         lines = selection.count("\n") + (0 if selection.endswith("\n") else 1)
         return (f"{NO_CONFIDENT_EDIT}: the reply ran on far past the {lines}-line selection "
                 "and was stopped; nothing applied")
+    if stopped_by is not None and not new_text.strip() and selection.strip():
+        return (f"{NO_CONFIDENT_EDIT}: the reply only repeated the code around the selection "
+                f"({stopped_by}); nothing applied")
     if asks_for_change(instruction) and new_text == selection:
-        return f"{NO_CONFIDENT_EDIT}: the model returned the selection unchanged"
+        return UNCHANGED
     if language_for(name) == "python" and _parse_error(file_text) is None:
         err = _parse_error(file_text[:start] + new_text + file_text[end:])
         if err is not None:

@@ -5,9 +5,9 @@ and generation as ``echoline.rewrite``, and prints the new text, a unified diff
 (``--diff``) or JSON (``--json``). It never writes the file.
 
 Exit status: 0 with an edit; 1 on an error; 3 when the reply is no confident edit
-(it would not parse, it left the selection unchanged under an instruction, or it ran
-away): the reason goes to stderr (and to ``noConfidentEdit`` with ``--json``) and no
-edit is printed.
+(it would not parse, it left the selection unchanged under an instruction, it ran away,
+or a stop rule left nothing): the reason goes to stderr (and to ``noConfidentEdit`` with
+``--json``) and no edit is printed.
 """
 
 from __future__ import annotations

@@ -99,9 +99,9 @@ def decide(*, finish_reason: str, mode: str, max_tokens: int, request_cancelled:
 
     ``current_version``: the document's version now (None: closed meanwhile); the edit is
     tied to ``version``, the one the range was read from. ``refusal``: why the reply is no
-    confident edit (``RewriteOutcome.refusal``: it would not parse, it changed nothing
-    asked to, it ran away): not applied, with that reason. A preview is still shown (the
-    user judges it; the server's answer carries the refusal beside it).
+    confident edit that must not be applied (``RewriteOutcome.withheld``: it would not
+    parse, it ran away): not applied, with that reason. A preview is still shown (the user
+    judges it; the server's answer carries the reason beside it, ``noConfidentEdit``).
     """
     if finish_reason == "cancelled":
         return Verdict(False, "cancelled", "cancelled")

@@ -820,7 +820,7 @@ async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
         finish_reason=outcome.finish_reason, mode=req.mode, max_tokens=settings.max_tokens,
         request_cancelled=request_id is not None and request_id in ls.cancelled_ids,
         version=req.version, current_version=None if current is None else current.version,
-        refusal=outcome.refusal,
+        refusal=outcome.withheld,
     )
     base = {"text": outcome.text, "stats": outcome.stats, "finishReason": outcome.finish_reason,
             "stoppedBy": outcome.stopped_by, "noConfidentEdit": outcome.refusal}

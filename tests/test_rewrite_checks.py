@@ -9,8 +9,8 @@ from typing import Any
 from echoline.engine.types import GenerationResult, GenerationStats
 from echoline.sidecar.prompts import REPRODUCE_INSTRUCTION
 from echoline.sidecar.rewrite import run_rewrite
-from echoline.sidecar.rewrite_checks import asks_for_change, no_confident_edit
-from echoline.sidecar.rewrite_stops import REPEAT, TOO_LONG
+from echoline.sidecar.rewrite_checks import asks_for_change, no_confident_edit, withholds
+from echoline.sidecar.rewrite_stops import AFTER, REPEAT, TOO_LONG
 
 FILE = "import os\n\n\ndef home():\n    return os.path.expanduser('~')\n\n\nprint(home())\n"
 START = FILE.index("def home")
@@ -27,7 +27,7 @@ def test_a_good_edit_is_confident() -> None:
 
 def test_an_edit_that_breaks_the_parse_is_refused_with_the_line() -> None:
     why = no_confident_edit(FILE, START, END, BROKEN, "Add a return type.", name="file:///w/a.py")
-    assert why is not None and why.startswith("no confident edit") and "line" in why
+    assert why is not None and why.startswith("no confident edit") and "line" in why and withholds(why)
 
 
 def test_the_parse_rule_needs_python_and_a_file_that_parsed() -> None:
@@ -37,13 +37,23 @@ def test_the_parse_rule_needs_python_and_a_file_that_parsed() -> None:
 
 
 def test_unchanged_under_an_instruction_is_refused_but_reproducing_is_not() -> None:
-    assert "unchanged" in no_confident_edit(FILE, START, END, SELECTION, "Add a return type.", name="a.py")
+    why = no_confident_edit(FILE, START, END, SELECTION, "Add a return type.", name="a.py")
+    assert "unchanged" in why and not withholds(why)  # a no-op: nothing to withhold
     assert no_confident_edit(FILE, START, END, SELECTION, "", name="a.py") is None
     assert not asks_for_change(REPRODUCE_INSTRUCTION) and not asks_for_change("  ")
 
 
+def test_a_reply_a_stop_rule_emptied_is_withheld() -> None:
+    """A reply that began with the code after the selection is cut to nothing: applying
+    that would delete the selection."""
+    why = no_confident_edit(FILE, START, END, "\n", "Rename home.", name="a.py", stopped_by=AFTER)
+    assert why and "only repeated" in why and withholds(why)
+    assert no_confident_edit(FILE, START, END, "\n", "Delete it.", name="a.py") is None
+
+
 def test_a_reply_stopped_for_running_on_is_refused() -> None:
-    assert "ran on" in no_confident_edit(FILE, START, END, GOOD, "x", name="a.py", stopped_by=TOO_LONG)
+    why = no_confident_edit(FILE, START, END, GOOD, "x", name="a.py", stopped_by=TOO_LONG)
+    assert "ran on" in why and withholds(why)
 
 
 class _Tok:
@@ -77,7 +87,9 @@ class _ScriptedEngine:
 
 def test_run_rewrite_reports_refusals_and_stops() -> None:
     out = run_rewrite(_ScriptedEngine(BROKEN + "```"), FILE, START, END, "Add a return type.", name="a.py")
-    assert out.refusal and "parse" in out.refusal and out.stopped_by is None
+    assert out.refusal and "parse" in out.refusal and out.stopped_by is None and out.withheld == out.refusal
+    out = run_rewrite(_ScriptedEngine(SELECTION + "```"), FILE, START, END, "Add a return type.", name="a.py")
+    assert out.refusal and out.withheld is None  # unchanged: the server applies the no-op
     out = run_rewrite(_ScriptedEngine(GOOD + "```"), FILE, START, END, "Add a return type.", name="a.py")
     assert out.refusal is None and out.text == GOOD
     out = run_rewrite(_ScriptedEngine(GOOD + "\n" + GOOD + "\n" + GOOD), FILE, START, END, "Add a return type.",
