@@ -146,7 +146,9 @@ def read_speeds(backend: str) -> dict[str, Speeds]:
 
 def record_speeds(model_file: str, backend: str, speeds: Speeds) -> None:
     """Keep a loaded model's speeds for the next choice (a failure to write is ignored:
-    the next start measures again)."""
+    the next start measures again). The fastest ever recorded on this machine is kept,
+    each figure apart: contention (an editor indexing, a build, tests) only ever adds time,
+    and a start under load must not move rewrites to the smaller model for good."""
     path = _speeds_path()
     try:
         raw = json.loads(path.read_text()) if path.is_file() else {}
@@ -155,7 +157,15 @@ def record_speeds(model_file: str, backend: str, speeds: Speeds) -> None:
     except (OSError, ValueError):
         raw = {}
     entry = raw.setdefault(_machine_key(backend), {})
-    entry[registry_name(model_file)] = {"decode_s": speeds.decode_s, "tail_s": speeds.tail_s, "at": time.time()}
+    name = registry_name(model_file)
+    old = entry.get(name)
+    decode, tail = speeds.decode_s, speeds.tail_s
+    if isinstance(old, dict):
+        try:
+            decode, tail = min(decode, float(old["decode_s"])), min(tail, float(old["tail_s"]))
+        except (KeyError, TypeError, ValueError):
+            pass
+    entry[name] = {"decode_s": decode, "tail_s": tail, "at": time.time()}
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

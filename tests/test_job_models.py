@@ -54,9 +54,11 @@ def test_speeds_recorded_by_one_process_steer_the_next(tmp_path: Path, monkeypat
     mc.record_speeds("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "cpu", SLOW_BEST)  # by file name
     assert mc.read_speeds("cpu") == {BEST: SLOW_BEST} and mc.read_speeds("cuda") == {}
     assert mc.machine_choice()["rewrite"].model == FASTEST
-    mc.record_speeds("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "cpu", ZEN5_BEST)  # replaced
+    mc.record_speeds("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "cpu", ZEN5_BEST)  # faster: kept
     picked = mc.machine_choice()
     assert picked["rewrite"].model == BEST and picked["inline"].model == FASTEST
+    mc.record_speeds("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "cpu", Speeds(0.5, 0.5))  # under load
+    assert mc.read_speeds("cpu") == {BEST: Speeds(ZEN5_BEST.decode_s, 0.5)}  # the fastest of each
     (tmp_path / "calibration" / mc.SPEEDS_FILE).write_text("{not json")
     assert mc.read_speeds("cpu") == {}
 
