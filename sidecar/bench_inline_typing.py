@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import math
 import statistics
 import sys
 import tempfile
@@ -48,7 +49,8 @@ def default_source() -> Path:
 
 
 def _pct(xs: list[float], q: float) -> float | None:
-    return round(sorted(xs)[int(q * (len(xs) - 1))], 4) if xs else None
+    """The nearest-rank ``q`` percentile (of two values, p90 is the larger)."""
+    return round(sorted(xs)[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))], 4) if xs else None
 
 
 def timing(xs: list[float]) -> dict[str, Any]:
