@@ -118,14 +118,16 @@ def qwen():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", ["filesep", "zeta"])
-def test_shown_edit_is_plain_decodings(qwen, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "case_id"), [
+    ("filesep", "click-051725fa7e"),  # the reply shows a hunk
+    ("filesep", "click-b24209a225-2"),  # the reply copies the region: no edit
+    ("zeta", "click-b24209a225-2"),  # another format; the reply shows a hunk
+])
+def test_shown_edit_is_plain_decodings(qwen, fmt: str, case_id: str) -> None:
     """Speculative (early stop) == plain (early stop) == plain to the end, over the tokens
     the decision used, and the same edit, on bench prompts (token ids compared)."""
-    # one prompt whose reply shows a hunk (filesep), one whose reply copies the region
-    picked = load_cases(ids=["click-051725fa7e", "click-b24209a225-2"])
     assert FORMATS[fmt]
-    for n, case in enumerate(picked):
+    for n, case in enumerate(load_cases(ids=[case_id])):
         parts = prompt_parts(case.path, case.edited, case.cursor, case_events(case), case.uri)
         spec = run_next_edit(qwen, parts, fmt=fmt, spec=True, session=f"t-spec-{fmt}-{n}")
         plain = run_next_edit(qwen, parts, fmt=fmt, spec=False, session=f"t-plain-{fmt}-{n}")
