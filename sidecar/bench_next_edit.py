@@ -15,10 +15,12 @@ precision (hits / shown), how often nothing is shown, and harm (a shown predicti
 undoes the user's own edit; the job never shows one, ``suppressed_undo`` counts those it
 held back).
 
-Speed: each model prediction runs with exact speculation and, unless ``--no-plain``,
-again with plain decoding on the same prompt, both cold (a fresh session): the time from
-the pause to the shown edit (p50/p90), the speculation's gain, and whether the two replies
-are identical over the tokens the decision used (they must be).
+Speed: each prediction runs cold (a fresh session: every prompt token run after the pause)
+and warm (the prompt prefilled first, as a warm-up during the pause would: only its last
+token and the reply are timed) with exact speculation, and, unless ``--no-plain``, warm
+with plain decoding on the same prompt: p50/p90 of each, the speculation's gain (warm plain
+/ warm spec), and whether the two replies are identical over the tokens the decision used
+(they must be).
 
 Prints one line per case and a summary; with ``--json`` one JSON object:
 ``{"model", "format", "split", "cases", "systems": {name: {"cases", "hits", "shown",
@@ -38,6 +40,7 @@ from typing import Any
 from echoline.sidecar.edit_history import EditEvent, EditHistory, changed_span
 from echoline.sidecar.next_edit import (
     DEFAULT_FORMAT,
+    FORMATS,
     REGION_LINES,
     Edit,
     make_region,
@@ -145,6 +148,16 @@ def repeats_last(text: str, edit: Edit, event: EditEvent | None) -> bool:
     return bool(event.removed.strip()) and event.removed.strip() in removed
 
 
+def _warm_time(engine: Any, parts: Any, fmt: str, spec: bool, session: str) -> tuple[float, Any]:
+    """(seconds, outcome) of a prediction whose prompt was prefilled first (as a warm-up
+    during the pause would): the time is the prompt's last token and the reply only, the
+    part speculation speeds up."""
+    engine.prefill(FORMATS[fmt](engine, parts).ids, session=session)
+    t0 = time.perf_counter()
+    out = run_next_edit(engine, parts, fmt=fmt, spec=spec, session=session)
+    return time.perf_counter() - t0, out
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -184,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine.warm_up()
     rows: list[dict[str, Any]] = []
     spec_s: list[float] = []
+    cold_s: list[float] = []
     plain_s: list[float] = []
     identical = 0
     for n, case in enumerate(cases):
@@ -191,8 +205,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         last = events[-1] if events else None
         parts = prompt_parts(case.path, case.edited, case.cursor, events, case.uri, region_lines)
         t0 = time.perf_counter()
-        out = run_next_edit(engine, parts, fmt=fmt, spec=True, session=f"bench-ne-spec-{n}")
-        spec_s.append(time.perf_counter() - t0)
+        out = run_next_edit(engine, parts, fmt=fmt, spec=True, session=f"bench-ne-cold-{n}")
+        cold_s.append(time.perf_counter() - t0)
+        spec_s.append(_warm_time(engine, parts, fmt, True, f"bench-ne-spec-{n}")[0])
         row: dict[str, Any] = {
             "id": case.id, "split": case.split, "repo": case.repo, "commit": case.commit, "licence": case.licence,
             "nothing": _judge(case, None, last),
@@ -201,25 +216,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "gated": _judge(case, out.edits[0] if out.edits and repeats_last(case.edited, out.edits[0], last)
                             else None, last),
             "reason": out.reason, "prompt_tokens": out.prompt_tokens, "used_tokens": out.used_tokens,
-            "spec_s": round(spec_s[-1], 3), "suppressed_undo": out.reason == "undoes the last edit",
+            "cold_s": round(cold_s[-1], 3), "spec_s": round(spec_s[-1], 3),
+            "suppressed_undo": out.reason == "undoes the last edit",
         }
         if plain_too:
-            t0 = time.perf_counter()
-            ref = run_next_edit(engine, parts, fmt=fmt, spec=False, session=f"bench-ne-plain-{n}")
-            plain_s.append(time.perf_counter() - t0)
+            seconds, ref = _warm_time(engine, parts, fmt, False, f"bench-ne-plain-{n}")
+            plain_s.append(seconds)
             same = (ref.token_ids[: ref.used_tokens] == out.token_ids[: out.used_tokens]
                     and ref.edits == out.edits)
             identical += same
             row.update(plain_s=round(plain_s[-1], 3), identical=same)
-        for sess in (f"bench-ne-spec-{n}", f"bench-ne-plain-{n}"):
+        for sess in (f"bench-ne-cold-{n}", f"bench-ne-spec-{n}", f"bench-ne-plain-{n}"):
             engine.sessions.drop(sess)
         rows.append(row)
         mark = "HIT " if row["model"]["hit"] else ("miss" if row["model"]["shown"] else "none")
         print(f"{case.id:32s} {case.split:7s} model={mark} baseline={'HIT ' if row['baseline']['hit'] else '-   '}"
-              f" {row['reason']:22s} {row['spec_s']:6.2f}s" + (f" plain {row['plain_s']:6.2f}s" if plain_too else ""),
+              f" {row['reason']:22s} cold {row['cold_s']:6.2f}s warm {row['spec_s']:6.2f}s"
+              + (f" plain {row['plain_s']:6.2f}s" if plain_too else ""),
               flush=True)
     systems = {k: _summary(rows, k) for k in ("nothing", "baseline", "model", "gated")}
-    speed = {"spec_p50_s": _pct(spec_s, 0.5), "spec_p90_s": _pct(spec_s, 0.9),
+    speed = {"cold_p50_s": _pct(cold_s, 0.5), "cold_p90_s": _pct(cold_s, 0.9), "spec_p50_s": _pct(spec_s, 0.5), "spec_p90_s": _pct(spec_s, 0.9),
              "plain_p50_s": _pct(plain_s, 0.5), "plain_p90_s": _pct(plain_s, 0.9),
              "gain_median": round(statistics.median(p / s for p, s in zip(plain_s, spec_s, strict=False)), 3)
              if plain_s else None,
@@ -229,7 +245,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def f(v: Any) -> str:
             return "-" if v is None else f"{v:.3f}"
         print(f"{name:10s} {f(s['hit_rate']):>9s} {f(s['precision']):>9s} {f(s['none_rate']):>6s} {s['harm']:5d}")
-    print(f"speed: spec p50 {speed['spec_p50_s']} s, p90 {speed['spec_p90_s']} s; plain p50 {speed['plain_p50_s']} s; "
+    print(f"speed: cold p50 {speed['cold_p50_s']} s, p90 {speed['cold_p90_s']} s; warm spec p50 {speed['spec_p50_s']} s, p90 {speed['spec_p90_s']} s; plain p50 {speed['plain_p50_s']} s; "
           f"gain x{speed['gain_median']}; identical {speed['identical']}/{len(rows) if plain_too else '-'}")
     return {"model": engine.model_name, "backend": engine.backend_variant, "format": fmt, "region_lines": region_lines,
             "split": getattr(args, "split", "all"), "cases": len(rows), "systems": systems, "speed": speed,
