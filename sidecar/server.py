@@ -144,6 +144,9 @@ class EcholineServer(LanguageServer):
             self.worker, lambda: self.settings, self._doc_text,
             lambda info: self.protocol.notify(NOTIFY_PREFILL, info),
         )
+        #: whether this client has asked for an inline completion: only then is an edit
+        #: worth a warm-up (a client that only rewrites would pay for it in idle-prefill stops)
+        self.inline_asked = False
         self.inline_warm = InlineWarm(
             self.worker, lambda: self.settings, self._doc_state, lambda: self.position_encoding,
             self.inline_head_starts, lambda info: self.protocol.notify(NOTIFY_INLINE_WARM, info),
@@ -563,13 +566,15 @@ def on_did_change(ls: EcholineServer, params: types.DidChangeTextDocumentParams)
 def _edit_is_a_cursor(ls: EcholineServer, params: types.DidChangeTextDocumentParams) -> None:
     """An edit is a cursor report: after one ranged change the cursor is at the end of its
     text, so the inline warm-up starts there as ``echoline/cursor`` starts it, for clients
-    that send no cursor (a whole-document or multi-range change names no cursor). The
-    request a keystroke is followed by drops it (``InlineWarm.asked``: the same place)."""
+    that send no cursor (a whole-document or multi-range change names no cursor). Only for a
+    client that has asked for an inline completion: one that only rewrites gets no warm-ups
+    (each would stop the rewrite's idle prefill). The request a keystroke is followed by
+    drops it (``InlineWarm.asked``: the same place)."""
     changes = list(params.content_changes)
     rng = getattr(changes[-1], "range", None) if len(changes) == 1 else None
     uri = params.text_document.uri
     doc = find_document(ls.workspace, uri)
-    if rng is None or doc is None or not ls.settings.inline_warm:
+    if rng is None or doc is None or not ls.settings.inline_warm or not ls.inline_asked:
         return
     text, encoding = doc.source, ls.position_encoding
     end = offset_at(text, rng.start, encoding) + len(changes[-1].text)
@@ -640,6 +645,7 @@ async def on_inline_completion(
 ) -> types.InlineCompletionList:
     uri = params.text_document.uri
     doc = get_doc(ls.workspace, uri)
+    ls.inline_asked = True
     pos = params.position
     encoding = ls.position_encoding
     # The text the position was sent against: a didChange while the model loads must
