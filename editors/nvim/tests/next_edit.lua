@@ -71,6 +71,7 @@ co = coroutine.create(function()
     model = 'smollm2',
     ghost_text = false,
     inline_warm = false,
+    next_edit = true, -- off by default
     next_edit_debounce_ms = tonumber(env.ECHOLINE_TEST_DEBOUNCE_MS or '150'),
     keymaps = { next_edit = '<M-n>', next_edit_dismiss = '<M-d>' },
   })

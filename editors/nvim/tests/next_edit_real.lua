@@ -43,7 +43,7 @@ co = coroutine.create(function()
     ready_timeout_s = 600,
     ghost_text = false,
     inline_warm = false,
-    next_edit = false, -- asked by the command only: one request to check
+    next_edit = true, -- the server answers only when on (off by default); the command asks
   })
   vim.cmd('edit ' .. vim.fn.fnameescape(env.ECHOLINE_TEST_FILE))
   local b = vim.api.nvim_get_current_buf()

@@ -94,8 +94,8 @@ export function serverSettings(): ServerSettings {
     endpoint: cfg.get<string | null>('endpoint', null),
     serverKind: cfg.get<string>('serverKind', 'llama'),
     apiKeyEnv: cfg.get<string>('apiKeyEnv', 'ECHOLINE_API_KEY'),
-    nextEdit: cfg.get<boolean>('nextEdit', true),
-    nextEditDebounceMs: cfg.get<number>('nextEditDebounceMs', 300),
+    nextEdit: cfg.get<boolean>('nextEdit', false),
+    nextEditDebounceMs: cfg.get<number>('nextEditDebounceMs', 150),
   };
 }
 

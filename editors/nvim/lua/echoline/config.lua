@@ -51,8 +51,8 @@ M.defaults = {
   -- Edit predictions: after a pause of next_edit_debounce_ms following an edit, the
   -- server predicts the next edit; it is drawn where it would happen (keymaps.next_edit
   -- jumps to it, then applies it). :EcholineNextEdit asks whatever this says.
-  next_edit = true,
-  next_edit_debounce_ms = 300,
+  next_edit = false,
+  next_edit_debounce_ms = 150,
   -- Rewrite: preview as a diff and apply on accept; false applies directly.
   confirm = true,
   -- Inline completion (ghost text).
