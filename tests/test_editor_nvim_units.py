@@ -123,6 +123,17 @@ def test_toggle(nvim: str, tmp_path: Path) -> None:
     assert record["on"]["enabled"] is True
 
 
+def test_status_shows_which_model_does_which_job(nvim: str, tmp_path: Path) -> None:
+    record = run_units(nvim, tmp_path, "status_models")
+    # one model for both jobs: the statusline names it; :EcholineStatus adds the summary
+    assert record["same"] == "echoline · qwen2.5-coder-0.5b", record
+    summary = "rewrite: qwen2.5-coder-0.5b (default) · inline: qwen2.5-coder-0.5b (default)"
+    assert record["notes"][0] == f"{record['same']}\nmodels: {summary}", record
+    # the jobs on different models: the statusline names each job's
+    assert "rewrite: qwen2.5-coder-1.5b (gpu) · inline: qwen2.5-coder-0.5b" in record["differ"], record
+    assert "qwen2.5-coder-1.5b (gpu)" in record["notes"][1], record
+
+
 def test_rewrite_without_instruction_prompts(nvim: str, tmp_path: Path) -> None:
     record = run_units(nvim, tmp_path, "rewrite_prompt")
     assert record["prompts"] == ["echoline rewrite: "] * 3

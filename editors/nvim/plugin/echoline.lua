@@ -64,6 +64,5 @@ vim.api.nvim_create_user_command('EcholineNextEditDismiss', function()
 end, { desc = 'echoline: dismiss the predicted edit' })
 
 vim.api.nvim_create_user_command('EcholineStatus', function()
-  local s = require('echoline').statusline()
-  vim.notify(s ~= '' and s or 'echoline: not running', vim.log.levels.INFO)
+  vim.notify(require('echoline.status').report(), vim.log.levels.INFO)
 end, { desc = 'echoline: show the server state' })

@@ -354,6 +354,33 @@ elseif scenario == 'toggle' then
   eq(ghost.enabled, true, ':EcholineToggle on')
   record.on = { enabled = ghost.enabled, statusline = status.statusline() }
   check(status.statusline():find('inline off', 1, true) == nil, 'statusline still says off')
+elseif scenario == 'status_models' then
+  -- echoline/status's models and modelSummary, through the client's handler.
+  require('echoline').setup({ autostart = false })
+  local status = require('echoline.status')
+  local on_status = vim.lsp.config.echoline.handlers['echoline/status']
+  local notes = {}
+  vim.notify = function(msg)
+    notes[#notes + 1] = msg
+  end
+  local one = { model = 'qwen2.5-coder-0.5b', reason = 'default' }
+  on_status(nil, {
+    state = 'ready',
+    model = 'qwen2.5-coder-0.5b',
+    models = { rewrite = one, inline = one },
+    modelSummary = 'rewrite: qwen2.5-coder-0.5b (default) · inline: qwen2.5-coder-0.5b (default)',
+  })
+  record.same = status.statusline()
+  vim.cmd('EcholineStatus')
+  on_status(nil, {
+    state = 'ready',
+    model = 'qwen2.5-coder-1.5b',
+    models = { rewrite = { model = 'qwen2.5-coder-1.5b' }, inline = one },
+    modelSummary = 'rewrite: qwen2.5-coder-1.5b (gpu) · inline: qwen2.5-coder-0.5b (default)',
+  })
+  record.differ = status.statusline()
+  vim.cmd('EcholineStatus')
+  record.notes = notes
 elseif scenario == 'rewrite_prompt' then
   local echoline = require('echoline')
   echoline.setup({ autostart = false })

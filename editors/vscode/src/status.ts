@@ -11,6 +11,10 @@ export interface StatusParams {
   /** engine `openai`: what the connect-time probe found (docs/team.md, "Exactness"). */
   exactness?: 'verified' | 'best-effort' | string;
   endpoint?: string;
+  /** Which model does which job: job (`rewrite`, `inline`) -> its model, why, its state. */
+  models?: Record<string, { model?: string; reason?: string; state?: string }>;
+  /** The same in one line: `rewrite: qwen2.5-coder-1.5b (…) · inline: qwen2.5-coder-0.5b (…)`. */
+  modelSummary?: string;
 }
 
 export function fmtRate(tokS?: number): string | undefined {
@@ -79,6 +83,7 @@ export class StatusItem implements vscode.Disposable {
     this.item.text = parts.join(' · ');
     this.item.tooltip =
       `echoline ${s.state ?? ''}${s.message ? `: ${s.message}` : ''}` +
+      (s.modelSummary ? `\nModels: ${s.modelSummary}` : '') +
       (s.exactness ? `\nInference server ${s.endpoint ?? ''}: exactness ${s.exactness}.` : '') +
       `\nInline completions ${this.inline ? 'on' : 'off'}.` +
       '\nClick for the menu: inline completions on/off, model, log, restart.';

@@ -22,6 +22,8 @@ local function on_status(_, params)
     tokS = params.tokS,
     acceptance = params.acceptance,
     exactness = params.exactness, -- engine 'openai': what the connect-time probe found
+    models = params.models, -- job -> { model, reason, state }
+    modelSummary = params.modelSummary, -- the same in one line
   })
   if params.state == 'error' then
     vim.schedule(function()

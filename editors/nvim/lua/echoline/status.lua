@@ -58,14 +58,30 @@ function M.update(t)
   end)
 end
 
+--- Whether the server's jobs (rewrite, inline) run on more than one model.
+local function models_differ(models)
+  local seen
+  for _, m in pairs(type(models) == 'table' and models or {}) do
+    local name = type(m) == 'table' and m.model or nil
+    if seen and name ~= seen then
+      return true
+    end
+    seen = seen or name
+  end
+  return false
+end
+
 --- A short string for 'statusline': `%{v:lua.require'echoline'.statusline()}`.
+--- One model for every job: its name; one a job: the server's modelSummary.
 function M.statusline()
   local s = M.state
   if s.state == 'idle' then
     return ''
   end
   local parts = { 'echoline' }
-  if s.model then
+  if type(s.modelSummary) == 'string' and s.modelSummary ~= '' and models_differ(s.models) then
+    parts[#parts + 1] = s.modelSummary
+  elseif s.model then
     parts[#parts + 1] = s.model
   end
   if s.exactness then -- a shared inference server: 'verified' or 'best-effort' (docs/team.md)
@@ -90,6 +106,20 @@ function M.statusline()
     parts[#parts + 1] = 'inline off'
   end
   return table.concat(parts, ' · ')
+end
+
+--- What :EcholineStatus shows: the statusline, then which model does which job (the
+--- server's modelSummary), which the statusline names only when the jobs' models differ.
+function M.report()
+  local line = M.statusline()
+  if line == '' then
+    return 'echoline: not running'
+  end
+  local summary = M.state.modelSummary
+  if type(summary) == 'string' and summary ~= '' then
+    line = line .. '\nmodels: ' .. summary
+  end
+  return line
 end
 
 M.progress_interval_ms = 250
