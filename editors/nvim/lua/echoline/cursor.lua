@@ -13,53 +13,42 @@ M.rest_ms = 100
 --- The server's last `echoline/inlineWarm` end notification (for :checkhealth and tests).
 M.last_warm = nil
 
-local timers = {} -- bufnr → uv timer
+local timers = require('echoline.debounce').new()
 
 local function enabled()
   local o = config.options
   return o.inline_warm and o.ghost_text and require('echoline.ghost').enabled
 end
 
---- The notification's params for `bufnr`'s cursor in the current window.
+--- The notification's params for `bufnr`'s cursor in the current window (the
+--- position requests at the cursor send too), then its row (0-based) and byte column
+--- (within the line).
 function M.params(bufnr, encoding)
   local cursor = vim.api.nvim_win_get_cursor(0)
-  local row0, col = cursor[1] - 1, cursor[2]
+  local row0 = cursor[1] - 1
   local line = vim.api.nvim_buf_get_lines(bufnr, row0, row0 + 1, false)[1] or ''
+  local col = math.min(cursor[2], #line)
   return {
     textDocument = { uri = vim.uri_from_bufnr(bufnr), version = compat.buf_version(bufnr) },
-    position = { line = row0, character = compat.char_col(line, math.min(col, #line), encoding) },
-  }
+    position = { line = row0, character = compat.char_col(line, col, encoding) },
+  }, row0, col
 end
 
-local function stop(bufnr)
-  local t = timers[bufnr]
-  if t then
-    timers[bufnr] = nil
-    t:stop()
-    t:close()
-  end
-end
 
 --- Send `bufnr`'s cursor once it has rested `rest_ms` (a newer call restarts the wait).
 function M.report(bufnr)
   if not enabled() then
     return
   end
-  local t = timers[bufnr]
-  if not t then
-    t = vim.uv.new_timer()
-    timers[bufnr] = t
-  end
-  t:stop()
-  t:start(M.rest_ms, 0, vim.schedule_wrap(function()
+  timers:start(bufnr, M.rest_ms, function()
     if not vim.api.nvim_buf_is_valid(bufnr) or vim.api.nvim_get_current_buf() ~= bufnr or not enabled() then
       return
     end
     local client = require('echoline.client').get(bufnr)
     if client then
-      compat.notify(client, 'echoline/cursor', M.params(bufnr, client.offset_encoding))
+      compat.notify(client, 'echoline/cursor', (M.params(bufnr, client.offset_encoding)))
     end
-  end))
+  end)
 end
 
 --- The server's `echoline/inlineWarm` (start and end of a warm-up): the end is kept.
@@ -83,7 +72,7 @@ function M.attach(bufnr)
     group = group,
     buffer = bufnr,
     callback = function()
-      stop(bufnr)
+      timers:close(bufnr)
     end,
   })
   if vim.api.nvim_get_current_buf() == bufnr then

@@ -16,8 +16,8 @@ M.current = {}
 M.enabled = true
 --- Buffers set up by attach() (for the built-in client on 0.12+).
 local attached = {}
-local pending = {} -- bufnr → { client, id }
-local timers = {} -- bufnr → uv timer
+local pending = require('echoline.inflight').new()
+local timers = require('echoline.debounce').new()
 
 vim.api.nvim_set_hl(0, 'EcholineGhost', { link = 'Comment', default = true })
 
@@ -34,11 +34,7 @@ function M.clear(bufnr)
 end
 
 local function cancel_pending(bufnr)
-  local p = pending[bufnr]
-  if p then
-    pending[bufnr] = nil
-    pcall(compat.cancel, p.client, p.id)
-  end
+  pending:cancel(bufnr)
 end
 
 local function item_text(item)
@@ -159,19 +155,13 @@ function M.request(bufnr, opts)
     return done(nil)
   end
   cancel_pending(bufnr)
-  local cursor = vim.api.nvim_win_get_cursor(0)
-  local row0, col = cursor[1] - 1, cursor[2]
-  local line = vim.api.nvim_buf_get_lines(bufnr, row0, row0 + 1, false)[1] or ''
-  col = math.min(col, #line)
   local enc = client.offset_encoding
-  local params = {
-    textDocument = { uri = vim.uri_from_bufnr(bufnr) },
-    position = { line = row0, character = compat.char_col(line, col, enc) },
-    context = { triggerKind = opts.manual and 1 or 2 }, -- Invoked = 1, Automatic = 2
-  }
+  local params, row0, col = require('echoline.cursor').params(bufnr, enc)
+  params.textDocument = { uri = params.textDocument.uri } -- a TextDocumentIdentifier here
+  params.context = { triggerKind = opts.manual and 1 or 2 } -- Invoked = 1, Automatic = 2
   local tick = vim.b[bufnr].changedtick
   local ok, id = compat.request(client, 'textDocument/inlineCompletion', params, function(err, result)
-    pending[bufnr] = nil
+    pending:done(bufnr)
     if err or not result or not vim.api.nvim_buf_is_valid(bufnr) then
       return done(nil)
     end
@@ -187,7 +177,7 @@ function M.request(bufnr, opts)
     done(M.show(bufnr, row0, col, item, enc))
   end, bufnr)
   if ok then
-    pending[bufnr] = { client = client, id = id }
+    pending:set(bufnr, client, id)
   else
     done(nil)
   end
@@ -258,17 +248,11 @@ function M.get(bufnr)
 end
 
 local function schedule(bufnr)
-  local t = timers[bufnr]
-  if not t then
-    t = vim.uv.new_timer()
-    timers[bufnr] = t
-  end
-  t:stop()
-  t:start(config.options.debounce_ms, 0, vim.schedule_wrap(function()
+  timers:start(bufnr, config.options.debounce_ms, function()
     if M.enabled and vim.api.nvim_get_current_buf() == bufnr and vim.fn.mode():sub(1, 1) == 'i' then
       M.request(bufnr)
     end
-  end))
+  end)
 end
 
 local function termcodes(keys)
@@ -433,11 +417,7 @@ function M.attach(_, bufnr)
     callback = function()
       cancel_pending(bufnr)
       attached[bufnr] = nil
-      if timers[bufnr] then
-        timers[bufnr]:stop()
-        timers[bufnr]:close()
-        timers[bufnr] = nil
-      end
+      timers:close(bufnr)
     end,
   })
   if keys.accept then
@@ -457,7 +437,7 @@ function M.attach(_, bufnr)
   end
   if keys.dismiss then
     M.map_key(bufnr, keys.dismiss, function()
-      local shown = M.current[bufnr] ~= nil or pending[bufnr] ~= nil
+      local shown = M.current[bufnr] ~= nil or pending:has(bufnr)
       cancel_pending(bufnr)
       M.clear(bufnr)
       return shown

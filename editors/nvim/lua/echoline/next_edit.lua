@@ -26,8 +26,8 @@ M.current = {}
 --- What happened last per buffer ('shown', 'none', 'stale', 'error: …', 'jumped',
 --- 'accepted', 'dismissed'), for tests and :checkhealth.
 M.last = {}
-local pending = {} -- bufnr → { client, id }
-local timers = {} -- bufnr → uv timer
+local pending = require('echoline.inflight').new()
+local timers = require('echoline.debounce').new()
 local busy = {} -- bufnr → true while the plugin itself edits or moves the cursor
 
 local function define_highlights()
@@ -63,15 +63,8 @@ function M.dismiss(bufnr, why)
 end
 
 local function cancel_pending(bufnr)
-  local p = pending[bufnr]
-  if p then
-    pending[bufnr] = nil
-    pcall(compat.cancel, p.client, p.id)
-  end
-  local t = timers[bufnr]
-  if t then
-    t:stop()
-  end
+  pending:cancel(bufnr)
+  timers:stop(bufnr)
 end
 
 --- Byte positions of an LSP range in `bufnr`.
@@ -138,20 +131,11 @@ function M.request(bufnr, opts)
   cancel_pending(bufnr)
   M.dismiss(bufnr)
   local enc = client.offset_encoding
-  local cursor = vim.api.nvim_win_get_cursor(0)
-  local row0 = cursor[1] - 1
-  local line = vim.api.nvim_buf_get_lines(bufnr, row0, row0 + 1, false)[1] or ''
-  local col = math.min(cursor[2], #line)
-  local version = compat.buf_version(bufnr)
-  local params = {
-    textDocument = { uri = vim.uri_from_bufnr(bufnr), version = version },
-    position = { line = row0, character = compat.char_col(line, col, enc) },
-  }
+  local params, row0, col = require('echoline.cursor').params(bufnr, enc)
+  local version = params.textDocument.version
   local ok, id
   ok, id = compat.request(client, M.method, params, function(err, result)
-    if pending[bufnr] and pending[bufnr].id == id then
-      pending[bufnr] = nil
-    end
+    pending:done(bufnr, id)
     if not vim.api.nvim_buf_is_valid(bufnr) then
       return done(nil, 'gone')
     end
@@ -190,7 +174,7 @@ function M.request(bufnr, opts)
     done(pred, 'shown')
   end, bufnr)
   if ok then
-    pending[bufnr] = { client = client, id = id }
+    pending:set(bufnr, client, id)
   else
     note(bufnr, 'error: not sent')
     done(nil, 'error: not sent')
@@ -260,17 +244,11 @@ function M.get(bufnr)
 end
 
 local function schedule(bufnr)
-  local t = timers[bufnr]
-  if not t then
-    t = vim.uv.new_timer()
-    timers[bufnr] = t
-  end
-  t:stop()
-  t:start(config.options.next_edit_debounce_ms or 300, 0, vim.schedule_wrap(function()
+  timers:start(bufnr, config.options.next_edit_debounce_ms or 150, function()
     if vim.api.nvim_buf_is_valid(bufnr) and vim.api.nvim_get_current_buf() == bufnr and config.options.next_edit then
       M.request(bufnr)
     end
-  end))
+  end)
 end
 
 --- An edit in `bufnr` (TextChanged/TextChangedI): dismiss, ask again after the pause.
@@ -334,11 +312,7 @@ function M.attach(_, bufnr)
     callback = function()
       cancel_pending(bufnr)
       M.current[bufnr] = nil
-      if timers[bufnr] then
-        timers[bufnr]:stop()
-        timers[bufnr]:close()
-        timers[bufnr] = nil
-      end
+      timers:close(bufnr)
     end,
   })
   local keys = o.keymaps or {}
