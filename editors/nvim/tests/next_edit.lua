@@ -12,27 +12,11 @@ local plugin_root = vim.fs.dirname(here)
 vim.opt.rtp:prepend(plugin_root)
 vim.cmd('runtime plugin/echoline.lua')
 local t = dofile(here .. '/harness.lua').new(env.ECHOLINE_TEST_OUT, 'next_edit')
-local record, fail, check, eq = t.record, t.fail, t.check, t.eq
-
-local co
-local function sleep(ms)
-  vim.defer_fn(function()
-    local ok, err = coroutine.resume(co)
-    if not ok then
-      fail(tostring(err))
-    end
-  end, ms)
-  coroutine.yield()
-end
+local record = t.record
+local sleep = t.sleep
 
 local function wait(what, cond, ms)
-  local t0 = vim.uv.now()
-  while not cond() do
-    if vim.uv.now() - t0 > (ms or 20000) then
-      fail('timed out waiting for ' .. what)
-    end
-    sleep(20)
-  end
+  t.wait(what, cond, ms or 20000, 20)
 end
 
 local ne = require('echoline.next_edit')
@@ -64,7 +48,7 @@ local function last_is(b, what)
   end
 end
 
-co = coroutine.create(function()
+t.run(function()
   require('echoline').setup({
     cmd = vim.json.decode(env.ECHOLINE_TEST_CMD),
     cmd_env = { PYTHONPATH = env.ECHOLINE_TEST_PYTHONPATH },
@@ -159,7 +143,3 @@ co = coroutine.create(function()
   t.save()
   vim.cmd('qa!')
 end)
-local ok, err = coroutine.resume(co)
-if not ok then
-  fail(tostring(err))
-end

@@ -11,30 +11,14 @@ local here = vim.fs.dirname(vim.fs.normalize(debug.getinfo(1, 'S').source:sub(2)
 vim.opt.rtp:prepend(vim.fs.dirname(here))
 vim.cmd('runtime plugin/echoline.lua')
 local t = dofile(here .. '/harness.lua').new(env.ECHOLINE_TEST_OUT, 'next_edit_real')
-local record, fail = t.record, t.fail
-
-local co
-local function sleep(ms)
-  vim.defer_fn(function()
-    local ok, err = coroutine.resume(co)
-    if not ok then
-      fail(tostring(err))
-    end
-  end, ms)
-  coroutine.yield()
-end
+local record = t.record
+local sleep = t.sleep
 
 local function wait(what, cond, ms)
-  local t0 = vim.uv.now()
-  while not cond() do
-    if vim.uv.now() - t0 > (ms or 240000) then
-      fail('timed out waiting for ' .. what)
-    end
-    sleep(50)
-  end
+  t.wait(what, cond, ms or 240000, 50)
 end
 
-co = coroutine.create(function()
+t.run(function()
   require('echoline').setup({
     cmd = vim.json.decode(env.ECHOLINE_TEST_CMD),
     cmd_env = { PYTHONPATH = env.ECHOLINE_TEST_PYTHONPATH },
@@ -85,7 +69,3 @@ co = coroutine.create(function()
   t.save()
   vim.cmd('qa!')
 end)
-local ok, err = coroutine.resume(co)
-if not ok then
-  fail(tostring(err))
-end
