@@ -22,6 +22,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,6 +103,89 @@ def wait_http(url: str, timeout: float) -> None:
     raise TimeoutError(url)
 
 
+# What every code-server run sets: a quiet workbench that neither suggests, trusts,
+# updates nor saves on its own, so the driver sees only the extension's doing.
+QUIET_SETTINGS = {
+    "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
+    "workbench.startupEditor": "none",
+    "workbench.secondarySideBar.defaultVisibility": "hidden",
+    "chat.disableAIFeatures": True,
+    "workbench.tips.enabled": False,
+    "security.workspace.trust.enabled": False,
+    "telemetry.telemetryLevel": "off",
+    "extensions.autoCheckUpdates": False,
+    "files.autoSave": "off",
+}
+
+
+def drive_code_server(
+    tools: dict[str, str],
+    vsix: Path,
+    tmp_path: Path,
+    ws: Path,
+    settings: dict[str, Any],
+    env: dict[str, str],
+    driver: Path,
+    driver_env: dict[str, str],
+    timeout: float,
+    cwd: Path | None = None,
+) -> dict[str, Any]:
+    """Install the .vsix into a fresh code-server with ``settings`` (over QUIET_SETTINGS),
+    serve ``ws``, run the playwright ``driver`` against it (``driver_env`` over the
+    E2E_* basics) and return the findings it saved to E2E_OUT, asserting it passed."""
+    ext_dir, user_dir = tmp_path / "extensions", tmp_path / "user-data"
+    (user_dir / "User").mkdir(parents=True)
+    (user_dir / "User" / "settings.json").write_text(
+        json.dumps({**QUIET_SETTINGS, **settings}, indent=2)
+    )
+    env = dict(
+        env, XDG_CONFIG_HOME=str(tmp_path / "xdg-config"), XDG_DATA_HOME=str(tmp_path / "xdg-data")
+    )
+    cs = [tools["NODE"], tools["CODE_SERVER"]]
+    common = ["--extensions-dir", str(ext_dir), "--user-data-dir", str(user_dir)]
+    subprocess.run([*cs, *common, "--install-extension", str(vsix)], env=env, check=True, timeout=300,
+                   capture_output=True)  # fmt: skip
+    assert any(p.name.startswith("echoline.echoline-") for p in ext_dir.iterdir())
+    cfg = tmp_path / "code-server.yaml"
+    cfg.write_text("auth: none\ncert: false\n")
+    port = free_port()
+    out = tmp_path / "e2e.json"
+    with open(tmp_path / "code-server.log", "w") as log:
+        server = subprocess.Popen(
+            [*cs, "--config", str(cfg), "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
+             "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
+             *common, str(ws)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
+        )  # fmt: skip
+        try:
+            wait_http(f"http://127.0.0.1:{port}/healthz", 60)
+            drive_env = dict(
+                env,
+                PLAYWRIGHT_CORE=str(Path(tools["NODE_TOOLS"]) / "playwright-core"),
+                CHROMIUM=tools["CHROMIUM"],
+                E2E_URL=f"http://127.0.0.1:{port}",
+                E2E_WORKSPACE=str(ws),
+                E2E_USER_DATA=str(user_dir),
+                E2E_BROWSER_PROFILE=str(tmp_path / "chromium-profile"),
+                E2E_OUT=str(out),
+                **driver_env,
+            )
+            proc = subprocess.run([tools["NODE"], str(driver)], env=drive_env, capture_output=True,
+                                  text=True, timeout=timeout)  # fmt: skip
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+    record = json.loads(out.read_text()) if out.exists() else {}
+    assert proc.returncode == 0 and record.get("ok"), (
+        f"{record.get('error')}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n"
+        f"log:\n{record.get('log', '')[-4000:]}"
+    )
+    return record
+
+
 def test_vscode_rewrite_and_inline_suggestion(
     tools: dict[str, str], vsix: Path, tmp_path: Path
 ) -> None:
@@ -111,8 +195,6 @@ def test_vscode_rewrite_and_inline_suggestion(
     line1, line2, instruction = 1, 2, "add type hints"
     src.write_text(SAMPLE)
 
-    ext_dir, user_dir = tmp_path / "extensions", tmp_path / "user-data"
-    (user_dir / "User").mkdir(parents=True)
     settings = {
         "echoline.command": server_cmd(),
         "echoline.model": MODEL,
@@ -120,15 +202,6 @@ def test_vscode_rewrite_and_inline_suggestion(
         "echoline.maxTokens": MAX_TOKENS,
         "echoline.rewrite.confirm": False,
         "editor.inlineSuggest.enabled": True,
-        "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
-        "workbench.startupEditor": "none",
-        "workbench.secondarySideBar.defaultVisibility": "hidden",
-        "chat.disableAIFeatures": True,
-        "workbench.tips.enabled": False,
-        "security.workspace.trust.enabled": False,
-        "telemetry.telemetryLevel": "off",
-        "extensions.autoCheckUpdates": False,
-        "files.autoSave": "off",
         # The driver types settings.json into the JSON editor: no auto-closed braces or
         # auto-indent, or the file it saves is not valid JSON (VS Code then refuses to
         # write settings, e.g. the inline completions toggle).
@@ -138,62 +211,13 @@ def test_vscode_rewrite_and_inline_suggestion(
         "editor.formatOnType": False,
         "echoline.trace.server": "messages",  # LSP traffic in the log, for failures
     }
-    (user_dir / "User" / "settings.json").write_text(json.dumps(settings, indent=2))
-    env = node_env(tools)
-    env.update(server_env())
-    env.update(
-        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"), XDG_DATA_HOME=str(tmp_path / "xdg-data")
-    )
-    cs = [tools["NODE"], tools["CODE_SERVER"]]
-    common = ["--extensions-dir", str(ext_dir), "--user-data-dir", str(user_dir)]
-    subprocess.run(
-        [*cs, *common, "--install-extension", str(vsix)],
-        env=env,
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
-    assert any(p.name.startswith("echoline.echoline-") for p in ext_dir.iterdir())
-
-    cfg = tmp_path / "code-server.yaml"
-    cfg.write_text("auth: none\ncert: false\n")
-    port = free_port()
-    log = open(tmp_path / "code-server.log", "w")
-    server = subprocess.Popen(
-        [
-            *cs,
-            "--config",
-            str(cfg),
-            "--auth",
-            "none",
-            "--bind-addr",
-            f"127.0.0.1:{port}",
-            "--disable-telemetry",
-            "--disable-update-check",
-            "--disable-workspace-trust",
-            *common,
-            str(ws),
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    out = tmp_path / "e2e.json"
     shot = tmp_path / "vscode-rewrite.png"
     preview_shot = tmp_path / "vscode-rewrite-preview.png"
     p_line1, p_line2, p_instruction = 11, 13, "use an f-string"
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", 60)
-        drive_env = dict(
-            env,
-            PLAYWRIGHT_CORE=str(Path(tools["NODE_TOOLS"]) / "playwright-core"),
-            CHROMIUM=tools["CHROMIUM"],
-            E2E_URL=f"http://127.0.0.1:{port}",
-            E2E_WORKSPACE=str(ws),
+    record = drive_code_server(
+        tools, vsix, tmp_path, ws, settings, dict(node_env(tools), **server_env()), DRIVER,
+        dict(
             E2E_FILE="sample.py",
-            E2E_USER_DATA=str(user_dir),
-            E2E_BROWSER_PROFILE=str(tmp_path / "chromium-profile"),
             E2E_MODEL=MODEL,
             E2E_LINE1=str(line1),
             E2E_LINE2=str(line2),
@@ -206,24 +230,11 @@ def test_vscode_rewrite_and_inline_suggestion(
             E2E_PREVIEW_INSTRUCTION=p_instruction,
             E2E_PREVIEW_SCREENSHOT=str(preview_shot),
             E2E_MENU="1",
-            E2E_OUT=str(out),
             E2E_SCREENSHOT=str(shot),
             E2E_SETUP_SCREENSHOT=str(tmp_path / "setup.png"),
-        )
-        proc = subprocess.run(
-            [tools["NODE"], str(DRIVER)], env=drive_env, capture_output=True, text=True, timeout=900
-        )
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
-    record = json.loads(out.read_text()) if out.exists() else {}
-    assert proc.returncode == 0 and record.get("ok"), (
-        f"{record.get('error')}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\nlog:\n{record.get('log', '')[-4000:]}"
-    )
+        ),
+        timeout=900,
+    )  # fmt: skip
     assert record["activated"]
     # The model load's phases reached the extension (status bar, log); no error popped up.
     assert any("loading: warming up" in line for line in record["loadLog"]), record["loadLog"]

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.editor_env import MODEL, REPO, SAMPLE, free_port
-from tests.test_editor_vscode import node_env, tools, vsix, wait_http  # noqa: F401 (fixtures)
+from tests.editor_env import MODEL, REPO, SAMPLE
+from tests.test_editor_vscode import drive_code_server, node_env, tools, vsix  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.editor, pytest.mark.slow]
 
@@ -55,8 +53,6 @@ def test_vscode_next_edit_shown_jumped_accepted_and_stale_refused(
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"log": str(log_path), "model": MODEL, "rules": RULES}))
 
-    ext_dir, user_dir = tmp_path / "extensions", tmp_path / "user-data"
-    (user_dir / "User").mkdir(parents=True)
     settings = {
         "echoline.command": [sys.executable, "-m", "tests.scripted_lsp", "--script", str(script)],
         "echoline.model": MODEL,
@@ -64,67 +60,16 @@ def test_vscode_next_edit_shown_jumped_accepted_and_stale_refused(
         "echoline.nextEditDebounceMs": DEBOUNCE_MS,
         "echoline.inlineCompletions": False,
         "editor.inlineSuggest.enabled": False,
-        "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
         "editor.suggestOnTriggerCharacters": False,
         "editor.autoClosingBrackets": "never",
-        "workbench.startupEditor": "none",
-        "workbench.secondarySideBar.defaultVisibility": "hidden",
-        "chat.disableAIFeatures": True,
-        "workbench.tips.enabled": False,
-        "security.workspace.trust.enabled": False,
-        "telemetry.telemetryLevel": "off",
-        "extensions.autoCheckUpdates": False,
-        "files.autoSave": "off",
     }
-    (user_dir / "User" / "settings.json").write_text(json.dumps(settings, indent=2))
     env = node_env(tools)
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(
-        XDG_CONFIG_HOME=str(tmp_path / "xdg-config"), XDG_DATA_HOME=str(tmp_path / "xdg-data")
-    )
-    cs = [tools["NODE"], tools["CODE_SERVER"]]
-    common = ["--extensions-dir", str(ext_dir), "--user-data-dir", str(user_dir)]
-    subprocess.run([*cs, *common, "--install-extension", str(vsix)], env=env, check=True, timeout=300,
-                   capture_output=True)  # fmt: skip
-    cfg = tmp_path / "code-server.yaml"
-    cfg.write_text("auth: none\ncert: false\n")
-    port = free_port()
-    out = tmp_path / "e2e.json"
     shot = tmp_path / "next-edit.png"
-    with open(tmp_path / "code-server.log", "w") as log:
-        server = subprocess.Popen(
-            [*cs, "--config", str(cfg), "--auth", "none", "--bind-addr", f"127.0.0.1:{port}",
-             "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
-             *common, str(ws)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
-        )  # fmt: skip
-        try:
-            wait_http(f"http://127.0.0.1:{port}/healthz", 60)
-            drive_env = dict(
-                env,
-                PLAYWRIGHT_CORE=str(Path(tools["NODE_TOOLS"]) / "playwright-core"),
-                CHROMIUM=tools["CHROMIUM"],
-                E2E_URL=f"http://127.0.0.1:{port}",
-                E2E_WORKSPACE=str(ws),
-                E2E_FILE=src.name,
-                E2E_USER_DATA=str(user_dir),
-                E2E_BROWSER_PROFILE=str(tmp_path / "chromium-profile"),
-                E2E_OUT=str(out),
-                E2E_SCREENSHOT=str(shot),
-            )
-            proc = subprocess.run([tools["NODE"], str(DRIVER)], env=drive_env, capture_output=True,
-                                  text=True, timeout=600)  # fmt: skip
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-    record = json.loads(out.read_text()) if out.exists() else {}
-    assert proc.returncode == 0 and record.get("ok"), (
-        f"{record.get('error')}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n"
-        f"log:\n{record.get('log', '')[-4000:]}"
-    )
+    record = drive_code_server(
+        tools, vsix, tmp_path, ws, settings, env, DRIVER,
+        dict(E2E_FILE=src.name, E2E_SCREENSHOT=str(shot)), timeout=600, cwd=REPO,
+    )  # fmt: skip
     requests = [json.loads(x) for x in log_path.read_text().splitlines()]
     asked = [r for r in requests if r["method"] == "echoline/nextEdit"]
     # The settings reached the server the way the others do.
