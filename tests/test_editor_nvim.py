@@ -142,14 +142,20 @@ def test_nvim_rewrite_preview_accepted(nvim: str, tmp_path: Path) -> None:
     assert src.read_text() == SAMPLE[:start] + want + SAMPLE[end:]
 
 
-def test_nvim_ghost_text_shown_and_accepted(nvim: str, tmp_path: Path) -> None:
-    # Cut line 13 ('    print(message)') after "print(" and ask for a completion there.
+def cut_sample(tmp_path: Path) -> tuple[int, int, list[str], str, Path]:
+    """sample.py with line 13 ('    print(message)') cut after "print(", where a
+    completion is asked: (row, col, the lines, the text, the file)."""
     row, col = 13, len("    print(")
     lines = SAMPLE.splitlines(keepends=True)
     lines[row - 1] = lines[row - 1][:col] + "\n"
     before = "".join(lines)
     src = tmp_path / "sample.py"
     src.write_text(before)
+    return row, col, lines, before, src
+
+
+def test_nvim_ghost_text_shown_and_accepted(nvim: str, tmp_path: Path) -> None:
+    row, col, lines, before, src = cut_sample(tmp_path)
 
     record, rc, log = run_scenario(nvim, tmp_path, "ghost", row=row, col=col)
     assert rc == 0, f"{record.get('error')}\n{log}"
@@ -179,12 +185,7 @@ def test_nvim_ghost_text_shown_and_accepted(nvim: str, tmp_path: Path) -> None:
 def test_nvim_typing_through_a_suggestion_keeps_it(nvim: str, tmp_path: Path) -> None:
     """Typing the start of the ghost text keeps its rest on screen (no flicker), and the
     server answers the next request with that rest with no model run."""
-    row, col = 13, len("    print(")
-    lines = SAMPLE.splitlines(keepends=True)
-    lines[row - 1] = lines[row - 1][:col] + "\n"
-    before = "".join(lines)
-    src = tmp_path / "sample.py"
-    src.write_text(before)
+    row, col, lines, before, src = cut_sample(tmp_path)
     record, rc, log = run_scenario(nvim, tmp_path, "type_through", row=row, col=col)
     assert rc == 0, f"{record.get('error')}\n{log}"
     first, typed = record["first"]["suffix"], record["typed"]

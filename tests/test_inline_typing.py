@@ -11,7 +11,6 @@ prompt (``sidecar/inline_store.py`` says why answering a suggestion's rest is so
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from echoline.sidecar.lsp_utils import plain_params
 from echoline.sidecar.prompts import finish_completion, indentation, unheal
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig
+
+from tests.test_fim_inline import generations as runs  # the engine's logged runs of a session
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
@@ -69,12 +70,6 @@ def reference(smollm2_path: Path) -> Any:
     from echoline.engine.api import Engine
 
     return Engine.load(str(smollm2_path))
-
-
-def runs(client: Any, session: str) -> list[dict[str, Any]]:
-    path: Path = client.log_path
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-    return [r for r in rows if r["session"] == session]
 
 
 def at(text: str, offset: int) -> types.Position:
