@@ -43,11 +43,11 @@ from echoline.sidecar.next_edit import (
     FORMATS,
     REGION_LINES,
     Edit,
-    make_region,
     prompt_parts,
     run_next_edit,
     undoes,
 )
+from echoline.sidecar.next_edit_repeat import apply_edit, repeat_last_edit
 
 CASES_FILE = Path(__file__).with_name("next_edit_cases.json")
 
@@ -92,44 +92,13 @@ def case_events(case: Case) -> list[EditEvent]:
 
 
 def apply(text: str, edit: Edit) -> str:
-    return text[: edit.start] + edit.text + text[edit.end :]
+    return apply_edit(text, edit)
 
 
 def baseline_predict(text: str, cursor: int, event: EditEvent | None, region_lines: int = REGION_LINES
                      ) -> Edit | None:  # fmt: skip
-    """No model: the last event's substitution repeated at its next occurrence in the region
-    (after the cursor first, then before it). A pure insertion repeats after the same few
-    characters that preceded it (its anchor)."""
-    if event is None:
-        return None
-    span = changed_span(event.before, event.after)
-    if span is None:
-        return None
-    s, old_end, _, _ = span
-    removed, added = event.removed, event.added
-    region = make_region(text, cursor, region_lines, region_lines)
-    lo, hi = region.start, region.end
-    if removed:
-        needle, repl, lead = removed, added, 0
-    else:
-        line_start = event.before.rfind("\n", 0, s) + 1
-        anchor = event.before[max(line_start, s - 12) : s]
-        if not anchor.strip():
-            return None
-        needle, repl, lead = anchor, anchor + added, len(anchor)
-    spots = []
-    at = text.find(needle, lo)
-    while 0 <= at and at + len(needle) <= hi:
-        spots.append(at)
-        at = text.find(needle, at + 1)
-    # not the place the user just edited, nor a place already changed
-    spots = [a for a in spots if not (removed == "" and text.startswith(added, a + lead))]
-    after = [a for a in spots if a >= cursor] + [a for a in spots if a < cursor][::-1]
-    for a in after:
-        edit = Edit(a + lead, a + len(needle), repl[lead:]) if not removed else Edit(a, a + len(needle), repl)
-        if apply(text, edit) != text:
-            return edit
-    return None
+    """No model: the product's ``repeat`` predictor (``sidecar/next_edit_repeat.py``)."""
+    return repeat_last_edit(text, cursor, event, region_lines)
 
 
 def repeats_last(text: str, edit: Edit, event: EditEvent | None) -> bool:

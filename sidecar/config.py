@@ -58,6 +58,10 @@ class Settings:
     next_edit: bool = False
     next_edit_debounce_ms: int = 150  # a request waits this long after the document's last change
     next_edit_region_lines: int = 10  # lines above and below the cursor the prediction may change
+    # Who predicts: "repeat" (the last change at its next place, no model: right far more often
+    # than the 0.5B in ``bench next-edit``), "model" (the inline model rewrites the region), or
+    # "both" (repeat where it finds a place, else the model)
+    next_edit_predictor: str = "repeat"
     ready_timeout_s: float = 60.0
     prefill_on_idle: bool = True
     prefill_idle_ms: int = 400
@@ -133,6 +137,17 @@ def _backend(v: Any) -> str:
     v = _str(v)
     if v not in BACKENDS:
         raise ValueError(f"must be one of {', '.join(BACKENDS)}")
+    return v
+
+
+#: ``nextEditPredictor`` values (sidecar/next_edit_request.py)
+NEXT_EDIT_PREDICTORS = ("repeat", "model", "both")
+
+
+def _predictor(v: Any) -> str:
+    v = _str(v)
+    if v not in NEXT_EDIT_PREDICTORS:
+        raise ValueError(f"must be one of {', '.join(NEXT_EDIT_PREDICTORS)}")
     return v
 
 
@@ -240,6 +255,7 @@ KEYS: dict[str, tuple[str, Any]] = {
     "nextEdit": ("next_edit", _bool),
     "nextEditDebounceMs": ("next_edit_debounce_ms", _int_range(0, 10_000)),
     "nextEditRegionLines": ("next_edit_region_lines", _int_range(1, 40)),
+    "nextEditPredictor": ("next_edit_predictor", _predictor),
     "readyTimeoutS": ("ready_timeout_s", _pos_number),
     "prefillOnIdle": ("prefill_on_idle", _bool),
     "prefillIdleMs": ("prefill_idle_ms", _int_range(0, 60_000)),

@@ -32,6 +32,7 @@ from typing import Any
 
 from echoline.sidecar.lsp_utils import checked_offset, get_doc, parse_position, plain_params
 from echoline.sidecar.next_edit import NextEditOutcome, next_edit_job
+from echoline.sidecar.next_edit_repeat import repeat_last_edit
 from echoline.sidecar.worker import JobCancelled
 from echoline.sidecar.workspace_index import in_secret_dir, is_secret_name, normalize_uri
 from lsprotocol import types
@@ -130,11 +131,18 @@ async def predict(ls: Any, uri: str, version: int | None, pos: types.Position, e
         await asyncio.sleep(wait)
     if get_doc(ls.workspace, uri).version != version:
         return Answer(uri, version, reason="superseded", superseded=True)
+    events = ls.edit_history.events()
+    if s.next_edit_predictor in ("repeat", "both"):  # no model: answered at once
+        edit = repeat_last_edit(text, offset, events[-1] if events else None, s.next_edit_region_lines)
+        if edit is not None:
+            return Answer(uri, version, [edit.lsp(text, encoding)], "repeats the last edit")
+        if s.next_edit_predictor == "repeat":
+            return Answer(uri, version, reason="no place repeats the last edit")
     if getattr(ls, "job_models", None) is not None:
         ls.ensure_engine("inline")  # the inline job's engine: loaded on first use
     if await ls.wait_for_model(None, "inline") != "ready":
         return Answer(uri, version, reason="model not ready")
-    job = next_edit_job(prompt_path(uri, ls.workspace.root_path), uri, text, offset, ls.edit_history.events(),
+    job = next_edit_job(prompt_path(uri, ls.workspace.root_path), uri, text, offset, events,
                         spec=s.speculation, region_lines=s.next_edit_region_lines)
     try:
         out: NextEditOutcome = await ls.run_job(job, kind="next_edit", key=("next-edit", uri))

@@ -48,7 +48,7 @@ async def lsp(workspace: Path):
         root_uri=workspace.as_uri(),
         workspace_folders=[types.WorkspaceFolder(uri=workspace.as_uri(), name="ws")],
         initialization_options={"echoline": {"model": "smollm2", "nextEdit": True, "nextEditDebounceMs": 300,
-                                             "nextEditRegionLines": 4}},
+                                             "nextEditRegionLines": 4, "nextEditPredictor": "model"}},
     ))
     await asyncio.wait_for(ready.wait(), 900)  # a hang guard: loads crawl on a busy machine
     yield client
@@ -82,7 +82,7 @@ def params(uri: str, version: int | None, line: int, ch: int) -> dict[str, Any]:
     return {"textDocument": doc, "position": {"line": line, "character": ch}}
 
 
-async def ask(client: LanguageClient, method: str, p: dict[str, Any], msg_id: Any = None) -> dict[str, Any]:
+async def ask(client: LanguageClient, method: str, p: Any, msg_id: Any = None) -> dict[str, Any]:
     res = await asyncio.wait_for(client.protocol.send_request_async(method, p, msg_id=msg_id), 300)
     return plain_params(res)
 
@@ -174,3 +174,34 @@ async def test_secret_file_gets_no_prediction(lsp: LanguageClient, workspace: Pa
     change(lsp, uri, 2, 0, 8, 9, "2")
     got = _plain(await ask(lsp, "echoline/nextEdit", params(uri, 2, 0, 9)))
     assert got["edits"] == [] and got["reason"] == "secret file"
+
+
+async def test_repeat_predictor_answers_without_the_model(lsp: LanguageClient, workspace: Path) -> None:
+    """The default predictor: the user's change (print -> log.info in f0) proposed at its next
+    place (f1's print, three lines down) at once, with no model job; once every place is
+    done, no edit."""
+    lsp.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"echoline": {"nextEditPredictor": "repeat"}}))
+    try:
+        uri = open_doc(lsp, workspace, SRC)
+        change(lsp, uri, 2, 1, 4, 9, "log.info")
+        before = _plain(await ask(lsp, "workspace/executeCommand", types.ExecuteCommandParams(command="echoline.status")))
+        got = _plain(await ask(lsp, "echoline/nextEdit", params(uri, 2, 1, 12)))
+        assert got["reason"] == "repeats the last edit"
+        assert got["edits"] == [{"range": {"start": {"line": 5, "character": 4}, "end": {"line": 5, "character": 9}},
+                                 "newText": "log.info"}]
+        after = _plain(await ask(lsp, "workspace/executeCommand", types.ExecuteCommandParams(command="echoline.status")))
+        assert after.get("recentJobs") == before.get("recentJobs")  # no model run
+        cp = _plain(await ask(lsp, "textDocument/copilotInlineEdit", params(uri, 2, 1, 12)))
+        assert [e["text"] for e in cp["edits"]] == ["log.info"]
+        lines = SRC.split("\n")
+        v = 2
+        for i, line in enumerate(lines):  # the user takes every place: nothing left to repeat
+            if "print(" in line and i != 1:
+                v += 1
+                change(lsp, uri, v, i, 4, 9, "log.info")
+        done = _plain(await ask(lsp, "echoline/nextEdit", params(uri, v, 21, 12)))
+        assert done["edits"] == [] and done["reason"] == "no place repeats the last edit"
+    finally:
+        lsp.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"echoline": {"nextEditPredictor": "model"}}))
