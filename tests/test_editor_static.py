@@ -225,7 +225,8 @@ def test_docs_sidecar_settings_table() -> None:
     rows: dict[str, str] = {}
     for line in text.splitlines():
         if line.startswith("| `"):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            # a cell may hold an escaped pipe (`"a"` \| `"b"`)
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
             key = re.match(r"`([^`]+)`", cells[0])
             assert key, line
             rows[key.group(1)] = cells[2]

@@ -51,6 +51,21 @@ vim.notify = function(msg, level, opts)
 end
 
 local echoline = require('echoline')
+
+--- Ask for an inline completion at the cursor now and wait for the answer: the
+--- suggestion (nil: none) and the milliseconds it took.
+local function suggest_now(bufnr)
+  local got, answered = nil, false
+  local t0 = vim.uv.hrtime()
+  echoline.suggest(bufnr, {
+    on_result = function(s)
+      answered = true
+      got = s
+    end,
+  })
+  wait('the inline completion', function() return answered end)
+  return got, (vim.uv.hrtime() - t0) / 1e6
+end
 echoline.setup({
   cmd = cmd,
   cmd_env = { PYTHONPATH = env.ECHOLINE_TEST_PYTHONPATH },
@@ -165,14 +180,7 @@ elseif scenario == 'ghost' then
       and w.detail ~= nil and w.detail.tokens ~= nil and w.detail.tokens > 30
   end)
   record.warm = cursor_mod.last_warm
-  local got, answered = nil, false
-  echoline.suggest(bufnr, {
-    on_result = function(s)
-      answered = true
-      got = s
-    end,
-  })
-  wait('the inline completion', function() return answered end)
+  local got = suggest_now(bufnr)
   if not got then
     fail('no ghost text was shown (empty or no completion)')
   end
@@ -202,18 +210,6 @@ elseif scenario == 'type_through' then
   local row, col = lines_env('ECHOLINE_TEST_ROW'), lines_env('ECHOLINE_TEST_COL')
   vim.o.virtualedit = 'onemore'
   vim.api.nvim_win_set_cursor(0, { row, col })
-  local function suggest()
-    local got, answered = nil, false
-    local t0 = vim.uv.hrtime()
-    echoline.suggest(bufnr, {
-      on_result = function(s)
-        answered = true
-        got = s
-      end,
-    })
-    wait('the inline completion', function() return answered end)
-    return got, (vim.uv.hrtime() - t0) / 1e6
-  end
   local function status()
     local res
     client:request('workspace/executeCommand', { command = 'echoline.status', arguments = {} }, function(_, r)
@@ -222,7 +218,7 @@ elseif scenario == 'type_through' then
     wait('echoline.status', function() return res ~= nil end, 30000)
     return res.inlineStore
   end
-  local first = suggest()
+  local first = suggest_now(bufnr)
   if not first then
     fail('no ghost text was shown (empty or no completion)')
   end
@@ -244,7 +240,7 @@ elseif scenario == 'type_through' then
   record.kept = kept and { suffix = kept.suffix, row = kept.row, col = kept.col } or vim.NIL
   record.kept_mark = marks[1] and { row = marks[1][2], col = marks[1][3], text = marks[1][4].virt_text[1][1] }
     or vim.NIL
-  local second, ms = suggest()
+  local second, ms = suggest_now(bufnr)
   record.second = second and { text = second.text, suffix = second.suffix } or vim.NIL
   record.second_ms = ms
   record.store_before, record.store_after = before, status()
