@@ -31,6 +31,7 @@ export const SERVER_KEYS = [
   'apiKeyEnv',
   'nextEdit',
   'nextEditDebounceMs',
+  'nextEditPredictor',
 ] as const;
 
 export type ServerKey = (typeof SERVER_KEYS)[number];
@@ -59,6 +60,7 @@ export interface ServerSettings {
   apiKeyEnv: string; // the variable's name; the key never leaves the environment
   nextEdit: boolean; // edit predictions (echoline/nextEdit after a pause)
   nextEditDebounceMs: number; // the pause after an edit before a prediction is asked
+  nextEditPredictor: string; // 'repeat' (no model), 'model' or 'both'
 }
 
 /** The models `echoline models list` knows (used when that command cannot run). */
@@ -96,6 +98,7 @@ export function serverSettings(): ServerSettings {
     apiKeyEnv: cfg.get<string>('apiKeyEnv', 'ECHOLINE_API_KEY'),
     nextEdit: cfg.get<boolean>('nextEdit', false),
     nextEditDebounceMs: cfg.get<number>('nextEditDebounceMs', 150),
+    nextEditPredictor: cfg.get<string>('nextEditPredictor', 'repeat'),
   };
 }
 

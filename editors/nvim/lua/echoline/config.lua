@@ -53,6 +53,8 @@ M.defaults = {
   -- jumps to it, then applies it). :EcholineNextEdit asks whatever this says.
   next_edit = false,
   next_edit_debounce_ms = 150,
+  -- Who predicts: 'repeat' (your last change at its next place, no model), 'model', 'both'.
+  next_edit_predictor = 'repeat',
   -- Rewrite: preview as a diff and apply on accept; false applies directly.
   confirm = true,
   -- Inline completion (ghost text).
@@ -115,6 +117,7 @@ function M.server_settings(o)
     apiKeyEnv = o.api_key_env,
     nextEdit = o.next_edit,
     nextEditDebounceMs = o.next_edit_debounce_ms,
+    nextEditPredictor = o.next_edit_predictor,
   }
 end
 
