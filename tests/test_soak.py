@@ -598,6 +598,9 @@ class Soak:
             assert res["finishReason"] == "length", res
         elif reason.startswith("stale:"):  # our applyEdit handler refused it (a race)
             self.count["rewritesRefusedByClient"] += 1
+        elif reason.startswith("no confident edit"):  # e.g. a random cut mid-statement no longer parses
+            assert res.get("noConfidentEdit") and "nothing applied" in reason, res
+            self.count["noConfidentEdit"] += 1
         else:
             raise AssertionError(f"unexpected rewrite outcome {res}")
 

@@ -46,10 +46,12 @@ def test_side_by_side_inline_reuses_both_caches(smollm2_path, capsys):
     from echoline.engine.api import Engine
 
     from tools.llamacpp_peer import build
-    from tools.versus_llamacpp_inline import run
+    from tools.versus_llamacpp_inline import run, typing_requests
 
+    # three or four requests whatever the typed line's length (the source changes with the code)
+    step = max(1, (len(typing_requests(SOURCE.read_text(), 1)) - 1) // 3)
     args = argparse.Namespace(
-        model=str(smollm2_path), backend=cpu_backend_name(), source=[str(SOURCE)], step=25, max_tokens=8,
+        model=str(smollm2_path), backend=cpu_backend_name(), source=[str(SOURCE)], step=step, max_tokens=8,
         suffix_tokens=None, ctx=4096, llama_server=str(build()), llama_args="--poll 0", verbose=False,
         json=True,
     )  # fmt: skip
@@ -62,7 +64,7 @@ def test_side_by_side_inline_reuses_both_caches(smollm2_path, capsys):
         assert row["requests"] == out["requests"]
         assert row["median_s"] > 0 and row["p90_s"] >= row["median_s"]
         assert 0 < row["mean_generated"] <= 8
-        # a keystroke runs again the typed text (25 characters) and no more: the cache held
+        # a keystroke runs again the typed text (one step of characters) and no more: the cache held
         assert 0 < row["median_prompt_run"] < min(40, prompt_len // 4), (name, row)
     assert 0 <= out["same_replies"] <= out["requests"]
     assert out["speedup"] == pytest.approx(out["engines"]["llama"]["median_s"] / out["engines"]["echoline"]["median_s"],

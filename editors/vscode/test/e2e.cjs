@@ -72,6 +72,9 @@ async function main(page) {
     const through = Math.min(Number(env.E2E_GHOST_TYPE_THROUGH || 0), out.ghostText.split('\n')[0].length - 1);
     for (let i = 0; i < through; i++) {
       await page.keyboard.type(out.ghostText[i]);
+      // one rendered frame after the key (a read in the key's own task can race the
+      // editor's re-render and see the text from before it)
+      await page.evaluate(() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r))));
       const now = (await ghost.allInnerTexts()).join('\n').replace(/\u00a0/g, ' ');
       await page.waitForTimeout(400);
       const later = (await ghost.allInnerTexts()).join('\n').replace(/\u00a0/g, ' ');
