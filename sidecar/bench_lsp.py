@@ -506,9 +506,13 @@ def _summarize(args: Any, engine: Any, sc: Scenario, cold: LspRun, pairs: list, 
         None,
         lambda p: (p[0].stats.get("generated_tokens", 0) / p[0].wall_s) / p[1].e2e_tok_s if p[1].e2e_tok_s else None,
     )
-    identical = all(p[0].result.get("text") is not None for p in pairs) and all(
-        _strip(p[1].text) == p[0].result.get("text", "").rstrip("\n") for p in pairs
-    )
+    def same(p: Any) -> bool:
+        """The LSP reply is the engine's, or, where a rewrite stop rule ended it (the reply ran
+        into the code after the selection, say), the engine's reply up to there."""
+        lsp_text, engine_text = p[0].result.get("text", "").rstrip("\n"), _strip(p[1].text)
+        return engine_text == lsp_text or bool(p[0].result.get("stoppedBy")) and engine_text.startswith(lsp_text)
+
+    identical = all(p[0].result.get("text") is not None for p in pairs) and all(same(p) for p in pairs)
     warm_text = {k: med(k, lambda p: p[0].first_text_s) for k in KINDS}
     out: dict[str, Any] = {
         "model": engine.model_name,
