@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from echoline.sidecar.bench_lsp import stop_client
+
 READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 300.0
 
@@ -168,17 +170,7 @@ class Typist:
         return dict(got.get("inlineStore") or {})
 
     async def stop(self) -> None:
-        try:
-            await asyncio.wait_for(self.client.shutdown_async(None), 30)
-            self.client.exit(None)
-        except Exception:
-            pass
-        try:
-            await asyncio.wait_for(self.client.stop(), 30)
-        except Exception:
-            pass
-        if self._drain is not None:
-            self._drain.cancel()
+        await stop_client(self.client, self._drain)
 
 
 async def _drive(args: Any, source: Path) -> dict[str, Any]:

@@ -204,6 +204,22 @@ def _since(t0: float, t: float | None) -> float | None:
 # ---- the LSP side -----------------------------------------------------------------------------
 
 
+async def stop_client(client: Any, drain: Any = None) -> None:
+    """End a benchmark's language-server session: shutdown and exit, then stop the process;
+    a server already gone is no error (the figures are taken by then)."""
+    try:
+        await asyncio.wait_for(client.shutdown_async(None), 30)
+        client.exit(None)
+    except Exception:  # noqa: BLE001 - best effort at the end of a run
+        pass
+    try:
+        await asyncio.wait_for(client.stop(), 30)
+    except Exception:  # noqa: BLE001
+        pass
+    if drain is not None:
+        drain.cancel()
+
+
 class LspSide:
     """The real server over stdio and the buffer we edit in it."""
 
@@ -362,16 +378,7 @@ class LspSide:
     async def stop(self) -> None:
         if self.client is None:
             return
-        try:
-            await asyncio.wait_for(self.client.shutdown_async(None), 30)
-            self.client.exit(None)
-        except Exception:
-            pass
-        try:
-            await asyncio.wait_for(self.client.stop(), 30)
-        except Exception:
-            pass
-        self._drain.cancel()
+        await stop_client(self.client, self._drain)
 
 
 # ---- the direct side --------------------------------------------------------------------------
