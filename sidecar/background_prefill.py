@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from echoline.sidecar.config import Settings
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.worker import EngineWorker, Job
 
 CHUNK = 64  # tokens per forward: what a request arriving mid-prefill waits for at most
@@ -34,7 +35,7 @@ CHUNK = 64  # tokens per forward: what a request arriving mid-prefill waits for 
 PrefillJob = Callable[[Any, threading.Event, Callable[[int], None]], "dict[str, Any] | None"]
 
 
-def prefill_chunk(engine: Any) -> int | None:
+def prefill_chunk(engine: EngineLike) -> int | None:
     """The chunk a background prefill runs in: ``CHUNK``, or the engine's own prefill chunk
     on a backend whose results depend on the rows per forward (chunks there would change
     the bits a later request computes)."""
@@ -42,7 +43,7 @@ def prefill_chunk(engine: Any) -> int | None:
 
 
 def run_ids(
-    engine: Any, ids: list[int], session: str, cancel: threading.Event,
+    engine: EngineLike, ids: list[int], session: str, cancel: threading.Event,
     started: Callable[[int], None] | None, reserve_tokens: int | None = None, **extra: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """On the engine thread: run a background prefill's ``ids`` into ``session``, in
@@ -135,7 +136,7 @@ class BackgroundPrefill:
         def started(n: int) -> None:  # engine thread
             loop.call_soon_threadsafe(self._notify, {"uri": uri, "state": "started", "tokens": n})
 
-        def job(engine: Any, cancel: threading.Event) -> dict[str, Any] | None:
+        def job(engine: EngineLike, cancel: threading.Event) -> dict[str, Any] | None:
             return run(engine, cancel, started)
 
         submitted = self._worker.submit(job, kind=self.job_kind, key=(self.key_name, uri))

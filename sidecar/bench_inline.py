@@ -66,6 +66,7 @@ import threading
 import time
 from typing import Any
 
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.inline import HeadStarts, InlineOutcome, inline_job, warm_job
 from echoline.sidecar.prompts import INLINE_ANCHOR_CHARS, auto_suffix_tokens
 
@@ -124,7 +125,7 @@ def _uri(layout: str, name: str) -> str:
     return f"file:///{layout}/{name}"
 
 
-def _complete(engine: Any, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
+def _complete(engine: EngineLike, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
               spec: bool, keeps: HeadStarts) -> tuple[InlineOutcome, float]:
     """One request of ``layout`` on its own session; ``keeps``: the kept head starts (the
     server's ``inline_head_starts``), for the layouts that keep them."""
@@ -138,7 +139,7 @@ def _complete(engine: Any, layout: str, name: str, prefix: str, suffix: str, bud
     return out, time.perf_counter() - t0
 
 
-def _warm_up(engine: Any, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
+def _warm_up(engine: EngineLike, layout: str, name: str, prefix: str, suffix: str, budget: int | None,
              keeps: HeadStarts) -> float:
     """The server's warm-up at a resting cursor for ``layout``'s document; its seconds."""
     anchor, use_budget, keep = LAYOUTS[layout]

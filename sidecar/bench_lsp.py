@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from echoline.sidecar.engine_like import EngineLike
+
 FIRST_TEXT_TARGET_S = 0.3
 REWRITE_TARGET_S = 3.0  # a warm 10-line rewrite in a 300-line file, end to end
 THROUGHPUT_TARGET = 0.9  # LSP tok/s at least 90% of the engine's
@@ -389,7 +391,7 @@ class DirectSide:
 
     SESSION = "bench-direct"
 
-    def __init__(self, engine: Any, max_tokens: int) -> None:
+    def __init__(self, engine: EngineLike, max_tokens: int) -> None:
         self.engine = engine
         self.max_tokens = max_tokens
 
@@ -441,7 +443,7 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-async def _drive(args: Any, engine: Any, sc: Scenario, root: Path) -> dict[str, Any]:
+async def _drive(args: Any, engine: EngineLike, sc: Scenario, root: Path) -> dict[str, Any]:
     rounds = max(1, args.rounds)
     instruction = getattr(args, "instruction", "") or ""
     lsp = LspSide(args.model, args.backend, args.max_tokens, root)
@@ -504,7 +506,7 @@ async def _drive(args: Any, engine: Any, sc: Scenario, root: Path) -> dict[str, 
     return out
 
 
-def _summarize(args: Any, engine: Any, sc: Scenario, cold: LspRun, pairs: list, lsp: LspSide) -> dict[str, Any]:
+def _summarize(args: Any, engine: EngineLike, sc: Scenario, cold: LspRun, pairs: list, lsp: LspSide) -> dict[str, Any]:
     def med(kind: str | None, fn) -> float | None:
         return _median([fn(p) for p in pairs if kind is None or p[0].kind == kind])
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from echoline.sidecar.edit_history import EditEvent, EditHistory, changed_span
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.next_edit import (
     DEFAULT_FORMAT,
     FORMATS,
@@ -117,7 +118,7 @@ def repeats_last(text: str, edit: Edit, event: EditEvent | None) -> bool:
     return bool(event.removed.strip()) and event.removed.strip() in removed
 
 
-def _warm_time(engine: Any, parts: Any, fmt: str, spec: bool, session: str) -> tuple[float, Any]:
+def _warm_time(engine: EngineLike, parts: Any, fmt: str, spec: bool, session: str) -> tuple[float, Any]:
     """(seconds, outcome) of a prediction whose prompt was prefilled first (as a warm-up
     during the pause would): the time is the prompt's last token and the reply only, the
     part speculation speeds up."""

@@ -15,6 +15,7 @@ from echoline.engine.errors import EcholineError
 if TYPE_CHECKING:
     from echoline.engine.model_choice import Choice
     from echoline.sidecar.config import Settings
+    from echoline.sidecar.engine_like import EngineLike
 
 #: Arguments of the local engine a remote one has no use for (the server owns its memory).
 _LOCAL_ONLY = ("backend", "kv_budget_bytes", "cpu_activations", "prefill_chunk")
@@ -43,7 +44,7 @@ def load_engine(model: str, *, engine: str = "local", endpoint: str | None = Non
     return RemoteEngine.connect(model, endpoint, server_kind=server_kind, api_key_env=api_key_env or API_KEY_ENV)
 
 
-def remote_status(engine: Any, *, brief: bool = False) -> dict[str, Any]:
+def remote_status(engine: EngineLike, *, brief: bool = False) -> dict[str, Any]:
     """What a remote engine reports (endpoint, server kind, tokenizer check, exactness);
     ``{}`` for the local engine. ``brief``: only what the ``echoline/status`` notification
     carries for the editors' status line."""

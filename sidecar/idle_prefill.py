@@ -58,7 +58,7 @@ class IdlePrefill(BackgroundPrefill):
         if text is None:
             return None
 
-        def job(engine: Any, cancel: threading.Event, started: Callable[[int], None]) -> dict[str, Any] | None:
+        def job(engine: EngineLike, cancel: threading.Event, started: Callable[[int], None]) -> dict[str, Any] | None:
             return run_prefill(engine, uri, text, cancel, started)
 
         return job

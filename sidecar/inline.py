@@ -175,7 +175,7 @@ def ahead_session(uri: str) -> str:
 
 
 def _prompt(
-    engine: Any, healed: str, suffix: str, uri: str, suffix_tokens: int | None, auto_suffix: bool,
+    engine: EngineLike, healed: str, suffix: str, uri: str, suffix_tokens: int | None, auto_suffix: bool,
     anchor: int, starts: HeadStarts | None, record: bool, edits: int | None,
 ) -> InlinePrompt:  # fmt: skip
     """The inline prompt at the cursor, on the engine thread, with the head start kept in
@@ -224,7 +224,7 @@ def inline_job(
         cut = line_end(text) if one_line else None
         return cut if cut is not None else block_end(text, indent)
 
-    def job(engine: Any, cancel: threading.Event) -> InlineOutcome:
+    def job(engine: EngineLike, cancel: threading.Event) -> InlineOutcome:
         prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, record, edits)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
             return InlineOutcome(None, {}, prompt.mode)
@@ -280,7 +280,7 @@ def ahead_job(
     run = inline_job(prefix, suffix, cursor_line, uri, max_tokens, spec, suffix_tokens, starts=starts,
                      session=ahead_session(uri), record=False, chunked=True)
 
-    def job(engine: Any, cancel: threading.Event) -> dict[str, Any] | None:
+    def job(engine: EngineLike, cancel: threading.Event) -> dict[str, Any] | None:
         if not isinstance(engine, EngineLike):
             return None
         out = run(engine, cancel)
@@ -307,7 +307,7 @@ def warm_job(
     keystroke runs again anyway."""
     healed, _ = heal_prefix(prefix)
 
-    def job(engine: Any, cancel: threading.Event,
+    def job(engine: EngineLike, cancel: threading.Event,
             started: Callable[[int], None] | None = None) -> dict[str, Any] | None:  # fmt: skip
         if not isinstance(engine, EngineLike):  # not loaded, or a test's stand-in
             return None

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echoline.sidecar.edit_history import EditEvent, changed_span
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.lsp_utils import UTF16, position_at
 from lsprotocol import types
 
@@ -218,7 +219,7 @@ class Prompt:
     reply_prefix: str = ""  # the reply's start the prompt already holds (primed)
 
 
-def _tok(engine: Any, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+def _tok(engine: EngineLike, pieces: Sequence[tuple[str, bool]]) -> list[int]:
     """Token ids of (text, special) pieces: user text never parses as control tokens."""
     tok = engine.tokenizer
     ids: list[int] = []
@@ -232,7 +233,7 @@ def _lf(s: str) -> str:
     return s if not s or s.endswith("\n") else s + "\n"
 
 
-def sweep_prompt(engine: Any, p: PromptParts) -> Prompt:
+def sweep_prompt(engine: EngineLike, p: PromptParts) -> Prompt:
     """``<|file_sep|>`` blocks (Sweep's layout, which Qwen2.5-Coder's repo format knows)."""
     sep = "<|file_sep|>"
     pieces: list[tuple[str, bool]] = [(sep, True), (f"{p.path}\n{_lf(p.before_region)}{_lf(p.region.body)}"
@@ -245,7 +246,7 @@ def sweep_prompt(engine: Any, p: PromptParts) -> Prompt:
     return Prompt(_tok(engine, pieces), end_marks=(sep,))
 
 
-def filesep_prompt(engine: Any, p: PromptParts) -> Prompt:
+def filesep_prompt(engine: EngineLike, p: PromptParts) -> Prompt:
     """``sweep`` without the region as it read before the last edit: the file, the edits,
     the current region and an open ``updated`` block (an untuned model tends to copy the
     older block back, undoing the user's edit)."""
@@ -274,7 +275,7 @@ def _events_text(p: PromptParts) -> str:
     return "".join(ev.diff for ev in p.events) or "(none)\n"
 
 
-def zeta_prompt(engine: Any, p: PromptParts) -> Prompt:
+def zeta_prompt(engine: EngineLike, p: PromptParts) -> Prompt:
     """Zeta's layout: edits, the excerpt with a marked editable region, the reply rewrites it."""
     head = (f"### Instruction:\n{ZETA_INSTRUCTION}\n\n### User Edits:\n\n{_events_text(p)}\n"
             f"### User Excerpt:\n\n```{p.path}\n{_lf(p.before_region)}{_marked_region(p)}{_lf(p.after_region)}```\n\n"
@@ -288,7 +289,7 @@ CHAT_SYSTEM = ("You predict a programmer's next edit. Given their recent edits a
                "Reply with the region only, in a code block.")
 
 
-def chat_prompt(engine: Any, p: PromptParts) -> Prompt:
+def chat_prompt(engine: EngineLike, p: PromptParts) -> Prompt:
     """An instruction through the model's chat template, the reply primed with the fence."""
     user = (f"Recent edits:\n{_events_text(p)}\nFile {p.path}, around the cursor:\n```\n{_lf(p.before_region)}"
             f"{_marked_region(p)}{_lf(p.after_region)}```\n\nRewrite the lines between {REGION_START} and "
@@ -360,7 +361,7 @@ def _takes_stop_when(cls: type) -> bool:
 
 
 def run_next_edit(
-    engine: Any, parts: PromptParts, *, fmt: str = DEFAULT_FORMAT, spec: bool = True,
+    engine: EngineLike, parts: PromptParts, *, fmt: str = DEFAULT_FORMAT, spec: bool = True,
     session: str | None = None, cancel: threading.Event | None = None, early_stop: bool = True,
     max_tokens: int | None = None,
 ) -> NextEditOutcome:  # fmt: skip
@@ -459,7 +460,7 @@ def next_edit_job(
     """The worker job predicting the next edit at ``cursor`` of ``text`` (one version)."""
     parts = prompt_parts(path, text, cursor, events, uri, region_lines)
 
-    def job(engine: Any, cancel: threading.Event) -> NextEditOutcome:
+    def job(engine: EngineLike, cancel: threading.Event) -> NextEditOutcome:
         return run_next_edit(engine, parts, fmt=fmt, spec=spec, session=next_edit_session(uri), cancel=cancel)
 
     return job

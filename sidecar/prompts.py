@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from echoline.sidecar.engine_like import EngineLike
+
 REPRODUCE_INSTRUCTION = (
     "Rewrite the selected code EXACTLY, character for character, with no changes and no commentary."
 )
@@ -130,7 +132,7 @@ def rewrite_prompt(
     return RewritePrompt(messages=messages, prime=prime, plain=plain, fence=fence)
 
 
-def rewrite_prompt_ids(engine: Any, prompt: RewritePrompt) -> list[int]:
+def rewrite_prompt_ids(engine: EngineLike, prompt: RewritePrompt) -> list[int]:
     """Token ids: chat template (when the model has one) then the primed fence."""
     tok = engine.tokenizer
     if engine.has_chat_template:
@@ -139,13 +141,13 @@ def rewrite_prompt_ids(engine: Any, prompt: RewritePrompt) -> list[int]:
     return list(tok.encode(prompt.plain, parse_special=False))
 
 
-def _context_tokens(engine: Any) -> int | None:
+def _context_tokens(engine: EngineLike) -> int | None:
     config = getattr(engine, "config", None)
     return getattr(config, "context_length", None)
 
 
 def fitted_rewrite_ids(
-    engine: Any, file_text: str, start: int, end: int, instruction: str, *, name: str = "",
+    engine: EngineLike, file_text: str, start: int, end: int, instruction: str, *, name: str = "",
     reply_room: int = 512,
 ) -> tuple[RewritePrompt, list[int]]:
     """The rewrite prompt and its ids, the file window shrunk until they fit the context.
@@ -171,7 +173,7 @@ def fitted_rewrite_ids(
         window = max(end - start, window // 2)
 
 
-def rewrite_prefix_ids(engine: Any, file_text: str, *, name: str = "") -> list[int] | None:
+def rewrite_prefix_ids(engine: EngineLike, file_text: str, *, name: str = "") -> list[int] | None:
     """Token ids every rewrite prompt on this unchanged file starts with (None: none known).
 
     Why: the sidecar prefills them while the user pauses, so the next request prefills
@@ -306,7 +308,7 @@ def inline_tail_ids(tok: Any, suffix: str, chars: int = INLINE_SUFFIX_CHARS, tok
     return best if best is not None else ids[: max(0, tokens)]
 
 
-def auto_suffix_tokens(engine: Any, budget_s: float = INLINE_SUFFIX_BUDGET_S) -> int | None:
+def auto_suffix_tokens(engine: EngineLike, budget_s: float = INLINE_SUFFIX_BUDGET_S) -> int | None:
     """The inline suffix's token budget for ``engine``: the most tokens, a power of two
     within [32, 1024] (so that small differences in the measured speed do not change the
     prompt), whose prefill takes at most ``budget_s`` (``Engine.prefill_seconds``); 32 if
@@ -322,7 +324,7 @@ def auto_suffix_tokens(engine: Any, budget_s: float = INLINE_SUFFIX_BUDGET_S) ->
 
 
 def inline_prompt(
-    engine: Any, prefix: str, suffix: str, *, suffix_tokens: int | None = None,
+    engine: EngineLike, prefix: str, suffix: str, *, suffix_tokens: int | None = None,
     anchor: int = INLINE_ANCHOR_CHARS, keep_start: int | None = None,
 ) -> InlinePrompt:  # fmt: skip
     """FIM (prefix-suffix-middle) when the model has FIM tokens, else a raw continuation.

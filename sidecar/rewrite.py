@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from echoline.engine.errors import EcholineError
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.prompts import fit_selection, fitted_rewrite_ids, strip_fence
 from echoline.sidecar.rewrite_checks import no_confident_edit, withholds
 from echoline.sidecar.rewrite_stops import stop_rules
@@ -45,7 +46,7 @@ class Progress:
 
 
 def run_rewrite(
-    engine: Any,
+    engine: EngineLike,
     file_text: str,
     start: int,
     end: int,

@@ -12,13 +12,13 @@ chat form with the whole excerpt and free prose, or the product's rewrite of a s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from echoline.engine.bench import traffic
+from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.prompts import fitted_rewrite_ids
 
 
-def rewrite_requests(engine: Any, paths: list[Path], max_tokens: int = 256) -> list[tuple[list[int], tuple[str, ...]]]:
+def rewrite_requests(engine: EngineLike, paths: list[Path], max_tokens: int = 256) -> list[tuple[list[int], tuple[str, ...]]]:
     """(prompt ids, stop strings) per source: what ``echoline rewrite`` would send the engine."""
     out = []
     for i, path in enumerate(paths):

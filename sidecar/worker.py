@@ -342,7 +342,7 @@ class EngineWorker:
                 except Exception:
                     log.exception("engine rejected source %s", sid)
 
-    def _set_source(self, engine: Any, sid: str, text: str, tokens: SourceTokens) -> None:
+    def _set_source(self, engine: EngineLike, sid: str, text: str, tokens: SourceTokens) -> None:
         """Hand the engine the source's ids, re-tokenizing only the chunks an edit touched.
 
         Same ids as ``engine.set_source(sid, text)`` (no BOS, special-token text left
@@ -461,7 +461,7 @@ class EngineWorker:
                 del self._by_key[job.key]
 
 
-def _warm_up(engine: Any, progress: LoadProgress | None) -> None:
+def _warm_up(engine: EngineLike, progress: LoadProgress | None) -> None:
     """Pay the one-off costs while loading, not on the user's first request: the first
     forward (kernel compile or cache load) and the draft controller's calibration
     (``EngineLike.warm_up``). A failure here is only logged: the request will pay it, or
@@ -474,7 +474,7 @@ def _warm_up(engine: Any, progress: LoadProgress | None) -> None:
         log.exception("warm-up after loading failed")
 
 
-def _record_speeds(engine: Any) -> None:
+def _record_speeds(engine: EngineLike) -> None:
     """Keep a local engine's calibrated speeds for the next start's model choice
     (``engine.model_choice``): a remote engine or a stand-in has none."""
     if not isinstance(engine, EngineLike) or not getattr(engine, "takes_source_ids", False):
