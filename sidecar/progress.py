@@ -27,6 +27,8 @@ from lsprotocol import types
 log = logging.getLogger(__name__)
 
 CREATE_TIMEOUT_S = 5.0
+#: The least time between two progress reports of one phase (load phases, a rewrite's text).
+PROGRESS_INTERVAL_S = 0.1
 _ids = itertools.count(1)
 
 

@@ -16,12 +16,11 @@ from typing import Any, Literal
 import attrs
 import cattrs
 from echoline.sidecar.lsp_utils import invalid, parse_position, short
-from echoline.sidecar.progress import WorkDone
+from echoline.sidecar.progress import PROGRESS_INTERVAL_S, WorkDone
 from echoline.sidecar.rewrite import Progress
 from lsprotocol import types
 
 COMMAND = "echoline.rewrite"
-PROGRESS_INTERVAL_S = 0.1
 NOTIFY_REWRITE_PROGRESS = "echoline/rewriteProgress"
 
 

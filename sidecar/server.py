@@ -64,7 +64,7 @@ from echoline.sidecar.lsp_utils import (
 )
 from echoline.sidecar.lsp_utils import invalid as invalid  # re-exported: error helpers
 from echoline.sidecar.lsp_utils import short as short
-from echoline.sidecar.progress import WorkDone, load_message
+from echoline.sidecar.progress import PROGRESS_INTERVAL_S, WorkDone, load_message
 from echoline.sidecar.rewrite import run_rewrite
 from echoline.sidecar.rewrite_request import RewriteArgs, RewriteProgress
 from echoline.sidecar.worker import PRIMARY, EngineWorker, Job, JobCancelled
@@ -89,7 +89,6 @@ REQUEST_FAILED = -32803  # LSP RequestFailed
 JOB_TIMEOUT_S = 600.0  # far above any generation's max_tokens at CPU speed
 APPLY_EDIT_TIMEOUT_S = 30.0
 CONTENT_MODIFIED = -32801  # LSP ContentModified
-PROGRESS_INTERVAL_S = 0.1  # the least time between two load-progress reports of one phase
 
 
 _converter = get_converter()
