@@ -339,7 +339,9 @@ async def test_second_rewrite_on_a_buffer_reuses_its_cached_file_part(
 async def test_rewrite_with_instruction_renames_parameter(lsp: LanguageClient, workspace: Path) -> None:
     sel = "def scale(x, t):\n    return x * t\n"
     text = "import math\n\n" + FIB + "\n\n" + sel + "\n\nprint(fibonacci(10))\n"
-    uri = open_doc(lsp, workspace, text)
+    # a name of its own: the prompt names the file, so a counter's name would make the
+    # reply depend on which tests ran before
+    uri = open_doc(lsp, workspace, text, name="scale_weights.py")
     res = await rewrite(
         lsp, uri=uri, version=1, range=rng(9, 0, 11, 0),
         instruction="Rename the parameter t to weight.", mode="preview",
