@@ -92,10 +92,6 @@ def case_events(case: Case) -> list[EditEvent]:
     return history.events()
 
 
-def apply(text: str, edit: Edit) -> str:
-    return apply_edit(text, edit)
-
-
 def baseline_predict(text: str, cursor: int, event: EditEvent | None, region_lines: int = REGION_LINES
                      ) -> Edit | None:  # fmt: skip
     """No model: the product's ``repeat`` predictor (``sidecar/next_edit_repeat.py``)."""
@@ -148,7 +144,7 @@ def _summary(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
 def _judge(case: Case, edit: Edit | None, event: EditEvent | None) -> dict[str, Any]:
     if edit is None:
         return {"shown": False, "hit": False, "harm": False}
-    return {"shown": True, "hit": apply(case.edited, edit) == case.expected,
+    return {"shown": True, "hit": apply_edit(case.edited, edit) == case.expected,
             "harm": event is not None and undoes(case.edited, edit, event),
             "edit": [edit.start, edit.end, edit.text]}
 

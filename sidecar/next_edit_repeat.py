@@ -35,15 +35,14 @@ def _places(text: str, needle: str, lo: int, hi: int) -> list[int]:
     return spots
 
 
-def _candidates(event: EditEvent) -> list[tuple[str, int, int, str]]:
+def _candidates(event: EditEvent, s: int) -> list[tuple[str, int, int, str]]:
     """(text to find, where in it the change starts, characters it replaces there, new text)
-    for the event: the
+    for the event, whose change starts at ``s`` of ``event.before``: the
     removed text itself; for a pure insertion, the few characters before it (its anchor), then
     the word after it (``await`` goes before ``fetch`` whatever precedes the call)."""
     removed, added = event.removed, event.added
     if removed:
         return [(removed, 0, len(removed), added)]
-    s = changed_span(event.before, event.after)[0]
     out = []
     line_start = event.before.rfind("\n", 0, s) + 1
     anchor = event.before[max(line_start, s - ANCHOR_CHARS) : s]
@@ -63,10 +62,11 @@ def repeat_last_edit(text: str, cursor: int, event: EditEvent | None, region_lin
     repeats after the same few characters that preceded it (its anchor), or else before the
     word it preceded, except where the inserted text is already there. A prediction that
     changes nothing or takes back the user's own edit is never returned."""
-    if event is None or changed_span(event.before, event.after) is None:
+    span = None if event is None else changed_span(event.before, event.after)
+    if span is None:
         return None
     region = make_region(text, cursor, region_lines, region_lines)
-    for needle, lead, cut, new in _candidates(event):
+    for needle, lead, cut, new in _candidates(event, span[0]):
         spots = _places(text, needle, region.start, region.end)
         if not event.removed:  # where the insertion is already made (the user's own place)
             ins = event.added

@@ -6,7 +6,7 @@ decoding run to the reply's end (no early stop)."""
 from __future__ import annotations
 
 import pytest
-from echoline.sidecar.bench_next_edit import apply, baseline_predict, case_events, load_cases
+from echoline.sidecar.bench_next_edit import baseline_predict, case_events, load_cases
 from echoline.sidecar.edit_history import EditHistory
 from echoline.sidecar.next_edit import (
     FORMATS,
@@ -20,6 +20,7 @@ from echoline.sidecar.next_edit import (
     run_next_edit,
     undoes,
 )
+from echoline.sidecar.next_edit_repeat import apply_edit as apply
 from echoline.sidecar.next_edit_request import Answer, copilot_result, secret_rule
 from lsprotocol import types
 from lsprotocol.converters import get_converter
