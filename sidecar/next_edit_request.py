@@ -138,8 +138,7 @@ async def predict(ls: Any, uri: str, version: int | None, pos: types.Position, e
             return Answer(uri, version, [edit.lsp(text, encoding)], "repeats the last edit")
         if s.next_edit_predictor == "repeat":
             return Answer(uri, version, reason="no place repeats the last edit")
-    if getattr(ls, "job_models", None) is not None:
-        ls.ensure_engine("inline")  # the inline job's engine: loaded on first use
+    ls.ensure_engine("inline")  # the inline job's engine: loaded on first use
     if await ls.wait_for_model(None, "inline") != "ready":
         return Answer(uri, version, reason="model not ready")
     job = next_edit_job(prompt_path(uri, ls.workspace.root_path), uri, text, offset, events,
