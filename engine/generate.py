@@ -293,75 +293,124 @@ def generate_tokens(
     if not speculate and sampler is None:  # plain greedy: every step chained to the end
         _, end = _chained_steps(model, cache, pending, reply, push, cancel, stats, None)
         return finish("cancelled" if end == "cancelled" else None)
-    arm = getattr(controller, "arm", None) if speculate else None
-    if arm is not None:
-        arm.start()
-        arm.plain_chained = bool(getattr(backend, "graph_chain", False)) and sampler is None
-    observe_overhead = getattr(controller, "observe_overhead", None)
-    # On a backend that replays a captured graph per (row count, cache), every new width on a
-    # new cache pays a capture (several ms): verify only 2, 4, 8 or 16 rows there.
-    # ECHOLINE_DRAFT_WIDTHS=all / pow2 forces either way (A/B runs).
-    widths = os.environ.get("ECHOLINE_DRAFT_WIDTHS", "")
-    pow2 = speculate and (widths == "pow2" or (widths != "all" and getattr(backend, "graph_max_rows", 0) > 0))
-    # Where a forward returns before the device finishes (CUDA graphs), the next round's
-    # lookup is made while the verify runs, for the outcome the drafts predict (all taken,
-    # then the draft's next token); the next round uses it when that came true.
-    # ECHOLINE_LOOKUP_AHEAD=0 turns it off (A/B runs).
-    overlap = (speculate and getattr(backend, "graph_chain", False)
-               and os.environ.get("ECHOLINE_LOOKUP_AHEAD", "1") != "0")
-    ahead: tuple[list[int], object] | None = None
-    last_ids: list[int] = []
-    t_round = time.perf_counter()
+    rounds = SpeculativeRounds(model, cache, reply, stats, push, context, index_reply,
+                               index=index if speculate else None, controller=controller if speculate else None,
+                               sampler=sampler)
     while True:
-        pre, ahead = ahead, None  # a lookup made ahead serves the very next round only
         if cancel is not None and cancel.is_set():
             run_rows(model, cache, [pending])  # the reply so far is complete in the cache
             return finish("cancelled")
-        drafts: list[int] = []
-        look = speculate and (arm is None or arm.look())
-        run_plain = arm.plain_run() if not look and arm is not None and sampler is None else 0
+        pending, end = rounds.turn(pending, cancel)
+        if end is not None:
+            return finish("cancelled" if end == "cancelled" else None)
+
+
+class SpeculativeRounds:
+    """The rounds of ``generate_tokens`` after its first token, when it does not chain plain
+    steps to the end: speculative greedy decoding, or sampling (one row a round, no drafts).
+
+    A round drafts (an n-gram lookup, skipped on the plain arm's turns), verifies
+    ``[pending] + drafts`` in one batched forward, accepts the drafts up to the first that
+    differs from the model's argmax, and emits the accepted tokens and that argmax (the
+    module docstring's steps 1-4). Why a class: what carries from one round to the next (a
+    lookup made ahead, the last round's ids, the round clock) and what is fixed for the
+    whole reply (verify widths, the arm) would otherwise be a dozen locals of one long loop.
+    """
+
+    def __init__(self, model: Transformer, cache: KVCache, reply: ReplyBuilder, stats: GenerationStats,
+                 push: Callable[[list[int], str], None], context: list[int], index_reply: Callable[[], None], *,
+                 index=None, controller=None, sampler: Sampler | None = None) -> None:  # fmt: skip
+        backend = model.backend
+        self.model, self.cache, self.backend = model, cache, backend
+        self.reply, self.stats, self.push, self.context = reply, stats, push, context
+        self.index_reply = index_reply
+        self.index, self.controller, self.sampler = index, controller, sampler
+        self.speculate = index is not None and controller is not None
+        self.arm = getattr(controller, "arm", None) if self.speculate else None
+        if self.arm is not None:
+            self.arm.start()
+            self.arm.plain_chained = bool(getattr(backend, "graph_chain", False)) and sampler is None
+        self.observe_overhead = getattr(controller, "observe_overhead", None)
+        # On a backend that replays a captured graph per (row count, cache), every new width on a
+        # new cache pays a capture (several ms): verify only 2, 4, 8 or 16 rows there.
+        # ECHOLINE_DRAFT_WIDTHS=all / pow2 forces either way (A/B runs).
+        widths = os.environ.get("ECHOLINE_DRAFT_WIDTHS", "")
+        self.pow2 = self.speculate and (
+            widths == "pow2" or (widths != "all" and getattr(backend, "graph_max_rows", 0) > 0))
+        # Where a forward returns before the device finishes (CUDA graphs), the next round's
+        # lookup is made while the verify runs, for the outcome the drafts predict (all taken,
+        # then the draft's next token); the next round uses it when that came true.
+        # ECHOLINE_LOOKUP_AHEAD=0 turns it off (A/B runs).
+        self.overlap = (self.speculate and getattr(backend, "graph_chain", False)
+                        and os.environ.get("ECHOLINE_LOOKUP_AHEAD", "1") != "0")
+        self.ahead: tuple[list[int], object] | None = None
+        self.last_ids: list[int] = []
+        self.t_round = time.perf_counter()
+
+    def turn(self, pending: int, cancel: threading.Event | None) -> tuple[int, str | None]:
+        """One turn of the loop after ``pending`` (emitted, not yet in the cache): a chained
+        run of plain-arm rounds, or one round. Returns (pending, None) to go on, or (last
+        token, "end" | "cancelled") once the reply has ended with the cache complete."""
+        pre, self.ahead = self.ahead, None  # a lookup made ahead serves the very next round only
+        arm = self.arm
+        look = self.speculate and (arm is None or arm.look())
+        run_plain = arm.plain_run() if not look and arm is not None and self.sampler is None else 0
         if run_plain > 1:
-            # The plain arm's rounds until its next probe, chained: on a GPU the host's work
-            # between them overlaps the next step, as in plain decoding.
-            t_seg = time.perf_counter()
-            base = cache.length
-            pending, end = _chained_steps(model, cache, pending, reply, push, cancel, stats, run_plain)
-            if end is not None:
-                return finish("cancelled" if end == "cancelled" else None)
-            per_step = (time.perf_counter() - t_seg) / run_plain
-            t1 = controller.cost.t1(base)
-            for _ in range(run_plain):
-                arm.observe_plain(max(0.0, per_step - t1))
-            arm.observe_chained(per_step)
-            t_round = time.perf_counter()
-            continue
-        if look:
-            t_look = time.perf_counter()
-            index_reply()
-            if pre is not None and pre[0] == last_ids:
-                draft = pre[1]
-                stats.lookups_ahead += 1
-            else:
-                draft = index.draft(context[-DRAFT_CONTEXT:], controller.max_draft)
-            remaining = rules.max_tokens - len(reply.ids)
-            k = controller.choose(draft, cache.length, remaining) if draft.tokens else 0
-            if pow2 and k:
-                k = (1 << (k + 1).bit_length() - 1) - 1  # rows 2, 4, 8 or 16: 4 graphs per cache
-            drafts = list(draft.tokens[:k])
-            stats.lookups += 1
-            lookup_s = time.perf_counter() - t_look
-            stats.lookup_s += lookup_s
+            return self._plain_run(pending, run_plain, cancel)
+        return self._round(pending, look, pre)
+
+    def _plain_run(self, pending: int, steps: int, cancel: threading.Event | None) -> tuple[int, str | None]:
+        """The plain arm's rounds until its next probe, chained: on a GPU the host's work
+        between them overlaps the next step, as in plain decoding."""
+        t_seg = time.perf_counter()
+        base = self.cache.length
+        pending, end = _chained_steps(self.model, self.cache, pending, self.reply, self.push, cancel,
+                                      self.stats, steps)
+        if end is not None:
+            return pending, end
+        per_step = (time.perf_counter() - t_seg) / steps
+        t1 = self.controller.cost.t1(base)
+        for _ in range(steps):
+            self.arm.observe_plain(max(0.0, per_step - t1))
+        self.arm.observe_chained(per_step)
+        self.t_round = time.perf_counter()
+        return pending, None
+
+    def _lookup(self, pre: tuple[list[int], object] | None) -> tuple[object, list[int], float]:
+        """Draft: (the index's draft, the drafts to verify, the lookup's seconds)."""
+        stats, controller = self.stats, self.controller
+        t_look = time.perf_counter()
+        self.index_reply()
+        if pre is not None and pre[0] == self.last_ids:
+            draft = pre[1]
+            stats.lookups_ahead += 1
+        else:
+            draft = self.index.draft(self.context[-DRAFT_CONTEXT:], controller.max_draft)
+        remaining = self.reply.rules.max_tokens - len(self.reply.ids)
+        k = controller.choose(draft, self.cache.length, remaining) if draft.tokens else 0
+        if self.pow2 and k:
+            k = (1 << (k + 1).bit_length() - 1) - 1  # rows 2, 4, 8 or 16: 4 graphs per cache
+        stats.lookups += 1
+        lookup_s = time.perf_counter() - t_look
+        stats.lookup_s += lookup_s
+        return draft, list(draft.tokens[:k]), lookup_s
+
+    def _round(self, pending: int, look: bool, pre: tuple[list[int], object] | None) -> tuple[int, str | None]:
+        """One round: draft (if ``look``), verify in one forward, accept, emit."""
+        stats, cache, controller = self.stats, self.cache, self.controller
+        draft, drafts, lookup_s = self._lookup(pre) if look else (None, [], 0.0)
         base = cache.length
         rows = [pending] + drafts
         t0 = time.perf_counter()
-        logits = run_rows(model, cache, rows)
-        if overlap and look and len(draft.tokens) > len(drafts) > 0:
+        logits = run_rows(self.model, cache, rows)
+        if self.overlap and look and len(draft.tokens) > len(drafts) > 0:
             guess = drafts + [draft.tokens[len(drafts)]]
-            ahead = (guess, index.draft(context[len(guess) - DRAFT_CONTEXT :] + guess, controller.max_draft))
-        if sampler is None:
-            best = backend.argmax(logits)
+            more = self.index.draft(self.context[len(guess) - DRAFT_CONTEXT :] + guess, controller.max_draft)
+            self.ahead = (guess, more)
+        if self.sampler is None:
+            best = self.backend.argmax(logits)
         else:  # sampling runs plain decoding only (no drafts), one row per step
-            best = [sampler.pick(backend.to_host(logits)[-1])]
+            best = [self.sampler.pick(self.backend.to_host(logits)[-1])]
         dt = time.perf_counter() - t0
         stats.forward_s += dt
         accepted = 0
@@ -369,7 +418,7 @@ def generate_tokens(
             accepted += 1
         new_ids = drafts[:accepted] + [int(best[accepted])]
         stats.rounds += 1
-        if speculate:
+        if self.speculate:
             if look or stats.rounds % 16 == 0:  # plain-arm rounds: a sample keeps T(1) current
                 controller.cost.observe(len(rows), base, dt)
             if drafts:
@@ -380,6 +429,18 @@ def generate_tokens(
             src = stats.per_source.setdefault(draft.source, {"drafted": 0, "accepted": 0})
             src["drafted"] += len(drafts)
             src["accepted"] += accepted
+        last = self._emit(new_ids, accepted, base)
+        if last is not None:
+            return last, "end"
+        self.last_ids = new_ids
+        self._observe_host(look, len(drafts), accepted, base, dt, lookup_s)
+        return new_ids[-1], None
+
+    def _emit(self, new_ids: list[int], accepted: int, base: int) -> int | None:
+        """Emit a round's tokens one by one (the stop rules see each). Returns the token that
+        ended the reply, with the cache cut or extended to hold exactly prompt + reply, or
+        None when the reply goes on."""
+        cache, reply = self.cache, self.reply
         # Valid cache rows: pending and the accepted drafts.
         cache.truncate(base + 1 + accepted)
         prev_text = reply.text
@@ -388,24 +449,26 @@ def generate_tokens(
                 if i < accepted:
                     cache.truncate(base + 2 + i)  # drafts after this one are not in the reply
                 else:
-                    run_rows(model, cache, [tok])  # trailing-token rule
-                push(new_ids[: i + 1], prev_text)
-                return finish()
-        push(new_ids, prev_text)
-        pending = new_ids[-1]
-        last_ids = new_ids
+                    run_rows(self.model, cache, [tok])  # trailing-token rule
+                self.push(new_ids[: i + 1], prev_text)
+                return tok
+        self.push(new_ids, prev_text)
+        return None
+
+    def _observe_host(self, look: bool, drafts: int, accepted: int, base: int, dt: float, lookup_s: float) -> None:
+        """Charge the round's host time (all but its forward) to the stats and the controller."""
         now = time.perf_counter()
-        host = now - t_round - dt
-        stats.host_s += host
+        host = now - self.t_round - dt
+        self.stats.host_s += host
         if look:
-            if observe_overhead is not None:
-                observe_overhead(host)
-            if arm is not None:
-                t1 = controller.cost.t1(base)
-                arm.observe_lookup(accepted, dt - t1 if drafts else 0.0, host, t1, lookup_s)
-        elif arm is not None:
-            arm.observe_plain(host)
-        t_round = now
+            if self.observe_overhead is not None:
+                self.observe_overhead(host)
+            if self.arm is not None:
+                t1 = self.controller.cost.t1(base)
+                self.arm.observe_lookup(accepted, dt - t1 if drafts else 0.0, host, t1, lookup_s)
+        elif self.arm is not None:
+            self.arm.observe_plain(host)
+        self.t_round = now
 
 
 def _chained_steps(model: Transformer, cache: KVCache, pending: int, reply: ReplyBuilder,
