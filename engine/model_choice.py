@@ -14,8 +14,17 @@ the sidecar does it after each load's calibration). Nothing here loads a model.
 The estimate, for a warm rewrite of a 10-line selection in a 300-line file (the file's
 prefix already cached by the idle prefill): the prompt's tail (selection, instruction,
 ~``TAIL_TOKENS``) is prefilled, then ~``REPLY_TOKENS`` are decoded at plain speed times
-``SPEC_GAIN`` (exact speculation on edit traffic: 1.5-2.9x plain on the CPUs measured in
-docs/benchmarks.md; 2.0 is the conservative middle).
+``SPEC_GAIN``. Both are calibrated on the measured case (``echoline bench lsp --model
+qwen2.5-coder-1.5b --source engine/gguf_file.py --file-lines 300 --selection-lines 10``,
+2-core Zen 4, docs/models.md): the reply was 62 tokens at ~3x the plain speed (a rewrite
+mostly copies its selection), 2.35 s in all; from that machine's recorded speeds (tail
+1.52 s for 160 tokens, 55 ms a step) the estimate says 2.7 s, erring on the slow side by
+the tail (the request prefilled 118 tokens, not 160).
+
+A CPU no model has been measured on yet is judged by its instruction set (``unmeasured_cpu``):
+int8 dot products in 512-bit or VNNI form make the 1.5B's warm rewrite fit the target
+on two cores (Zen 4: 2.35 s), AVX2 alone does not (a 2-core Zen 2 prefills ~2x slower);
+the first load records real speeds, and the next choice uses them.
 """
 
 from __future__ import annotations
@@ -37,16 +46,18 @@ JOBS = ("rewrite", "inline")
 #: Seconds a warm rewrite of a 10-line selection in a 300-line file may take (p50, CPU).
 TARGET_S = 3.0
 TAIL_TOKENS = 160  # selection (~10 lines), instruction, chat template after the cached file
-REPLY_TOKENS = 100  # the rewritten 10 lines and the closing fence
-SPEC_GAIN = 2.0
+REPLY_TOKENS = 64  # the rewritten 10 lines and the closing fence (62 measured)
+SPEC_GAIN = 3.0
 #: From the 0.5B's speed to the 1.5B's on the same machine (docs/benchmarks.md, cpu/q8:
 #: one-row decode 15.4 against 29.6 ms on a Zen 5, 98.6 against 46.8 tok/s; 16-row forward
 #: 108.9 against 287.7 ms): decode is bandwidth-bound, prefill compute-bound.
 DECODE_SCALE = 2.1
 PREFILL_SCALE = 2.7
-#: Uncalibrated CPUs with this many cores get the 1.5B (the registry's "4+ cores" is for
-#: a measured machine; unmeasured, only a clearly large one is trusted with it).
+#: Unmeasured CPUs with only AVX2-class int8 products get the 1.5B from this many cores on.
 UNMEASURED_CORES = 8
+#: Instruction sets (LLVM names) whose int8 dot products put the 1.5B within the target on
+#: two cores, unmeasured: AVX-512 VNNI, AVX-VNNI, Arm's dot product.
+FAST_INT8 = frozenset({"avx512vnni", "avxvnni", "dotprod"})
 SPEEDS_FILE = "model-speeds.json"
 
 
@@ -77,11 +88,24 @@ def rewrite_seconds(speeds: Speeds) -> float:
     return speeds.tail_s + REPLY_TOKENS * speeds.decode_s / SPEC_GAIN
 
 
-def choose_rewrite_model(backend: str, speeds: Mapping[str, Speeds] | None, cores: int | None) -> Choice:
+def unmeasured_cpu(cores: int | None, features: frozenset[str] | None) -> Choice:
+    """The rewrite model for a CPU no model has been measured on: the 1.5B on two or more
+    cores with fast int8 products (``FAST_INT8``), or on ``UNMEASURED_CORES`` cores
+    without them; else the 0.5B until a load measures the machine."""
+    fast = sorted((features or frozenset()) & FAST_INT8)
+    if cores is not None and cores >= 2 and fast:
+        return Choice(BEST, f"CPU, {cores} cores with {fast[0]} (not measured yet)")
+    if cores is not None and cores >= UNMEASURED_CORES:
+        return Choice(BEST, f"CPU, {cores} cores (not measured yet)")
+    return Choice(FASTEST, f"CPU, {cores or '?'} cores without fast int8 products, not measured yet")
+
+
+def choose_rewrite_model(backend: str, speeds: Mapping[str, Speeds] | None, cores: int | None,
+                         features: frozenset[str] | None = None) -> Choice:
     """The rewrite model for a machine: ``backend`` as ``auto`` resolved it ("cuda",
     "mlx", "cpu", "numpy"), ``speeds`` by model name (``BEST``, ``FASTEST``) as recorded
-    on this machine's backend, ``cores`` the CPU's. The 1.5B where it meets ``TARGET_S``
-    (a GPU or Apple silicon always does), else the 0.5B."""
+    on this machine's backend, ``cores`` and ``features`` (LLVM's names) the CPU's. The
+    1.5B where it meets ``TARGET_S`` (a GPU or Apple silicon always does), else the 0.5B."""
     if backend == "cuda":
         return Choice(BEST, "GPU")
     if backend == "mlx":
@@ -96,9 +120,7 @@ def choose_rewrite_model(backend: str, speeds: Mapping[str, Speeds] | None, core
         est = rewrite_seconds(Speeds(small.decode_s * DECODE_SCALE, small.tail_s * PREFILL_SCALE))
         basis = "estimated from the 0.5B"
     else:
-        if cores is not None and cores >= UNMEASURED_CORES:
-            return Choice(BEST, f"CPU, {cores} cores (not measured yet)")
-        return Choice(FASTEST, f"CPU, {cores or '?'} cores, not measured yet")
+        return unmeasured_cpu(cores, features)
     if est <= TARGET_S:
         return Choice(BEST, f"CPU: ~{est:.1f} s a 10-line rewrite ({basis})", round(est, 2))
     return Choice(FASTEST, f"CPU too slow for the 1.5B: ~{est:.1f} s a 10-line rewrite ({basis}), "
@@ -200,8 +222,18 @@ def machine_choice(backend: str = "auto") -> dict[str, Choice]:
         resolved = resolve_backend_name(backend)
     except EcholineError:
         resolved = "cpu"
-    return {"rewrite": choose_rewrite_model(resolved, read_speeds(resolved), os.cpu_count()),
+    return {"rewrite": choose_rewrite_model(resolved, read_speeds(resolved), os.cpu_count(), _cpu_features()),
             "inline": choose_inline_model()}
+
+
+def _cpu_features() -> frozenset[str] | None:
+    """The host CPU's features (None when they cannot be read)."""
+    try:
+        from echoline.kernels.cpu.numba_setup import host_features
+
+        return host_features()
+    except Exception:  # noqa: BLE001 - no numba or an unreadable CPU: judged by cores alone
+        return None
 
 
 def summary(models: Mapping[str, Mapping[str, Any]]) -> str:

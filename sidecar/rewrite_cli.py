@@ -49,14 +49,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--range", required=True, help="lines L1:L2, 1-based and inclusive")
     p.add_argument("--instruction", default="", help="what to change (empty: reproduce exactly)")
     p.add_argument("--diff", action="store_true", help="print a unified diff of the whole file")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"model name ({', '.join(MODELS)}) or .gguf path")
+    p.add_argument("--model", default="auto",
+                   help=f"model name ({', '.join(MODELS)}), .gguf path, or auto (default: the rewrite model this "
+                        f"machine runs within a few seconds, `echoline doctor` says which; {DEFAULT_MODEL} "
+                        "where none is known)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--no-spec", action="store_true", help="plain decoding (same output, slower)")
     p.add_argument("--json", action="store_true", help="print {text, diff, stats} as JSON")
     add_remote_args(p)
     return p
+
+
+def resolve_model(model: str, backend: str) -> str:
+    """``auto``: the machine's rewrite model (``engine.model_choice``: the 1.5B where a warm
+    rewrite fits the latency target, else the 0.5B), said on stderr with its reason;
+    anything else as given."""
+    if model != "auto":
+        return model
+    from echoline.engine.model_choice import machine_choice
+
+    choice = machine_choice(backend)["rewrite"]
+    print(f"echoline: rewrite model {choice.model} ({choice.reason})", file=sys.stderr)
+    return choice.model
+
+
+def remember_speeds(engine: object) -> None:
+    """Record a loaded engine's calibrated speeds, so that the next ``auto`` choice on this
+    machine rests on a measurement rather than on the CPU's features (never fatal)."""
+    from echoline.engine.model_choice import engine_speeds, record_speeds
+
+    speeds = engine_speeds(engine)
+    backend = getattr(engine, "backend_name", None)
+    if speeds is not None and isinstance(backend, str):
+        record_speeds(str(getattr(engine, "model_name", "")), backend, speeds)
 
 
 def add_remote_args(p: argparse.ArgumentParser) -> None:
@@ -95,12 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         feedback = LoadFeedback()
+        args.model = resolve_model(args.model, args.backend)
         if args.endpoint or args.engine == "openai":  # a shared inference server (docs/team.md)
             engine = load_engine(args.model, engine="openai", endpoint=args.endpoint,
                                  server_kind=args.server_kind or "llama")
         else:
             engine = Engine.load(args.model, backend=args.backend, progress=feedback)
             engine.warm_up(feedback)  # says "compiling kernels (first run only)" when it does
+            remember_speeds(engine)
         out = run_rewrite(
             engine, source, start, end, args.instruction, name=str(args.file),
             max_tokens=args.max_tokens, spec=not args.no_spec,

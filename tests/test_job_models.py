@@ -17,23 +17,31 @@ from echoline.sidecar.worker import EngineWorker
 ZEN5_BEST = Speeds(decode_s=0.030, tail_s=0.80)  # 1.5B: ~31 tok/s, ~200 tok/s prefill
 SLOW_BEST = Speeds(decode_s=0.075, tail_s=2.2)  # 1.5B on an old 2-core laptop
 ZEN5_FAST = Speeds(decode_s=0.0154, tail_s=0.30)  # 0.5B
+ZEN4_2CORE_BEST = Speeds(decode_s=0.055, tail_s=1.52)  # 1.5B, 2-core Zen 4: 2.35 s a warm rewrite
+AVX512 = frozenset({"avx2", "avx512f", "avx512vnni"})
+AVX2 = frozenset({"avx2", "fma"})
 
 
-@pytest.mark.parametrize(("backend", "speeds", "cores", "model", "why"), [
-    ("cuda", None, 2, BEST, "GPU"),
-    ("mlx", None, 8, BEST, "Apple silicon"),
-    ("numpy", {BEST: ZEN5_BEST}, 64, FASTEST, "numpy"),
-    ("cpu", {BEST: ZEN5_BEST}, 2, BEST, "measured"),
-    ("cpu", {BEST: SLOW_BEST}, 2, FASTEST, "too slow"),
-    ("cpu", {FASTEST: ZEN5_FAST}, 2, BEST, "estimated from the 0.5B"),
-    ("cpu", {FASTEST: Speeds(0.045, 1.0)}, 2, FASTEST, "too slow"),
-    ("cpu", {BEST: SLOW_BEST, FASTEST: ZEN5_FAST}, 16, FASTEST, "measured"),  # its own speed wins
-    ("cpu", None, 2, FASTEST, "not measured"),  # CI: a fresh 2-core machine keeps the 0.5B
-    ("cpu", {}, 16, BEST, "not measured"),
+@pytest.mark.parametrize(("backend", "speeds", "cores", "features", "model", "why"), [
+    ("cuda", None, 2, None, BEST, "GPU"),
+    ("mlx", None, 8, None, BEST, "Apple silicon"),
+    ("numpy", {BEST: ZEN5_BEST}, 64, AVX512, FASTEST, "numpy"),
+    ("cpu", {BEST: ZEN5_BEST}, 2, None, BEST, "measured"),
+    ("cpu", {BEST: ZEN4_2CORE_BEST}, 2, AVX512, BEST, "measured"),  # the 2-core Zen 4 of docs/models.md
+    ("cpu", {BEST: SLOW_BEST}, 2, AVX512, FASTEST, "too slow"),  # a measurement beats the features
+    ("cpu", {FASTEST: ZEN5_FAST}, 2, None, BEST, "estimated from the 0.5B"),
+    ("cpu", {FASTEST: Speeds(0.045, 1.0)}, 2, None, FASTEST, "too slow"),
+    ("cpu", {BEST: SLOW_BEST, FASTEST: ZEN5_FAST}, 16, None, FASTEST, "measured"),  # its own speed wins
+    ("cpu", None, 2, AVX512, BEST, "avx512vnni (not measured"),  # a fresh 2-core Zen 4 / Sapphire Rapids
+    ("cpu", None, 2, AVX2 | {"avxvnni"}, BEST, "avxvnni (not measured"),  # Alder Lake class
+    ("cpu", None, 2, AVX2, FASTEST, "not measured"),  # a fresh 2-core Zen 2 keeps the 0.5B
+    ("cpu", None, 2, None, FASTEST, "not measured"),  # features unknown: cores alone
+    ("cpu", {}, 16, AVX2, BEST, "not measured"),
+    ("cpu", {}, 1, AVX512, FASTEST, "not measured"),
 ])  # fmt: skip
-def test_rewrite_model_follows_the_machine(backend: str, speeds: dict | None, cores: int, model: str,
-                                           why: str) -> None:  # fmt: skip
-    choice = choose_rewrite_model(backend, speeds, cores)
+def test_rewrite_model_follows_the_machine(backend: str, speeds: dict | None, cores: int,
+                                           features: frozenset[str] | None, model: str, why: str) -> None:  # fmt: skip
+    choice = choose_rewrite_model(backend, speeds, cores, features)
     assert choice.model == model and why in choice.reason, choice
     if speeds and backend == "cpu":  # the estimate behind a measured choice is reported
         assert choice.estimate_s is not None and (choice.estimate_s <= mc.TARGET_S) == (model == BEST)
@@ -50,6 +58,7 @@ def test_speeds_recorded_by_one_process_steer_the_next(tmp_path: Path, monkeypat
     monkeypatch.setenv("ECHOLINE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr("echoline.engine.backends.resolve_backend_name", lambda name: "cpu")
     assert mc.read_speeds("cpu") == {}
+    monkeypatch.setattr(mc, "_cpu_features", lambda: AVX2)
     assert mc.machine_choice()["rewrite"].model == (BEST if (mc.os.cpu_count() or 0) >= 8 else FASTEST)
     mc.record_speeds("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "cpu", SLOW_BEST)  # by file name
     assert mc.read_speeds("cpu") == {BEST: SLOW_BEST} and mc.read_speeds("cuda") == {}
@@ -207,3 +216,15 @@ def test_doctor_says_which_model_does_what(smollm2_path: Path, gemma_path: Path)
     assert proc.returncode == 0 and out["jobs"]["rewrite"]["model"] == "gemma3-270m"
     assert out["jobs"]["inline"] == {**out["jobs"]["inline"], "model": FASTEST, "reason": "fastest"}
     assert "models: rewrite: gemma3-270m (--rewrite-model)" in proc.stderr
+
+
+def test_echoline_rewrite_takes_the_machines_rewrite_model(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`echoline rewrite` without --model runs the rewrite job's model, said on stderr
+    with its reason; a named model is taken as given."""
+    from echoline.sidecar import rewrite_cli
+
+    monkeypatch.setattr(mc, "machine_choice", _machine(BEST))
+    assert rewrite_cli.build_parser().parse_args(["f.py", "--range", "1:1"]).model == "auto"
+    assert rewrite_cli.resolve_model("auto", "cpu") == BEST
+    assert f"rewrite model {BEST} (test machine)" in capsys.readouterr().err
+    assert rewrite_cli.resolve_model(FASTEST, "cpu") == FASTEST and capsys.readouterr().err == ""
