@@ -260,20 +260,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from echoline.engine.bench.spec import run as spec_run
 
         if args.traffic == "rewrite":
-            from echoline.sidecar.rewrite_traffic import rewrite_requests
+            from echoline.sidecar.bench.rewrite_traffic import rewrite_requests
 
             def run(a: argparse.Namespace) -> dict:
                 return spec_run(a, lambda engine, paths: rewrite_requests(engine, paths, a.max_tokens))
         else:
             run = spec_run
     elif args.kind == "lsp":
-        from echoline.sidecar.bench_lsp import run
+        from echoline.sidecar.bench.lsp import run
     elif args.kind == "edits":
-        from echoline.sidecar.bench_edits import run
+        from echoline.sidecar.bench.edits import run
     elif args.kind == "inline":
-        from echoline.sidecar.bench_inline import run
+        from echoline.sidecar.bench.inline import run
     elif args.kind == "next-edit":
-        from echoline.sidecar.bench_next_edit import run
+        from echoline.sidecar.bench.next_edit import run
     else:
         from echoline.engine.bench.cache import run
     result = run(args)

@@ -17,7 +17,7 @@ def fim_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_bench_inline_json_and_prefill(fim_model: Path, tmp_path: Path) -> None:
-    from echoline.sidecar.bench_inline import run
+    from echoline.sidecar.bench.inline import run
 
     src = tmp_path / "module.py"
     src.write_text("".join(f"def f{i}(a, b):\n    total_value = a * {i} + b * 2\n    return total_value\n\n"
@@ -43,7 +43,7 @@ def test_bench_inline_navigation_keeps_the_head(tmp_path: Path) -> None:
     previous head start (``now``) runs fewer prompt tokens again than the grid alone; a
     warm-up at each resting cursor (``warm``) leaves its request one token to run; and the
     JSON carries the navigation keys."""
-    from echoline.sidecar.bench_inline import jumps, run
+    from echoline.sidecar.bench.inline import jumps, run
 
     model = write_fim_qwen2_model(tmp_path / "fim-long.gguf", seed=3, context=16384)
     src = tmp_path / "long_module.py"
@@ -70,7 +70,7 @@ def test_bench_inline_first_key_after_a_warm_up(tmp_path: Path) -> None:
     """``--first-key``: each jump's request is the first keystroke there (Enter and the
     indentation). After the warm-up at the cursor it runs only the keystroke and the tail
     (at most the 16-token budget and a few ids), and less than without the warm-up."""
-    from echoline.sidecar.bench_inline import run
+    from echoline.sidecar.bench.inline import run
 
     model = write_fim_qwen2_model(tmp_path / "fim-long.gguf", seed=3, context=16384)
     src = tmp_path / "long_module.py"
@@ -90,8 +90,8 @@ def test_bench_inline_typing_through_the_server(fim_model: Path, tmp_path: Path)
     """``--typing``: a plain LSP client types into a file through the real server, a request
     per keystroke; every keystroke is counted once (typed through, recent or a model run),
     each place's first keystroke apart, and the server's own counters agree."""
-    from echoline.sidecar.bench_inline import run
-    from echoline.sidecar.bench_inline_typing import places
+    from echoline.sidecar.bench.inline import run
+    from echoline.sidecar.bench.inline_typing import places
 
     src = tmp_path / "module.py"
     src.write_text("".join(f"def f{i}(a, b):\n    total_value = a * {i} + b * 2\n    return total_value\n\n"

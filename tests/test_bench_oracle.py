@@ -176,8 +176,8 @@ def test_bench_spec_rewrite_traffic_is_the_sidecars_rewrite(smollm2_path, capsys
     import pytest
     from echoline.engine.bench import spec
     from echoline.sidecar import cli
+    from echoline.sidecar.bench.rewrite_traffic import rewrite_requests
     from echoline.sidecar.prompts import FENCE
-    from echoline.sidecar.rewrite_traffic import rewrite_requests
 
     from tests.conftest import cpu_backend_name
 

@@ -11,9 +11,15 @@ import sys
 from collections import Counter
 
 import pytest
-from echoline.sidecar import edit_checks
-from echoline.sidecar.edit_cases import CASES, MULTILINE_CASES, MULTILINE_FILE, EditCase, load_cases
-from echoline.sidecar.edit_checks import (
+from echoline.sidecar.bench import edit_checks
+from echoline.sidecar.bench.edit_cases import (
+    CASES,
+    MULTILINE_CASES,
+    MULTILINE_FILE,
+    EditCase,
+    load_cases,
+)
+from echoline.sidecar.bench.edit_checks import (
     RuntimeUnavailable,
     apply_edit,
     run_check,
@@ -261,7 +267,7 @@ def test_check_accepts_other_correct_edits(case_id: str) -> None:
 
 
 def test_bench_picks_the_multiline_set_and_counts_runaways() -> None:
-    from echoline.sidecar.bench_edits import _runaway, pick_cases
+    from echoline.sidecar.bench.edits import _runaway, pick_cases
 
     multi = pick_cases("heldout", [], "multiline")
     assert multi and all(c.kind == "multiline" and c.split == "heldout" for c in multi)

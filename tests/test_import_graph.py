@@ -204,6 +204,40 @@ def test_no_upward_imports(edges: list[Edge]) -> None:
     )
 
 
+#: The benchmark packages: above the modules they measure, outside the product's paths.
+BENCH_PACKAGES = ("echoline.engine.bench", "echoline.sidecar.bench")
+
+
+def _in_bench(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in BENCH_PACKAGES)
+
+
+def _module_level_imports(path: Path) -> list[str]:
+    """Names imported by ``path`` outside any function (what importing the module runs)."""
+    names: list[str] = []
+    stack: list[ast.AST] = [ast.parse(path.read_text(encoding="utf-8"))]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def test_only_the_bench_command_imports_the_benchmarks(edges: list[Edge]) -> None:
+    """Benchmark code never loads with the product: outside the bench packages only the
+    CLI imports them, and only inside a function (the ``bench`` command), so neither
+    ``serve`` nor ``import echoline.sidecar.cli`` pulls them in."""
+    importers = {e.source for e in edges if _in_bench(e.target) and not _in_bench(e.source)}
+    assert importers == {"echoline.sidecar.cli"}
+    cli = package_modules()["echoline.sidecar.cli"]
+    assert not [name for name in _module_level_imports(cli) if _in_bench(name)]
+
+
 def test_the_checks_can_fail() -> None:
     """A made-up graph with a function-level loop and an upward import is caught."""
     made_up = [

@@ -6,7 +6,7 @@ decoding run to the reply's end (no early stop)."""
 from __future__ import annotations
 
 import pytest
-from echoline.sidecar.bench_next_edit import baseline_predict, case_events, load_cases
+from echoline.sidecar.bench.next_edit import baseline_predict, case_events, load_cases
 from echoline.sidecar.edit_history import EditHistory
 from echoline.sidecar.next_edit import (
     FORMATS,
@@ -143,7 +143,7 @@ def test_shown_edit_is_plain_decodings(qwen, fmt: str, case_id: str) -> None:
 
 
 def test_gate_keeps_only_repeats_of_the_last_change() -> None:
-    from echoline.sidecar.bench_next_edit import repeats_last
+    from echoline.sidecar.bench.next_edit import repeats_last
 
     h = EditHistory()
     h.opened("u", "print(x)\nprint(y)\n")

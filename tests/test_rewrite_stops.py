@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from echoline.sidecar.edit_cases import CASES
+from echoline.sidecar.bench.edit_cases import CASES
 from echoline.sidecar.rewrite_stops import (
     AFTER,
     REPEAT,
@@ -83,7 +83,7 @@ def test_each_rule_reads_only_new_lines() -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_no_rule_fires_on_a_correct_edit(case) -> None:
     """The benchmark's solutions (each a right edit), as replies: nothing is cut."""
-    from echoline.sidecar.bench_edits import selection_offsets
+    from echoline.sidecar.bench.edits import selection_offsets
 
     start, end = selection_offsets(case)
     stops = stop_rules(case.source, start, end)

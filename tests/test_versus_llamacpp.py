@@ -58,7 +58,7 @@ def test_rewrite_prompt_is_the_sidecars(smollm2_path):
     """The rewrite arm sends what ``bench spec --traffic rewrite`` sends for the held-out
     source (the sidecar's prompt, a function selected), unlike the chat-form copy/edit."""
     from echoline.engine.api import Engine
-    from echoline.sidecar.rewrite_traffic import rewrite_requests
+    from echoline.sidecar.bench.rewrite_traffic import rewrite_requests
 
     from tools.versus_llamacpp import HELD_OUT, prompts
 

@@ -104,7 +104,7 @@ def install() -> None:
 
 
 def main() -> None:
-    from echoline.sidecar.bench_edits import run
+    from echoline.sidecar.bench.edits import run
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")

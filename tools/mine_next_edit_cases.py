@@ -12,7 +12,7 @@ reads further), with the window's first line number, so each case stays small.
 Usage (a bare git directory, e.g. one the ``fetch`` tool brought):
     python -m tools.mine_next_edit_cases REPO_GIT_DIR --repo owner/name --licence MIT \\
         [--max 40] >> cases.jsonl
-then merge into ``sidecar/data/next_edit_cases.json`` with ``--merge``.
+then merge into ``sidecar/bench/data/next_edit_cases.json`` with ``--merge``.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from echoline.engine.api import HISTORY_CONTEXT, Engine
 from echoline.engine.bench.traffic import COPY_INSTRUCTION, EDIT_INSTRUCTIONS, excerpt, file_message
 from echoline.engine.model_catalog import resolve_model
 from echoline.engine.setup_check import cpu_model
-from echoline.sidecar.rewrite_traffic import rewrite_requests
+from echoline.sidecar.bench.rewrite_traffic import rewrite_requests
 
 from tools.llamacpp_peer import LlamaServer, add_peer_arguments, build
 

@@ -49,7 +49,7 @@ from echoline.engine.api import Engine
 from echoline.engine.bench.traffic import source_paths
 from echoline.engine.model_catalog import resolve_model
 from echoline.engine.setup_check import cpu_model
-from echoline.sidecar.bench_inline import content_lines, spread
+from echoline.sidecar.bench.inline import content_lines, spread
 from echoline.sidecar.prompts import auto_suffix_tokens, heal_prefix, inline_prompt
 
 from tools.llamacpp_peer import LlamaServer, add_peer_arguments, build

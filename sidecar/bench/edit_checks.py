@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from echoline.sidecar.edit_cases import EditCase
+from echoline.sidecar.bench.edit_cases import EditCase
 
 _CHECK_EXT = {"python": "py", "javascript": "js", "bash": "sh"}
 _PROGRAMS = {"javascript": "node", "bash": "bash"}

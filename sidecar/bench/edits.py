@@ -1,9 +1,9 @@
 """``echoline bench edits``: how often a model's rewrite is RIGHT, checked by running it.
 
-Each case of ``sidecar.edit_cases`` goes through the same path as ``echoline rewrite``
+Each case of ``sidecar.bench.edit_cases`` goes through the same path as ``echoline rewrite``
 and the editor's rewrite command (``run_rewrite``: the rewrite prompt, exact speculative
 decoding, the code taken out of the fence). The edited file is then run against the
-case's check (``sidecar.edit_checks``). Quality is a pass rate, per split: prompts are
+case's check (``sidecar.bench.edit_checks``). Quality is a pass rate, per split: prompts are
 tuned on ``tune`` and ``heldout`` is reported untouched, so a gain there is not the
 benchmark being learned.
 
@@ -13,7 +13,7 @@ Prints one line per case, a summary table, and (with ``--json``) one JSON object
 "skipped": [...], "results": [...]}``.
 
 ``--edit-set`` picks the one-function cases ("function"), the multi-line refactors of
-``edit_cases_multiline.toml`` ("multiline") or both ("all", the default); ``--split``
+``data/edit_cases_multiline.toml`` ("multiline") or both ("all", the default); ``--split``
 applies within it. ``runaway`` counts the replies that ran to ``maxTokens`` ("length"),
 the ones that still duplicate the code after the selection ("duplicates_after", which the
 stop rules of ``sidecar.rewrite_stops`` should keep at 0), the stop rules that fired
@@ -29,8 +29,8 @@ import sys
 import time
 from typing import Any
 
-from echoline.sidecar.edit_cases import CASES, EditCase
-from echoline.sidecar.edit_checks import (
+from echoline.sidecar.bench.edit_cases import CASES, EditCase
+from echoline.sidecar.bench.edit_checks import (
     RuntimeUnavailable,
     apply_edit,
     run_check,

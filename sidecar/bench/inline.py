@@ -42,7 +42,7 @@ goes back before the next jump), the ``warm`` layout's warm-up run at the cursor
 the keystroke, as the server runs it while the user reads.
 
 ``--typing``: instead, a plain LSP client types into a real-size file through the real
-server, a request per keystroke (``sidecar/bench_inline_typing.py``); the object then holds
+server, a request per keystroke (``sidecar/bench/inline_typing.py``); the object then holds
 ``model``, ``backend``, ``suffix_tokens``, ``sources``, ``speculation`` and ``typing_lsp``.
 
 A table on stderr; with ``--json`` one object on stdout's last line: ``{"model", "backend",
@@ -162,8 +162,8 @@ def _timing(ts: list[float], ps: list[int]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if getattr(args, "typing", False):  # a plain LSP client typing (sidecar/bench_inline_typing.py)
-        from echoline.sidecar.bench_inline_typing import run_typing
+    if getattr(args, "typing", False):  # a plain LSP client typing (sidecar/bench/inline_typing.py)
+        from echoline.sidecar.bench.inline_typing import run_typing
 
         typing = run_typing(args)
         return {"model": args.model, "backend": args.backend, "suffix_tokens": args.suffix_tokens,

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from echoline.sidecar.bench_lsp import stop_client
+from echoline.sidecar.bench.lsp import stop_client
 
 READY_TIMEOUT_S = 600.0
 REQUEST_TIMEOUT_S = 300.0

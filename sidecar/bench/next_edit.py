@@ -1,6 +1,6 @@
 """``echoline bench next-edit``: how often an edit prediction is RIGHT, and how fast it is shown.
 
-Cases (``next_edit_cases.json`` beside this module, mined by ``tools/mine_next_edit_cases.py``
+Cases (``data/next_edit_cases.json`` beside this module, mined by ``tools/mine_next_edit_cases.py``
 from the commit histories of public, permissively licensed repositories; source, commit and
 licence per case): the file before, the author's first edit replayed as a ``didChange``
 (through ``sidecar.edit_history``, as the server sees it), the cursor at its end, and the
@@ -50,7 +50,7 @@ from echoline.sidecar.next_edit import (
 )
 from echoline.sidecar.next_edit_repeat import apply_edit, repeat_last_edit
 
-CASES_FILE = Path(__file__).with_name("next_edit_cases.json")
+CASES_FILE = Path(__file__).with_name("data") / "next_edit_cases.json"
 
 
 @dataclass(frozen=True)
