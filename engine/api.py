@@ -284,10 +284,12 @@ class Engine(PromptEncoding):
         temperature: float = 0.0,
         seed: int | None = None,
         stop_when: Callable[[str], int | None] | None = None,
+        stop_id_when: Callable[[int], bool] | None = None,
     ) -> GenerationResult:
         """Greedy reply to ``prompt_ids``; identical token ids with ``spec`` on or off.
 
-        ``stop_when``: an extra stop rule on the reply text (``StopRules.stop_when``).
+        ``stop_when``: an extra stop rule on the reply text (``StopRules.stop_when``);
+        ``stop_id_when``: one on each token id (``StopRules.stop_id_when``).
 
         ``session`` names a buffer whose cache is reused (None: a one-off cache).
         ``temperature`` > 0 samples instead, with plain decoding (speculation is
@@ -312,6 +314,7 @@ class Engine(PromptEncoding):
             stop_ids=self.tokenizer.stop_ids,
             stop_strings=tuple(stop),
             stop_when=stop_when,
+            stop_id_when=stop_id_when,
         )
         try:
             result = generate_tokens(

@@ -7,7 +7,7 @@ Exactness argument, in the order the code relies on it:
 2. Drafts are accepted while they equal the model's own argmax; the first
    mismatch is replaced by that argmax. So every emitted token is the argmax
    plain decoding would emit, whatever the drafts were.
-3. Stop rules (stop ids, stop strings, ``max_tokens``) are applied token by
+3. Stop rules (stop ids, stop strings, predicates, ``max_tokens``) are applied token by
    token to the emitted sequence, identically for both modes, so the reply
    ends at the same token.
 4. When generation ends for any reason, the cache is cut or extended so it
@@ -42,12 +42,18 @@ class StopRules:
     ``stop_when`` is called after every token with the whole text, so it must keep its
     own place (look only at what is new); it sees the same text token by token in both
     modes, so a reply it ends is a prefix of the plain reply, as with a stop string.
+
+    ``stop_id_when``: a predicate on each token id; True ends the reply at that token as a
+    stop id does (its text never joins the reply; finish "stop"). Why a predicate and not
+    more ``stop_ids``: a caller's rule can be a class of tokens (every control token of a
+    FIM model) that would otherwise mean listing a vocabulary per request.
     """
 
     max_tokens: int = 256
     stop_ids: frozenset[int] = frozenset()
     stop_strings: Sequence[str] = ()
     stop_when: Callable[[str], int | None] | None = None
+    stop_id_when: Callable[[int], bool] | None = None
 
 
 @dataclass
@@ -79,6 +85,9 @@ class ReplyBuilder:
         self.ids.append(token)
         if token in self.rules.stop_ids:
             self.finish = "eos"
+            return True
+        if self.rules.stop_id_when is not None and self.rules.stop_id_when(token):
+            self.finish = "stop"
             return True
         full = self._grow()
         for s in self.rules.stop_strings:

@@ -60,6 +60,7 @@ class EngineLike(Protocol):
         on_token: Callable[[TokenEvent], None] | None = ...,
         cancel: threading.Event | None = ...,
         stop_when: Callable[[str], int | None] | None = ...,
+        stop_id_when: Callable[[int], bool] | None = ...,
     ) -> GenerationResult: ...
 
     def prefill(self, prompt_ids: Sequence[int], *, session: str, cancel: threading.Event | None = ...,

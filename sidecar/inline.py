@@ -15,12 +15,12 @@ from typing import Any
 
 from echoline.sidecar.background_prefill import run_ids
 from echoline.sidecar.engine_like import EngineLike
+from echoline.sidecar.inline_stops import InlineStops
 from echoline.sidecar.lsp_utils import UTF16, line_bounds, line_count, unit_len
 from echoline.sidecar.prompts import (
     INLINE_ANCHOR_CHARS,
     InlinePrompt,
     auto_suffix_tokens,
-    block_end,
     finish_completion,
     heal_prefix,
     indentation,
@@ -217,13 +217,6 @@ def inline_job(
     indent = indentation(cursor_line)
     one_line = typing_in_line(cursor_line) if line_stop is None else line_stop
 
-    def removed_ws(generated: str) -> str:
-        return unheal(generated, removed)
-
-    def stop_at(text: str) -> int | None:
-        cut = line_end(text) if one_line else None
-        return cut if cut is not None else block_end(text, indent)
-
     def job(engine: EngineLike, cancel: threading.Event) -> InlineOutcome:
         prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, record, edits)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
@@ -233,34 +226,25 @@ def inline_job(
             run_ids(engine, prompt.ids, name, cancel, None, reserve_tokens=len(prompt.ids) + max_tokens)
             if cancel.is_set():
                 return InlineOutcome(None, {}, prompt.mode)
-        ended = threading.Event()
-        tok = engine.tokenizer
-        is_control = getattr(tok, "is_control", lambda _t: False)
-
-        def on_token(ev: Any) -> None:
-            # A control token (a FIM model's <|fim_suffix|>, <|file_sep|>, ...) ends the
-            # middle: its text must never reach the user's buffer.
-            if any(is_control(t) for t in ev.new_ids) or stop_at(removed_ws(ev.text)) is not None:
-                ended.set()
-                cancel.set()
-
+        # Stop rules, not cancels: the block's (or line's) end, checked on the new text only
+        # (``InlineStops``), and a control token (a FIM model's <|fim_suffix|>, <|file_sep|>,
+        # ...), which ends the middle before its text reaches the reply. The reply kept is a
+        # prefix of the plain greedy one, and a "cancelled" finish means a real cancel.
         result = engine.generate(
             prompt.ids,
             max_tokens=max_tokens,
             spec=spec,
             session=name,
-            on_token=on_token,
             cancel=cancel,
+            stop_when=InlineStops(indent, one_line),
+            stop_id_when=getattr(engine.tokenizer, "is_control", None),
         )
         stats = result.stats.as_dict()
-        if result.finish_reason == "cancelled" and not ended.is_set():
+        if result.finish_reason == "cancelled":
             return InlineOutcome(None, stats, prompt.mode)
-        ids = list(result.token_ids)
-        cut = next((i for i, t in enumerate(ids) if is_control(t)), None)
-        generated = removed_ws(result.text if cut is None else tok.decode(ids[:cut]))
-        end = line_end(generated) if one_line else None
-        return InlineOutcome(finish_completion(generated if end is None else generated[:end], indent), stats,
-                             prompt.mode)
+        # the text already ends where the rules cut it; this drops the healed space and the
+        # trailing whitespace (and re-checks the block's end once, for any engine)
+        return InlineOutcome(finish_completion(unheal(result.text, removed), indent), stats, prompt.mode)
 
     return job
 

@@ -321,6 +321,7 @@ class RemoteEngine(PromptEncoding):
         temperature: float = 0.0,
         seed: int | None = None,
         stop_when: Callable[[str], int | None] | None = None,
+        stop_id_when: Callable[[int], bool] | None = None,
     ) -> GenerationResult:
         """The server's greedy reply to ``prompt_ids``, cut by echoline's own stop rules.
 
@@ -336,14 +337,16 @@ class RemoteEngine(PromptEncoding):
             if seed is not None:
                 overrides["seed"] = int(seed)
         reply = self.complete(prompt, max_tokens=max_tokens, stop=stop, extras=extras, on_token=on_token,
-                              cancel=cancel, overrides=overrides, stop_when=stop_when)
+                              cancel=cancel, overrides=overrides, stop_when=stop_when,
+                              stop_id_when=stop_id_when)
         return GenerationResult(token_ids=reply.ids, text=reply.text, finish_reason=reply.finish,
                                 stats=reply.stats)
 
     def complete(self, prompt: list[int], *, max_tokens: int, extras: kinds.RequestExtras,
                  stop: Sequence[str] = (), on_token: Callable[[TokenEvent], None] | None = None,
                  cancel: threading.Event | None = None, overrides: dict[str, Any] | None = None,
-                 stop_when: Callable[[str], int | None] | None = None) -> Reply:
+                 stop_when: Callable[[str], int | None] | None = None,
+                 stop_id_when: Callable[[int], bool] | None = None) -> Reply:
         """One streamed completion with per-request ``extras`` and body ``overrides``
         (a value None removes a field). The probe uses it to force cold and warm runs."""
         limit = min(int(max_tokens), self.config.context_length - len(prompt) - 1)
@@ -351,7 +354,7 @@ class RemoteEngine(PromptEncoding):
             raise EcholineError(f"the prompt ({len(prompt)} tokens) leaves no room in the server's "
                                 f"context ({self.config.context_length})")
         rules = StopRules(max_tokens=limit, stop_ids=self.tokenizer.stop_ids, stop_strings=tuple(stop),
-                          stop_when=stop_when)
+                          stop_when=stop_when, stop_id_when=stop_id_when)
         out = ReplyBuilder(decode=self.tokenizer.decode, rules=rules, stream=self.tokenizer.stream())
         body = kinds.completion_body(self.server_kind, prompt, limit, extras, model=self.served_model)
         if self.server_kind == "llama":
