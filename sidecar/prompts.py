@@ -215,6 +215,71 @@ def strip_fence(reply: str, fence: str = FENCE) -> str:
     return text
 
 
+class FenceStripper:
+    """``strip_fence`` for a reply that grows, reading only what is new on each call.
+
+    Why: a rewrite reports its replacement so far after every token; ``strip_fence`` over
+    the whole reply each time is O(n) a token, O(n^2) a reply. Here the place where the
+    code starts (after a repeated opening fence, or 0) is settled once, and the search for
+    the closing fence resumes where the last one ended. ``stripper(reply)`` equals
+    ``strip_fence(reply, fence)`` for each reply of a sequence in which every reply extends
+    the one before, as the engine's reply text does; a reply shorter than the last (a stop
+    rule's cut, which ends a reply) is stripped whole and starts the sequence anew.
+    """
+
+    def __init__(self, fence: str = FENCE) -> None:
+        self.fence = fence
+        self._reset()
+
+    def _reset(self) -> None:
+        self._seen = 0  # the length of the last reply
+        self._lead = 0  # the reply's leading newlines counted so far
+        self._line_scan = 0  # where the search for the end of a repeated fence's line resumes
+        self._start: int | None = None  # where the code starts, once settled
+        self._scan = 0  # where the search for the closing fence resumes (after _start)
+        self._close: int | None = None  # where the closing fence starts, once found
+
+    def __call__(self, reply: str) -> str:
+        if len(reply) < self._seen:
+            self._reset()
+            self._seen = len(reply)
+            return strip_fence(reply, self.fence)
+        self._seen = len(reply)
+        if self._start is None:
+            self._start = self._opening(reply)
+            if self._start is None:  # the reply's opening is still undecided
+                return "" if self._line_scan else reply
+            self._scan = self._start
+        if self._close is None:
+            close = reply.find(self.fence, max(self._start, self._scan - len(self.fence) + 1))
+            if close < 0:
+                self._scan = len(reply)
+                return reply[self._start :]
+            self._close = close
+        return reply[self._start : self._close]
+
+    def _opening(self, reply: str) -> int | None:
+        """Where the code starts: after the repeated opening fence's line, or 0 (none was
+        repeated); None while it cannot be told. ``strip_fence`` answers, meanwhile, the
+        whole reply (only newlines, or newlines and the start of a fence: no fence inside)
+        or, once a fence is repeated and its line is not ended, "" (``_line_scan`` set)."""
+        n, fence = len(reply), self.fence
+        i = self._lead
+        while i < n and reply[i] == "\n":
+            i += 1
+        self._lead = i
+        first = reply[i : i + len(fence)]
+        if len(first) < len(fence) and fence.startswith(first):
+            return None  # only newlines so far, or they and the beginning of a fence
+        if first != fence:
+            return 0
+        nl = reply.find("\n", max(self._line_scan, i + len(fence)))
+        if nl < 0:
+            self._line_scan = n
+            return None
+        return nl + 1
+
+
 def fit_selection(new_text: str, selection: str) -> str:
     """Give the rewritten text the selection's trailing-newline shape."""
     body = new_text.rstrip("\n")

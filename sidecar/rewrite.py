@@ -13,7 +13,7 @@ from typing import Any
 
 from echoline.engine.errors import EcholineError
 from echoline.sidecar.engine_like import EngineLike
-from echoline.sidecar.prompts import fit_selection, fitted_rewrite_ids, strip_fence
+from echoline.sidecar.prompts import FenceStripper, fit_selection, fitted_rewrite_ids
 from echoline.sidecar.rewrite_checks import no_confident_edit, withholds
 from echoline.sidecar.rewrite_stops import stop_rules
 
@@ -65,6 +65,8 @@ def run_rewrite(
                                          reply_room=min(max_tokens, 1024))
     except ValueError as exc:
         raise EcholineError(str(exc)) from None
+    # the code out of the fence, as the reply grows: read once in all, not once a token
+    stripped = FenceStripper(prompt.fence)
 
     def on_token(ev: Any) -> None:
         if on_progress is None:
@@ -72,7 +74,7 @@ def run_rewrite(
         st = ev.stats
         on_progress(
             Progress(
-                text=strip_fence(ev.text, prompt.fence),
+                text=stripped(ev.text),
                 tokens=st.generated_tokens,
                 tok_s=st.tokens_per_s,
                 acceptance=st.acceptance,
@@ -95,7 +97,7 @@ def run_rewrite(
         stop_when=stops,
     )
     selection = file_text[start:end]
-    text = fit_selection(strip_fence(result.text, prompt.fence), selection)
+    text = fit_selection(stripped(result.text), selection)
     refusal = None
     if result.finish_reason in ("eos", "stop"):
         refusal = no_confident_edit(file_text, start, end, text, instruction, name=name,
