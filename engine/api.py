@@ -228,6 +228,14 @@ class Engine(PromptEncoding):
         return [s for s in self._history if self.index.has_source(s)]
 
     # ---- generation ------------------------------------------------------------------------
+    def cached_prefix(self, prompt_ids: Sequence[int], *, session: str | None = None) -> int:
+        """How many of ``prompt_ids`` a request in ``session`` would find cached (its own
+        cache, or another session's lent to it), without running or changing anything.
+        Why: a caller that can ask with one of several prompts (the sidecar's inline head,
+        long or short) picks the one whose uncached part it can afford; each reply is still
+        the plain greedy one of the prompt that was chosen."""
+        return self.sessions.reusable(session, list(prompt_ids))
+
     def prefill(
         self,
         prompt_ids: Sequence[int],

@@ -164,6 +164,23 @@ class SessionStore:
         self._take_hot_buffers(session.cache)
         return session
 
+    def reusable(self, key: str | None, prompt: list[int]) -> int:
+        """How many of ``prompt``'s tokens a request in ``key``'s session would not run
+        again: ``prepare``'s rule (its own cache's common prefix, or a longer one lent by
+        another session) without touching any cache. What a caller choosing between
+        prompts by their cost reads (the sidecar's inline head)."""
+        limit = max(0, len(prompt) - 1)
+        session = self.sessions.get(key) if key is not None else None
+        best = 0
+        if session is not None:
+            own = min(common_prefix(session.history, prompt), limit)
+            best = own if session.cache.can_truncate_to(min(own, session.cache.length)) else 0
+        if not self.ring:
+            for other in self.sessions.values():
+                if other is not session:
+                    best = max(best, min(common_prefix(other.history, prompt), limit))
+        return best
+
     def _take_hot_buffers(self, cache: KVCache) -> None:
         """Give ``cache`` the hot buffers of its capacity (it becomes their holder)."""
         if not self.share_buffers or cache.ring:

@@ -71,6 +71,8 @@ class BackgroundPrefill:
     #: The worker job kind (``worker.BACKGROUND``): "prefill" leaves other background jobs
     #: running, "warm" cancels them (they resume later): what the user is about to need first.
     job_kind = "prefill"
+    #: The job whose engine the prefill runs on (None: the kind's, ``worker.ENGINE_OF_KIND``).
+    engine_job: str | None = None
 
     def __init__(
         self,
@@ -139,7 +141,7 @@ class BackgroundPrefill:
         def job(engine: EngineLike, cancel: threading.Event) -> dict[str, Any] | None:
             return run(engine, cancel, started)
 
-        submitted = self._worker.submit(job, kind=self.job_kind, key=(self.key_name, uri))
+        submitted = self._worker.submit(job, kind=self.job_kind, key=(self.key_name, uri), engine_job=self.engine_job)
         self._jobs[uri] = submitted
         submitted.future.add_done_callback(
             lambda _f: loop.call_soon_threadsafe(self._finished, uri, submitted)

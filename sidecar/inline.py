@@ -19,6 +19,8 @@ from echoline.sidecar.inline_stops import InlineStops
 from echoline.sidecar.lsp_utils import UTF16, line_bounds, line_count, unit_len
 from echoline.sidecar.prompts import (
     INLINE_ANCHOR_CHARS,
+    INLINE_SHORT_ANCHOR_CHARS,
+    INLINE_SHORT_PREFIX_CHARS,
     InlinePrompt,
     auto_suffix_tokens,
     finish_completion,
@@ -174,22 +176,65 @@ def ahead_session(uri: str) -> str:
     return "inline-ahead:" + uri
 
 
+def inline_long_session(uri: str) -> str:
+    """The engine session the long head is warmed in while requests use the short one
+    (``choose_head``): its own, so the short prompt the user types with stays cached; a
+    request that switches to the long head borrows its rows."""
+    return "inline-long:" + uri
+
+
+#: The long head is asked once its uncached part is at most this many tokens more than the
+#: short head's: about one background chunk, ~0.3 s on a 2-core CPU.
+HEAD_SWITCH_TOKENS = 64
+
+
+def choose_head(engine: EngineLike, long: InlinePrompt, short: InlinePrompt, session: str) -> InlinePrompt:
+    """The prompt a request at the cursor asks with: ``long`` (the usual ~1,500-token head)
+    unless its head is not cached yet while ``short``'s (~250 tokens) mostly is, or costs
+    much less to run.
+
+    Why: at a new place in a big file (a jump, an edit) the long head must be run whole
+    before the first suggestion: ~1,500 tokens, ~6 s on a 2-core CPU, for a user who types
+    a second after the edit. The short head costs ~1 s and is ready first; the long one is
+    warmed in the background (``inline_long_session``) and taken as soon as it is cached.
+    Which prompt was asked depends on what is cached, never the reply: each suggestion is
+    the plain greedy completion of the prompt it was computed for. An engine that cannot
+    say what it holds (a remote one, whose GPU runs a long head in milliseconds) always
+    gets the long head."""
+    cached = getattr(engine, "cached_prefix", None)
+    if not callable(cached) or short.ids == long.ids or short.head_len <= 0:
+        return long
+    miss_long = max(0, long.head_len - cached(long.ids, session=session))
+    miss_short = max(0, short.head_len - cached(short.ids, session=session))
+    if miss_long <= miss_short + HEAD_SWITCH_TOKENS:
+        return long
+    return InlinePrompt(ids=short.ids, mode=short.mode, head_start=short.head_start, head="short",
+                        long_ids=long.ids, head_len=short.head_len)
+
+
 def _prompt(
     engine: EngineLike, healed: str, suffix: str, uri: str, suffix_tokens: int | None, auto_suffix: bool,
     anchor: int, starts: HeadStarts | None, record: bool, edits: int | None,
+    session: str | None = None, short_head: bool = True,
 ) -> InlinePrompt:  # fmt: skip
     """The inline prompt at the cursor, on the engine thread, with the head start kept in
     ``starts``. Only a request records the start it used (``record``): a warm-up reads the
     same start and so builds the ids a request at its cursor would, but leaves what the
     next request reads as it was, so every prompt is the one it would be without warm-ups.
     ``edits``: the document's edit count taken with the text (None: now); a start computed
-    from text that an edit has since replaced is not kept."""
+    from text that an edit has since replaced is not kept. ``short_head``: ask with the
+    short head while the long one is not cached (``choose_head``, for ``session``); the
+    long head's start is what is kept either way."""
     budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
     keep, now = starts.read(uri, healed) if starts is not None else (None, 0)
     prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep)
     if starts is not None and record:
         starts.record(uri, healed, prompt.head_start, now if edits is None else edits)
-    return prompt
+    if not short_head or len(healed) <= INLINE_SHORT_PREFIX_CHARS:
+        return prompt
+    short = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=INLINE_SHORT_ANCHOR_CHARS,
+                          head_chars=INLINE_SHORT_PREFIX_CHARS)
+    return choose_head(engine, prompt, short, session or inline_session(uri))
 
 
 def inline_job(
@@ -197,6 +242,7 @@ def inline_job(
     suffix_tokens: int | None = None, *, auto_suffix: bool = True,
     anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None, edits: int | None = None,
     session: str | None = None, record: bool = True, chunked: bool = False, line_stop: bool | None = None,
+    short_head: bool = True,
 ) -> Callable[[Any, threading.Event], InlineOutcome]:  # fmt: skip
     """The worker job completing at the cursor: text before it (``prefix``), after it
     (``suffix``), the cursor line up to the cursor, the buffer's session name part.
@@ -212,13 +258,15 @@ def inline_job(
     prompt in background chunks first, so a cancel waits for at most one) serve the
     background completion ``ahead_job``; the reply is the same either way. ``line_stop``:
     end the completion at its first line's end (``line_end``); None: when the user types
-    within the cursor's line (``typing_in_line``)."""
+    within the cursor's line (``typing_in_line``). ``short_head``: ask with the short head
+    while the long one is not cached (``choose_head``; the stats' "head" says which)."""
     healed, removed = heal_prefix(prefix)
     indent = indentation(cursor_line)
     one_line = typing_in_line(cursor_line) if line_stop is None else line_stop
 
     def job(engine: EngineLike, cancel: threading.Event) -> InlineOutcome:
-        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, record, edits)
+        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, record, edits,
+                         session or inline_session(uri), short_head)
         if not prompt.ids:  # nothing before the cursor (and no BOS): nothing to continue
             return InlineOutcome(None, {}, prompt.mode)
         name = session or inline_session(uri)
@@ -239,7 +287,7 @@ def inline_job(
             stop_when=InlineStops(indent, one_line),
             stop_id_when=getattr(engine.tokenizer, "is_control", None),
         )
-        stats = result.stats.as_dict()
+        stats = {**result.stats.as_dict(), "head": prompt.head}
         if result.finish_reason == "cancelled":
             return InlineOutcome(None, stats, prompt.mode)
         # the text already ends where the rules cut it; this drops the healed space and the
@@ -262,7 +310,7 @@ def ahead_job(
     (any request) drops it."""
     cursor_line = prefix[prefix.rfind("\n") + 1 :]
     run = inline_job(prefix, suffix, cursor_line, uri, max_tokens, spec, suffix_tokens, starts=starts,
-                     session=ahead_session(uri), record=False, chunked=True)
+                     session=ahead_session(uri), record=False, chunked=True)  # only run while warm-ups are on
 
     def job(engine: EngineLike, cancel: threading.Event) -> dict[str, Any] | None:
         if not isinstance(engine, EngineLike):
@@ -280,15 +328,21 @@ def ahead_job(
 def warm_job(
     prefix: str, suffix: str, uri: str, max_tokens: int, suffix_tokens: int | None = None, *,
     auto_suffix: bool = True, anchor: int = INLINE_ANCHOR_CHARS, starts: HeadStarts | None = None,
+    short_head: bool = True, long_only: bool = False,
 ) -> Callable[[Any, threading.Event, Callable[[int], None] | None], dict[str, Any] | None]:  # fmt: skip
     """The background job that runs the inline prompt at a resting cursor into the
     document's inline session (``sidecar/inline_warm.py`` schedules it): the prompt a
     request at that cursor would build (the same arguments as ``inline_job``), prefilled
     without a reply, so the request that follows (the first keystroke there) runs only
-    what changed. A cancel stops it between ``CHUNK``-token chunks, keeping those done.
-    It reads the kept head start but never records one (``_prompt``). A cursor with
-    nothing before it is skipped: the prompt there is only the tail, which the first
-    keystroke runs again anyway."""
+    what changed. When that prompt has the short head (``choose_head``: the long one is not
+    cached), the long prompt runs next into its own session (``inline_long_session``), so
+    that a later request there switches to it; the report's figures are then the long
+    prompt's, the short one's under "short". A cancel stops it between ``CHUNK``-token
+    chunks, keeping those done. It reads the kept head start but never records one
+    (``_prompt``). A cursor with nothing before it is skipped: the prompt there is only
+    the tail, which the first keystroke runs again anyway. A prompt already cached (the
+    request just made there) is not run again; ``long_only``: only the long head, if the
+    prompt there has the short one (after a request, ``inline_warm.LongHeadWarm``)."""
     healed, _ = heal_prefix(prefix)
 
     def job(engine: EngineLike, cancel: threading.Event,
@@ -297,12 +351,26 @@ def warm_job(
             return None
         if not healed.strip():
             return {"state": "skipped", "reason": "nothing before the cursor", "tokens": 0}
-        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, False, None)
+        session = inline_session(uri)
+        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, False, None,
+                         session, short_head)
         ids = prompt.ids
         if len(ids) < 2:
             return {"state": "skipped", "reason": "nothing to run", "tokens": len(ids)}
-        # the cache sized for the request that follows (its reply included), as generate sizes it
-        return run_ids(engine, ids, inline_session(uri), cancel, started, reserve_tokens=len(ids) + max_tokens,
-                       mode=prompt.mode)
+        cached = getattr(engine, "cached_prefix", None)
+        held = cached(ids, session=session) if callable(cached) else 0
+        if long_only and prompt.long_ids is None:
+            return {"state": "skipped", "reason": "the long head is cached", "tokens": 0, "head": prompt.head}
+        if held < len(ids) - 1 and not long_only:
+            # the cache sized for the request that follows (its reply included), as generate sizes it
+            report = run_ids(engine, ids, session, cancel, started, reserve_tokens=len(ids) + max_tokens)
+        else:
+            report = {"state": "done", "cancelled": False, "tokens": len(ids), "cached": held}
+        if prompt.long_ids is not None and not report["cancelled"]:
+            # the whole long prompt, its tail too: a request right here then runs one token
+            long = run_ids(engine, prompt.long_ids, inline_long_session(uri), cancel, None,
+                           reserve_tokens=len(prompt.long_ids) + max_tokens)
+            report = {**long, "short": {"tokens": report["tokens"], "cached": report["cached"]}}
+        return {**report, "mode": prompt.mode, "head": prompt.head}
 
     return job

@@ -55,6 +55,7 @@ class InlineWarm(BackgroundPrefill):
         self._starts = starts
         self._cursor: dict[str, tuple[int | None, types.Position]] = {}
         self._asked: dict[str, tuple[int | None, types.Position]] = {}  # the last inline request
+        self.long_head = LongHeadWarm(worker, settings, notify, self._asked, self._job_at)
 
     def enabled(self, s: Settings) -> bool:
         return s.inline_warm
@@ -84,6 +85,7 @@ class InlineWarm(BackgroundPrefill):
         self._asked[uri] = (version, position)
         if self._cursor.get(uri) == (version, position):
             self._drop_cursor(uri)
+        self.long_head.changed(uri)
 
     def _drop_cursor(self, uri: str) -> None:
         self._cursor.pop(uri, None)
@@ -100,12 +102,23 @@ class InlineWarm(BackgroundPrefill):
     def closed(self, uri: str) -> None:
         self._drop_cursor(uri)
         self._asked.pop(uri, None)
+        self.long_head.forget(uri)
+
+    def stop_all(self, final: bool = False) -> None:
+        super().stop_all(final)
+        self.long_head.stop_all(final)
 
     def make_job(self, uri: str) -> PrefillJob | None:
-        cur, doc = self._cursor.get(uri), self._doc_of(uri)
-        if cur is None or doc is None:
+        cur = self._cursor.get(uri)
+        return None if cur is None else self._job_at(uri, *cur)
+
+    def _job_at(self, uri: str, version: int | None, position: types.Position,
+                long_only: bool = False) -> PrefillJob | None:  # fmt: skip
+        """The warm-up job at ``position`` of ``version`` of ``uri`` (None: nothing to warm)."""
+        doc = self._doc_of(uri)
+        if doc is None:
             return None
-        (version, position), (text, doc_version) = cur, doc
+        text, doc_version = doc
         if version is not None and version != doc_version:
             return None  # sent against other text: a newer change or cursor re-arms
         try:
@@ -114,7 +127,46 @@ class InlineWarm(BackgroundPrefill):
             return None  # a cursor past the text: nothing to warm, nothing to answer
         s = self._settings()
         return warm_job(text[:offset], text[offset:], uri, s.inline_max_tokens, s.inline_suffix_tokens,
-                        starts=self._starts)
+                        starts=self._starts, long_only=long_only)
+
+
+class LongHeadWarm(BackgroundPrefill):
+    """After an inline request asked with the short head (``sidecar.inline.choose_head``: the
+    long one was not cached at that new place), the long head at that request's cursor,
+    ``inlineWarmMs`` after the last request, so that a later keystroke there asks with it.
+
+    Why apart from the cursor warm-up: while the user types, the cursor warm-up stands down
+    (each request runs the prompt it would warm), but the long head still has to be run by
+    someone, in the pauses between keystrokes. A job of the idle-prefill kind: it leaves the
+    completion computed ahead (``InlineAhead``) running, and any request stops it within a
+    chunk; the chunks done stay in their session, and it resumes after the request."""
+
+    key_name = "inline-long"
+    job_kind = "prefill"
+    engine_job = "inline"
+
+    def __init__(
+        self, worker: EngineWorker, settings: Callable[[], Settings], notify: Callable[[dict[str, Any]], None],
+        asked: dict[str, tuple[int | None, types.Position]],
+        job_at: Callable[..., PrefillJob | None],
+    ) -> None:  # fmt: skip
+        def told(info: dict[str, Any]) -> None:  # nothing to say when the long head was there
+            if info.get("state") != "skipped":
+                notify(info)
+
+        super().__init__(worker, settings, told)
+        self._asked = asked  # the warm-up's record of each document's last request
+        self._job_at = job_at
+
+    def enabled(self, s: Settings) -> bool:
+        return s.inline_warm
+
+    def delay_ms(self, s: Settings) -> int:
+        return s.inline_warm_ms
+
+    def make_job(self, uri: str) -> PrefillJob | None:
+        at = self._asked.get(uri)
+        return None if at is None else self._job_at(uri, *at, long_only=True)
 
 
 class InlineAhead:

@@ -35,6 +35,9 @@ def fence_for(file_text: str) -> str:
     return "`" * max(3, longest + 1)
 MAX_FILE_CHARS = 16000  # about 4-5k tokens: keeps room in a small model's context
 INLINE_PREFIX_CHARS = 6000
+#: The short head (~200-330 tokens), asked at a new place until the long head is cached,
+#: on its own grid so that it holds while the user types there (``sidecar.inline.choose_head``).
+INLINE_SHORT_PREFIX_CHARS, INLINE_SHORT_ANCHOR_CHARS = 768, 512
 INLINE_SUFFIX_CHARS = 2000
 #: The inline prompt's head starts at a line found from a grid of this many characters, so
 #: its start holds while the user types (see ``inline_head``).
@@ -296,6 +299,11 @@ class InlinePrompt:
     ids: list[int]
     mode: str  # "fim" or "prefix"
     head_start: int | None = 0  # where the head starts in the prefix (None: cut to the context)
+    #: "long": the ``INLINE_PREFIX_CHARS`` head; "short": the ``INLINE_SHORT_PREFIX_CHARS``
+    #: one, asked while the long head is not cached yet (``sidecar.inline.choose_head``).
+    head: str = "long"
+    long_ids: list[int] | None = None  # with a short head: the long prompt, to warm next
+    head_len: int = 0  # how many of ``ids`` come before the text after the cursor
 
 
 def inline_head(prefix: str, limit: int = INLINE_PREFIX_CHARS, step: int = INLINE_ANCHOR_CHARS) -> str:
@@ -390,13 +398,13 @@ def auto_suffix_tokens(engine: EngineLike, budget_s: float = INLINE_SUFFIX_BUDGE
 
 def inline_prompt(
     engine: EngineLike, prefix: str, suffix: str, *, suffix_tokens: int | None = None,
-    anchor: int = INLINE_ANCHOR_CHARS, keep_start: int | None = None,
+    anchor: int = INLINE_ANCHOR_CHARS, keep_start: int | None = None, head_chars: int = INLINE_PREFIX_CHARS,
 ) -> InlinePrompt:  # fmt: skip
     """FIM (prefix-suffix-middle) when the model has FIM tokens, else a raw continuation.
 
     ``suffix_tokens``: the most tokens after the cursor (whole lines; None: characters
-    only); ``anchor``: the head window's grid, ``keep_start``: the buffer's previous head
-    start (``inline_head_start``). ``head_start`` of the result is None when the head had
+    only); ``head_chars``, ``anchor``: the head window's least length and its grid,
+    ``keep_start``: the buffer's previous head start (``inline_head_start``). ``head_start`` of the result is None when the head had
     to be cut to the context (a small model): its first token is then mid-line and moves
     with the cursor, so there is nothing worth keeping. A kept start that would need that
     cut is dropped first (it may make a longer head than the grid's)."""
@@ -409,7 +417,7 @@ def inline_prompt(
     extra = len(tail_ids) + 3 if fim is not None else 0  # the tail and the three FIM ids
 
     def head_of(keep: int | None) -> tuple[int, list[int]]:
-        start = inline_head_start(prefix, INLINE_PREFIX_CHARS, anchor, keep)
+        start = inline_head_start(prefix, head_chars, anchor, keep)
         if fim is not None:
             return start, list(tok.encode(prefix[start:], add_bos=False, parse_special=False))
         return start, list(tok.encode(prefix[start:], parse_special=False))
@@ -424,12 +432,12 @@ def inline_prompt(
             tail_ids = tail_ids[:keep_tail]
             head_ids = head_ids[-max(1, room - 3 - keep_tail):]  # the text nearest the cursor
         ids = [fim.prefix, *head_ids, fim.suffix, *tail_ids, fim.middle]
-        return InlinePrompt(ids=ids, mode="fim", head_start=None if cut else start)
+        return InlinePrompt(ids=ids, mode="fim", head_start=None if cut else start, head_len=1 + len(head_ids))
     ids = head_ids
     if cut and room is not None:
         bos = ids[:1] if getattr(tok, "add_bos", False) else []
         ids = bos + ids[-(room - len(bos)):]
-    return InlinePrompt(ids=ids, mode="prefix", head_start=None if cut else start)
+    return InlinePrompt(ids=ids, mode="prefix", head_start=None if cut else start, head_len=len(ids))
 
 
 def heal_prefix(prefix: str) -> tuple[str, str]:

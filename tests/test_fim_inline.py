@@ -315,7 +315,20 @@ async def test_cursor_jumps_keep_the_head_start(
     """The cursor jumps down across a grid line, then back up, in a long document: the
     server keeps the document's head start (``inline_head_starts``), so each request
     prefills only the text between the two cursors and the tail, not the whole prompt the
-    grid alone would give; every reply is still the model's greedy one on its prompt."""
+    grid alone would give; every reply is still the model's greedy one on its prompt.
+    Warm-ups are off here: this is the long head's rule alone (with them on, a request at a
+    new place asks with the short head until the long one is warm: tests/test_inline_head.py
+    and ``test_a_new_place_asks_short_then_long``)."""
+    fim_lsp.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"echoline": {"inlineWarm": False}}))
+    try:
+        await _jumps(fim_lsp, workspace, reference_engine)
+    finally:
+        fim_lsp.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings={"echoline": {"inlineWarm": True}}))
+
+
+async def _jumps(fim_lsp: LanguageClient, workspace: Path, reference_engine: Any) -> None:
     from echoline.sidecar.prompts import inline_head_start
 
     text = "".join(f"def g{i}(a, b):\n    return a * {i} + b\n\n" for i in range(700))  # ~22k chars
@@ -374,7 +387,9 @@ async def test_cursor_jumps_keep_the_head_start(
     cut = run["prompt"].index(suf)
     assert b + 2 - len(decode_plain(run["prompt"][1:cut])) == starts[0] + 2 != inline_head_start(edited[: b + 2])
     assert edited[: b + 2].endswith(decode_plain(run["prompt"][1:cut]))
-    assert run["prefilled"] <= between + len(run["prompt"]) - cut + 2, (run["prefilled"], between)
+    # the session holds the prompt at a2 (the last request), a line above a
+    since = len(reference_engine.tokenizer.encode(text[a2:b], add_bos=False, parse_special=False))
+    assert run["prefilled"] <= since + len(run["prompt"]) - cut + 2, (run["prefilled"], since)
 
 
 async def _warm_end(client: LanguageClient, uri: str, seen: int, timeout: float = 60.0) -> dict[str, Any]:
