@@ -10,6 +10,9 @@ code, and the reply ends at the closing fence.
 from __future__ import annotations
 
 import re
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -135,13 +138,58 @@ def rewrite_prompt(
     return RewritePrompt(messages=messages, prime=prime, plain=plain, fence=fence)
 
 
+#: Rewrite prompt texts whose ids are kept, per engine (``_prompt_ids``).
+PROMPT_IDS_KEPT = 8
+_kept_ids: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[bool, int], tuple[str, tuple[int, ...]]]] = (
+    weakref.WeakKeyDictionary()
+)
+_kept_lock = threading.Lock()
+
+
+def _prompt_ids(engine: EngineLike, text: str, chat: bool) -> list[int]:
+    """``text`` tokenized as a rewrite prompt (``chat``: as the one user message of the
+    engine's chat template; else as raw text after BOS), each text once while it is among
+    the engine's last ``PROMPT_IDS_KEPT``.
+
+    Why: a file's rewrite prefix (``rewrite_prefix_ids``) is tokenized when the user pauses
+    (idle prefill) and again whenever that prefill reruns on the same text, and a request
+    retried on the same selection tokenizes the same prompt: ~0.45 ms per KB of file each
+    time, on the engine thread. Kept per engine object (weakly: a reloaded model starts
+    empty) and checked against the whole text, so a hit is exactly what encoding gives."""
+    key = (chat, hash(text))
+    with _kept_lock:
+        try:
+            kept = _kept_ids.setdefault(engine, OrderedDict())
+        except TypeError:  # an engine that cannot be weakly referenced: nothing kept
+            kept = None
+        hit = kept.get(key) if kept is not None else None
+        if hit is not None and hit[0] == text:
+            kept.move_to_end(key)
+            return list(hit[1])
+    if chat:
+        ids = [int(t) for t in engine.encode_chat([{"role": "user", "content": text}])]
+    else:
+        ids = [int(t) for t in engine.tokenizer.encode(text, parse_special=False)]
+    if kept is not None:
+        with _kept_lock:
+            kept[key] = (text, tuple(ids))
+            kept.move_to_end(key)
+            while len(kept) > PROMPT_IDS_KEPT:
+                kept.popitem(last=False)
+    return ids
+
+
 def rewrite_prompt_ids(engine: EngineLike, prompt: RewritePrompt) -> list[int]:
     """Token ids: chat template (when the model has one) then the primed fence."""
     tok = engine.tokenizer
     if engine.has_chat_template:
-        ids = list(engine.encode_chat(prompt.messages))
+        msgs = prompt.messages
+        if len(msgs) == 1 and msgs[0]["role"] == "user":  # rewrite_prompt's layout
+            ids = _prompt_ids(engine, msgs[0]["content"], chat=True)
+        else:
+            ids = list(engine.encode_chat(msgs))
         return ids + list(tok.encode(prompt.prime, add_bos=False, parse_special=False))
-    return list(tok.encode(prompt.plain, parse_special=False))
+    return _prompt_ids(engine, prompt.plain, chat=False)
 
 
 def _context_tokens(engine: EngineLike) -> int | None:
@@ -190,13 +238,9 @@ def rewrite_prefix_ids(engine: EngineLike, file_text: str, *, name: str = "") ->
     if len(file_text) > MAX_FILE_CHARS:
         return None
     stable = _stable_part(file_text, name, fence_for(file_text))
-    tok = engine.tokenizer
-    if engine.has_chat_template:
-        alone = engine.encode_chat([{"role": "user", "content": stable}])
-        ahead = engine.encode_chat([{"role": "user", "content": stable + _VOLATILE_HEAD}])
-    else:
-        alone = tok.encode(stable, parse_special=False)
-        ahead = tok.encode(stable + _VOLATILE_HEAD, parse_special=False)
+    chat = engine.has_chat_template
+    alone = _prompt_ids(engine, stable, chat)
+    ahead = _prompt_ids(engine, stable + _VOLATILE_HEAD, chat)
     n = 0
     for a, b in zip(alone, ahead, strict=False):
         if a != b:
