@@ -132,8 +132,10 @@ def _complete(engine: EngineLike, layout: str, name: str, prefix: str, suffix: s
     anchor, use_budget, keep = LAYOUTS[layout]
     cursor_line = prefix.rsplit("\n", 1)[-1]
     uri = _uri(layout, name)
+    # the layouts compare the long head's rules; the short head a new place is first asked
+    # with (sidecar.inline.choose_head) is measured through the server (--typing)
     job = inline_job(prefix, suffix, cursor_line, uri, MAX_TOKENS, spec, budget if use_budget else None,
-                     auto_suffix=False, anchor=anchor, starts=keeps if keep else None)
+                     auto_suffix=False, anchor=anchor, starts=keeps if keep else None, short_head=False)
     t0 = time.perf_counter()
     out = job(engine, threading.Event())
     return out, time.perf_counter() - t0
@@ -144,7 +146,7 @@ def _warm_up(engine: EngineLike, layout: str, name: str, prefix: str, suffix: st
     """The server's warm-up at a resting cursor for ``layout``'s document; its seconds."""
     anchor, use_budget, keep = LAYOUTS[layout]
     job = warm_job(prefix, suffix, _uri(layout, name), MAX_TOKENS, budget if use_budget else None,
-                   auto_suffix=False, anchor=anchor, starts=keeps if keep else None)
+                   auto_suffix=False, anchor=anchor, starts=keeps if keep else None, short_head=False)
     t0 = time.perf_counter()
     job(engine, threading.Event(), None)
     return time.perf_counter() - t0
