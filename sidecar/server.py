@@ -32,13 +32,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO
 
 from echoline.sidecar import config as cfg
+from echoline.sidecar import inline_request, rewrite_request, status, tcp_guard
 from echoline.sidecar import next_edit_request as nes
-from echoline.sidecar import rewrite_request, tcp_guard
 from echoline.sidecar.edit_history import EditHistory
 from echoline.sidecar.engine_choice import JobModel, job_models, load_engine, remote_status
 from echoline.sidecar.engine_like import EngineLike
-from echoline.sidecar.idle_prefill import IdlePrefill, rewrite_session
-from echoline.sidecar.inline import HeadStarts, completion_end, inline_job
+from echoline.sidecar.idle_prefill import IdlePrefill
+from echoline.sidecar.inline import HeadStarts
 from echoline.sidecar.inline_store import InlineStore
 from echoline.sidecar.inline_warm import CURSOR, NOTIFY_INLINE_WARM, InlineAhead, InlineWarm
 from echoline.sidecar.lsp_transport import (  # noqa: F401 - FrameError/FrameParser re-exported
@@ -51,24 +51,19 @@ from echoline.sidecar.lsp_transport import (  # noqa: F401 - FrameError/FramePar
 )
 from echoline.sidecar.lsp_utils import (
     UTF16,
-    checked_offset,
     find_document,
-    get_doc,
-    line_start,
     normalize_encoding,
     offset_at,
     parse_position,
     plain_params,
     position_at,
-    rest_of_line,
 )
 from echoline.sidecar.lsp_utils import invalid as invalid  # re-exported: error helpers
 from echoline.sidecar.lsp_utils import short as short
 from echoline.sidecar.progress import PROGRESS_INTERVAL_S, WorkDone, load_message
-from echoline.sidecar.rewrite import run_rewrite
-from echoline.sidecar.rewrite_request import RewriteArgs, RewriteProgress
-from echoline.sidecar.worker import PRIMARY, EngineWorker, Job, JobCancelled
-from echoline.sidecar.workspace_index import WorkspaceIndex, normalize_uri
+from echoline.sidecar.rewrite_request import RewriteArgs
+from echoline.sidecar.worker import PRIMARY, EngineWorker, Job
+from echoline.sidecar.workspace_index import WorkspaceIndex
 from lsprotocol import types
 from lsprotocol.converters import get_converter
 from pygls import uris
@@ -82,13 +77,12 @@ log = logging.getLogger(__name__)
 
 VERSION = package_version()  # pyproject.toml's version, through the package metadata
 CMD_REWRITE = rewrite_request.COMMAND
-CMD_STATUS = "echoline.status"
+CMD_STATUS = status.COMMAND
 NOTIFY_STATUS = "echoline/status"
 NOTIFY_PREFILL = "echoline/prefill"
 REQUEST_FAILED = -32803  # LSP RequestFailed
 JOB_TIMEOUT_S = 600.0  # far above any generation's max_tokens at CPU speed
 APPLY_EDIT_TIMEOUT_S = 30.0
-CONTENT_MODIFIED = -32801  # LSP ContentModified
 
 
 _converter = get_converter()
@@ -642,73 +636,9 @@ def _cursor_params(params: Any) -> tuple[str, int | None, types.Position]:
 async def on_inline_completion(
     ls: EcholineServer, params: types.InlineCompletionParams
 ) -> types.InlineCompletionList:
-    uri = params.text_document.uri
-    doc = get_doc(ls.workspace, uri)
-    ls.inline_asked = True
-    pos = params.position
-    encoding = ls.position_encoding
-    # The text the position was sent against: a didChange while the model loads must
-    # not move the cursor's offset under it.
-    text, version, edits = doc.source, doc.version, ls.inline_head_starts.edits(uri)
-    offset = checked_offset(text, pos, encoding, "position")
-    # While the model loads (or after it failed), an empty answer, never an error: an
-    # editor would show one per keystroke. The state is in echoline/status and, when the
-    # request carried a workDoneToken, in its progress bar.
-    bar = None
-    if ls.job_models is not None:
-        ls.ensure_engine("inline")  # the inline engine loads on its first use
-    if ls.worker.state_of("inline") in ("idle", "loading") and params.work_done_token is not None:
-        bar = WorkDone(ls, "echoline")
-        await bar.begin(ls.load_message or "loading the model", params.work_done_token)
-    state = "cancelled"
-    try:
-        state = await ls.wait_for_model(bar, "inline")
-    finally:
-        if bar is not None:
-            bar.end("model ready" if state == "ready" else ls.load_message or state)
-    if state != "ready":
-        return types.InlineCompletionList(items=[])
-    prefix, suffix = text[:offset], text[offset:]
-    cursor_line = text[line_start(text, offset) : offset]
-    rest = rest_of_line(text, offset)
-    ls.inline_warm.asked(uri, version, pos)  # a warm-up here now would only repeat this request
-    tag = _inline_tag(ls)
-    hit = ls.inline_store.lookup(uri, prefix, suffix, tag)  # typing through a suggestion, undo
-    if hit is not None:
-        ls.worker.cancel_key(("inline", uri))  # an older request still running is superseded
-        ls.inline_ahead.after(uri, prefix, suffix, rest, hit.text, tag)
-        return _inline_list(pos, rest, hit.text, encoding)
-    job = inline_job(prefix, suffix, cursor_line, uri, ls.settings.inline_max_tokens, ls.settings.speculation,
-                     ls.settings.inline_suffix_tokens, starts=ls.inline_head_starts, edits=edits)
-    try:
-        out = await ls.run_job(job, kind="inline", key=("inline", uri))
-    except JobCancelled:
-        out = None
-    if out is None or out.text is None:  # superseded (or cancelled): an empty answer
-        return types.InlineCompletionList(items=[])
-    completion = out.text
-    ls.note_stats(out.stats)
-    ls.inline_store.last_run = {k: out.stats.get(k) for k in (
-        "prompt_tokens", "prefilled_tokens", "generated_tokens", "ttft_s", "total_s")}
-    ls.inline_store.shown(uri, prefix, suffix, completion, tag)
-    ls.inline_ahead.after(uri, prefix, suffix, rest, completion, tag)
-    return _inline_list(pos, rest, completion, encoding)
-
-
-def _inline_tag(ls: EcholineServer) -> tuple[Any, ...]:
-    """What an inline result depends on beside the text: the engine and the settings that
-    shape the prompt and the reply (``sidecar/inline_store.py``)."""
-    s = ls.settings
-    return (id(ls.worker.engine_for("inline")), s.inline_max_tokens, s.inline_suffix_tokens)
-
-
-def _inline_list(pos: types.Position, rest: str, completion: str, encoding: str) -> types.InlineCompletionList:
-    """The answer: one item at the cursor (``completion_end`` says how far it replaces), or none."""
-    if not completion:
-        return types.InlineCompletionList(items=[])
-    end = completion_end(pos, rest, completion, encoding)
-    item = types.InlineCompletionItem(insert_text=completion, range=types.Range(start=pos, end=end))
-    return types.InlineCompletionList(items=[item])
+    """``textDocument/inlineCompletion``: the completion at the cursor, or an empty list
+    (sidecar/inline_request.py: the document read, the model's wait, store or run)."""
+    return await inline_request.complete(ls, params.text_document.uri, params.position, params.work_done_token)
 
 
 async def on_next_edit(ls: EcholineServer, params: Any) -> dict[str, Any]:
@@ -729,203 +659,30 @@ def on_inline_edit_note(ls: EcholineServer, params: Any) -> None:
 
 
 def on_code_action(ls: EcholineServer, params: types.CodeActionParams) -> list[types.CodeAction]:
+    """A rewrite action for a non-empty selection, when the client asks for refactors (or
+    any kind); its command carries the selection's version (``rewrite_request.code_action``)."""
     rng = params.range
     if (rng.start.line, rng.start.character) == (rng.end.line, rng.end.character):
         return []
-    if params.context.only and not any(
-        str(k).startswith("refactor") for k in params.context.only
-    ):
+    if params.context.only and not any(str(k).startswith("refactor") for k in params.context.only):
         return []
     doc = find_document(ls.workspace, params.text_document.uri)
     if doc is None:
         return []
-    arg = {
-        "uri": params.text_document.uri,
-        "version": doc.version,
-        "range": _converter.unstructure(rng),
-        "instruction": "",
-        "mode": "apply",
-    }
-    title = "Rewrite with echoline…"
-    return [
-        types.CodeAction(
-            title=title,
-            kind=types.CodeActionKind.RefactorRewrite,
-            command=types.Command(title=title, command=CMD_REWRITE, arguments=[arg]),
-        )
-    ]
+    return [rewrite_request.code_action(params.text_document.uri, doc.version, rng, _converter)]
 
 
 async def cmd_rewrite(ls: EcholineServer, *args: Any) -> dict[str, Any]:
-    """Rewrite a range: check the request, run the job with progress, then answer, preview
-    or apply as ``rewrite_request.decide`` says."""
-    # Read before the first await: they are this request's.
-    request_id = ls.protocol.msg_id
-    client_token = ls.protocol.work_done_token
+    """``echoline.rewrite``: rewrite a range; the job, its progress and whether its reply is
+    answered, previewed or applied: ``rewrite_request.serve``."""
     req: RewriteArgs = rewrite_request.rewrite_args(_converter, args)
-    doc = get_doc(ls.workspace, req.uri)
-    if doc.version != req.version:
-        raise JsonRpcException(
-            f"stale version: the request is for version {req.version} but {req.uri} is at "
-            f"version {doc.version}; nothing was changed",
-            code=CONTENT_MODIFIED,
-        )
-    # The text of the version checked above, whatever arrives meanwhile: everything up
-    # to the first await runs before the server reads the next frame (see ``serve``).
-    text = doc.source
-    start = checked_offset(text, req.range.start, ls.position_encoding, "range.start")
-    end = checked_offset(text, req.range.end, ls.position_encoding, "range.end")
-    bar = WorkDone(ls, "echoline rewrite", cancellable=True)
-    if client_token is not None:  # the client's bar: it shows the model load too
-        await bar.begin(req.instruction or "reproduce selection", client_token)
-    try:
-        await ls.engine_ready(bar if client_token is not None else None)
-    except (JsonRpcException, asyncio.CancelledError) as exc:
-        bar.end("failed" if isinstance(exc, JsonRpcException) else "cancelled")
-        raise
-    reporter = RewriteProgress(req.uri, bar, ls.protocol.notify, ls.from_thread)
-    settings = ls.settings
-
-    def job(engine: EngineLike, cancel: threading.Event) -> Any:
-        return run_rewrite(
-            engine, text, start, end, req.instruction, name=req.uri,
-            max_tokens=settings.max_tokens, spec=settings.speculation,
-            session=rewrite_session(req.uri), on_progress=reporter.report, cancel=cancel,
-        )
-
-    # This request prefills the document's prefix itself: no idle prefill for it after.
-    ls.idle_prefill.forget(req.uri)
-    # The job is queued BEFORE a server-made progress is created: creating it is a round
-    # trip to the client, which must not delay the first token (reports wait meanwhile).
-    running = asyncio.ensure_future(ls.run_job(job, kind="rewrite"))
-    try:
-        if client_token is None:
-            await bar.begin(req.instruction or "reproduce selection")
-    except asyncio.CancelledError:
-        running.cancel()
-        bar.end("cancelled")
-        raise
-    bar.on_cancel(lambda: ls.cancel_request(request_id))  # the bar's cancel button
-    try:
-        outcome = await running
-    except JobCancelled:
-        bar.end("cancelled")
-        return {"applied": False, "reason": "cancelled", "text": "", "stats": {}}
-    except asyncio.CancelledError:
-        running.cancel()
-        bar.end("cancelled")
-        raise
-    except Exception as exc:
-        bar.end("failed")
-        raise request_failed(f"echoline: rewrite failed: {exc}") from exc
-    ls.note_stats(outcome.stats)
-    ls.send_status()
-    current = find_document(ls.workspace, req.uri)
-    verdict = rewrite_request.decide(
-        finish_reason=outcome.finish_reason, mode=req.mode, max_tokens=settings.max_tokens,
-        request_cancelled=request_id is not None and request_id in ls.cancelled_ids,
-        version=req.version, current_version=None if current is None else current.version,
-        refusal=outcome.withheld,
-    )
-    base = {"text": outcome.text, "stats": outcome.stats, "finishReason": outcome.finish_reason,
-            "stoppedBy": outcome.stopped_by, "noConfidentEdit": outcome.refusal}
-    edit = types.WorkspaceEdit(document_changes=[types.TextDocumentEdit(
-        text_document=types.OptionalVersionedTextDocumentIdentifier(uri=req.uri, version=req.version),
-        edits=[types.TextEdit(range=req.range, new_text=outcome.text)],
-    )])
-    if not verdict.apply:
-        bar.end(verdict.progress)
-        extra = {"edit": _converter.unstructure(edit)} if verdict.edit_in_answer else {}
-        return {"applied": False, "reason": verdict.reason, **extra, **base}
-    applied, reason, shown = await apply_edit(ls, edit, req.version)
-    bar.end(shown)
-    return {"applied": applied, "reason": reason, **base}
-
-
-async def apply_edit(ls: EcholineServer, edit: types.WorkspaceEdit, version: int) -> tuple[bool, str, str]:
-    """Send ``edit`` with workspace/applyEdit: (applied, reason, progress end message)."""
-    try:
-        resp = await asyncio.wait_for(
-            ls.workspace_apply_edit_async(types.ApplyWorkspaceEditParams(edit=edit, label="echoline rewrite")),
-            ls.apply_edit_timeout_s,
-        )
-    except TimeoutError:
-        return False, (f"the editor did not answer workspace/applyEdit within {ls.apply_edit_timeout_s:g} s "
-                       f"(the edit is tied to version {version}: the editor refuses it if the text "
-                       "changed)"), "no answer from the editor"
-    except Exception as exc:
-        return False, f"workspace/applyEdit failed: {exc}", "client refused the edit"
-    if resp.applied:
-        return True, "applied", "applied"
-    return False, resp.failure_reason or "the client did not apply the edit", "not applied"
+    return await rewrite_request.serve(ls, req, _converter)
 
 
 async def cmd_status(ls: EcholineServer, *args: Any) -> dict[str, Any]:
-    """Model state, settings and index figures; with {uri}, whether that file is indexed."""
-    out: dict[str, Any] = {
-        "state": ls.worker.state,
-        "model": ls.worker.model_of(PRIMARY) or ls.settings.model,
-        "error": ls.worker.error,
-        "settings": cfg.as_lsp_dict(ls.settings),
-        "tokS": ls.last_tok_s,
-        "acceptance": ls.last_acceptance,
-        "lastPrefill": ls.idle_prefill.last,
-        "lastInlineWarm": ls.inline_warm.last,
-        **ls.models_status(),
-        "engines": ls.worker.engines(),
-        "memory": resident_memory(),
-    }
-    engine = ls.worker.engine
-    if isinstance(engine, EngineLike):
-        out["backend"] = engine.backend_name
-        out["variant"] = engine.backend_variant
-    out.update(remote_status(engine))
-    if ls.index is not None:
-        out["index"] = ls.index.stats().as_dict()
-        out["index"]["pendingSources"] = ls.worker.pending_sources()
-        if args and isinstance(args[0], dict) and isinstance(args[0].get("uri"), str):
-            uri = normalize_uri(args[0]["uri"])
-            out["indexed"] = uri in ls.index.indexed_uris()
-    if engine is not None:
-        # Measured on the worker thread, after pending source updates are applied.
-        worker = ls.worker
-        try:
-            src, cache = await asyncio.wait_for(
-                asyncio.wrap_future(
-                    worker.submit(
-                        lambda e, _c: (e.source_memory_bytes(), worker.token_cache_bytes()), kind="status"
-                    ).future
-                ),
-                ls.settings.ready_timeout_s,
-            )
-            out["sourceMemoryBytes"], out["tokenCacheBytes"] = src, cache
-        except Exception:
-            out["sourceMemoryBytes"] = out["tokenCacheBytes"] = None
-    out["recentJobs"] = [job.summary() for job in list(ls.worker.finished)]
-    # inline answers with no model run (typed through a suggestion, recent) and those that
-    # ran (misses), and the completions computed ahead (sidecar/inline_store.py)
-    out["inlineStore"] = {**ls.inline_store.hits, "ahead": ls.inline_ahead.runs,
-                          "aheadKept": ls.inline_ahead.kept, "aheadPending": ls.inline_ahead.pending,
-                          "lastRun": ls.inline_store.last_run}
-    # Handlers running + requests to the client unanswered (this command's own two
-    # included): flat over a session, or something leaks (see EcholineProtocol).
-    out["pendingFutures"] = ls.protocol.pending_futures()
-    return out
-
-
-def resident_memory() -> dict[str, int | None]:
-    """This process's resident memory now and at its peak (``rssBytes``, ``peakRssBytes``:
-    VmRSS and VmHWM of /proc/self/status; None where there is no /proc)."""
-    out: dict[str, int | None] = {"rssBytes": None, "peakRssBytes": None}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name in ("VmRSS", "VmHWM"):
-                    out["rssBytes" if name == "VmRSS" else "peakRssBytes"] = int(value.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    return out
+    """``echoline.status``: model state, settings and index figures; with {uri}, whether
+    that file is indexed (sidecar/status.py)."""
+    return await status.report(ls, args)
 
 
 def create_server(loader: Any = None) -> EcholineServer:
