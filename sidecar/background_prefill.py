@@ -63,8 +63,8 @@ def run_ids(
 class BackgroundPrefill:
     """Per-document debounce timers (event loop) and their prefill jobs (engine thread).
 
-    Subclasses say when they are on (``enabled``), after how long (``delay_ms``), and what
-    to run (``make_job``, called on the event loop when the timer fires)."""
+    Subclasses say when they are on and after how long (``on_setting``, ``delay_setting``,
+    or ``enabled`` and ``delay_ms``), and what to run (``make_job``, called on the event loop when the timer fires)."""
 
     #: The worker key's first part: one job per (key_name, document) at a time.
     key_name = "prefill"
@@ -89,11 +89,15 @@ class BackgroundPrefill:
         self.last: dict[str, Any] | None = None  # the latest finished prefill, for status
 
     # ---- what a subclass decides ------------------------------------------------------------
+    #: The settings (``Settings`` attribute names) that turn the job on and set its delay.
+    on_setting = ""
+    delay_setting = ""
+
     def enabled(self, s: Settings) -> bool:
-        raise NotImplementedError
+        return bool(getattr(s, self.on_setting))
 
     def delay_ms(self, s: Settings) -> int:
-        raise NotImplementedError
+        return int(getattr(s, self.delay_setting))
 
     def make_job(self, uri: str) -> PrefillJob | None:
         """The job to run for ``uri`` now (event loop); None: nothing to run."""

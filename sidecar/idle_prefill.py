@@ -36,6 +36,7 @@ class IdlePrefill(BackgroundPrefill):
     """The rewrite prefix of each edited document, ``prefillIdleMs`` after its last change."""
 
     key_name = "prefill"
+    on_setting, delay_setting = "prefill_on_idle", "prefill_idle_ms"
 
     def __init__(
         self,
@@ -46,12 +47,6 @@ class IdlePrefill(BackgroundPrefill):
     ) -> None:
         super().__init__(worker, settings, notify)
         self._text_of = text_of
-
-    def enabled(self, s: Settings) -> bool:
-        return s.prefill_on_idle
-
-    def delay_ms(self, s: Settings) -> int:
-        return s.prefill_idle_ms
 
     def make_job(self, uri: str) -> PrefillJob | None:
         text = self._text_of(uri)

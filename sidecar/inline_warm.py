@@ -39,6 +39,7 @@ class InlineWarm(BackgroundPrefill):
 
     key_name = "inline-warm"
     job_kind = "warm"
+    on_setting, delay_setting = "inline_warm", "inline_warm_ms"
 
     def __init__(
         self,
@@ -56,12 +57,6 @@ class InlineWarm(BackgroundPrefill):
         self._cursor: dict[str, tuple[int | None, types.Position]] = {}
         self._asked: dict[str, tuple[int | None, types.Position]] = {}  # the last inline request
         self.long_head = LongHeadWarm(worker, settings, notify, self._asked, self._job_at)
-
-    def enabled(self, s: Settings) -> bool:
-        return s.inline_warm
-
-    def delay_ms(self, s: Settings) -> int:
-        return s.inline_warm_ms
 
     # ---- event loop ------------------------------------------------------------------------
     def cursor(self, uri: str, version: int | None, position: types.Position) -> None:
@@ -144,6 +139,7 @@ class LongHeadWarm(BackgroundPrefill):
     key_name = "inline-long"
     job_kind = "prefill"
     engine_job = "inline"
+    on_setting, delay_setting = "inline_warm", "inline_warm_ms"
 
     def __init__(
         self, worker: EngineWorker, settings: Callable[[], Settings], notify: Callable[[dict[str, Any]], None],
@@ -157,12 +153,6 @@ class LongHeadWarm(BackgroundPrefill):
         super().__init__(worker, settings, told)
         self._asked = asked  # the warm-up's record of each document's last request
         self._job_at = job_at
-
-    def enabled(self, s: Settings) -> bool:
-        return s.inline_warm
-
-    def delay_ms(self, s: Settings) -> int:
-        return s.inline_warm_ms
 
     def make_job(self, uri: str) -> PrefillJob | None:
         at = self._asked.get(uri)

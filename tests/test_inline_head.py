@@ -98,9 +98,9 @@ def test_a_new_place_asks_short_then_long_and_each_reply_is_plain(engine: Any) -
 
     first = ask(prefix, suffix)
     assert first.stats["head"] == "short"
-    # this model's tokens are about characters: the short head (768-1,280) and the tail
+    # this model's tokens are about characters: the short head (1,536-2,048) and the tail
     # (64), not the long head's 6,000 and more
-    assert first.stats["prefilled_tokens"] < 1400, first.stats
+    assert first.stats["prefilled_tokens"] < 2200, first.stats
     report = warm_job(prefix, suffix, uri, 12, 64)(engine, threading.Event(), None)
     assert report is not None and report["head"] == "short" and report["tokens"] > 6000, report
     assert report["cached"] == report["tokens"] - 1 and report["short"]["cached"] >= 1  # the long prompt, warmed
