@@ -557,6 +557,23 @@ class GGUFFile:
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
+    def release_pages(self) -> bool:
+        """Drop the file's pages from this process's resident memory (they stay in the page
+        cache, and a later read of a tensor faults its pages back in). False where the
+        platform has no ``MADV_DONTNEED``.
+
+        Why: a backend reads every tensor once while it lays the weights out (or copies
+        them to a GPU), and each page read stays counted as the process's own until the
+        mapping is dropped or trimmed; on a model's first start the 1.5B's server held
+        2.9 GB resident where a cached start holds 1.8 GB. After loading, the laid-out
+        copies are what run; the file's pages are only touched again for the few
+        embedding rows a backend reads from it."""
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if advice is None:
+            return False
+        self._mmap.madvise(advice)
+        return True
+
 
 def unsupported_qtype_message(path: Path, name: str, qtype: gguf.GGMLQuantizationType) -> str:
     """The error for a tensor in a quant type no kernel computes, listing those that do."""

@@ -51,6 +51,7 @@ def load_model(path: str | Path, backend: Backend | str = "auto") -> tuple[GGUFF
     config = config_from_gguf(gf)
     be = get_backend(backend) if isinstance(backend, str) else backend
     model = MODEL_CLASSES[config.arch](gf, config, be)
+    gf.release_pages()  # the weights are laid out: the file's pages need not stay resident
     return gf, model
 
 
