@@ -151,7 +151,7 @@ def line_end(completion: str) -> int | None:
     """Where a completion that continues the cursor's line ends: at that line's end, once
     its first line has some text (None while it has none: a reply that goes to the next
     line first is a new block, judged by ``block_end``). Why: while the user types within a
-    line, the suggestion that matters is the rest of that line (the issue #51 layout, as
+    line, the suggestion that matters is the rest of that line (the single-line layout, as
     Copilot-class tools answer mid-line); the lines after it cost a decode step each, on
     every keystroke. The cut is a stop rule: the text is a prefix of the plain reply."""
     cut = completion.find("\n")

@@ -1,6 +1,6 @@
 """Resident memory of the language server with one model loaded, then with both jobs' models.
 
-Why: a model per job (issue 49) loads a second engine on the first inline request; the
+Why: a model per job loads a second engine on the first inline request; the
 target is both Qwen models within 2.5 GB resident on the CPU. This starts ``echoline
 serve`` over stdio (a bare JSON-RPC client, no editor), waits for the rewrite engine,
 reads ``echoline.status``'s ``memory`` (VmRSS / VmHWM of the server), asks one inline

@@ -18,7 +18,7 @@ applies within it. ``runaway`` counts the replies that ran to ``maxTokens`` ("le
 the ones that still duplicate the code after the selection ("duplicates_after", which the
 stop rules of ``sidecar.rewrite_stops`` should keep at 0), the stop rules that fired
 ("stopped") and the replies answered "no confident edit" ("refused"); "count" is the
-first two together, the issue-49 target being 0.
+first two together, whose target is 0.
 """
 
 from __future__ import annotations

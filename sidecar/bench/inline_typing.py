@@ -1,6 +1,6 @@
 """``echoline bench inline --typing``: a plain LSP client typing into a real-size file.
 
-Why it exists (issue #51): what a user feels is the time from a keystroke to the suggestion
+Why it exists: what a user feels is the time from a keystroke to the suggestion
 after it, while typing steadily in a file of a couple of thousand lines, with a client that
 sends nothing but LSP (no ``echoline/cursor``). This starts the real server over stdio
 (``python -m echoline serve``), opens the file (default: the stdlib's ``difflib.py``, ~2,000
