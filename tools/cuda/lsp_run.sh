@@ -18,8 +18,7 @@
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:/tmp/src
 export ECHOLINE_CACHE_DIR=/tmp/ec
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
+source "$(dirname "$0")/device_common.sh"  # stamp
 mkdir -p /tmp/parts "$ECHOLINE_CACHE_DIR/models"
 for p in .mdl/el/[ab][0-9][0-9]; do [ -f "$p" ] && mv "$p" /tmp/parts/ && stamp "have $(basename "$p")"; done
 

@@ -23,8 +23,7 @@
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:/tmp/src
 export ECHOLINE_CACHE_DIR=/tmp/ec
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
+source "$(dirname "$0")/device_common.sh"  # stamp, start_llamacpp_build
 mkdir -p /tmp/parts "$ECHOLINE_CACHE_DIR/models"
 for p in .mdl/el/a[0-9][0-9]; do [ -f "$p" ] && mv "$p" /tmp/parts/ && stamp "have $(basename "$p")"; done
 SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
@@ -34,14 +33,7 @@ EXE=/tmp/lcpp/llama.cpp/build/bin/llama-server
 case "$1" in
 first)
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-  mkdir -p /tmp/lcpp && tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp || exit 1
-  setsid nohup bash -c 'cd /tmp/lcpp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
-    && cmake --build build -j 14 --target llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
-    > /dev/null 2>&1 < /dev/null &
-  stamp "llama.cpp build started"
+  start_llamacpp_build 14 || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   mkdir -p /tmp/src && tar xzf .mdl/el/src.tgz -C /tmp/src || exit 1
   # the modules the 0.5B file loads, built in the background while the parts travel

@@ -13,8 +13,7 @@
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
+source "$(dirname "$0")/device_common.sh"  # stamp, start_llamacpp_build
 mkdir -p /tmp/models
 for p in .mdl/*part*; do [ -f "$p" ] && cp "$p" /tmp/models/ && stamp "have $(basename "$p")"; done
 BENCH_CMD="python3 -m tools.cuda.bench_device --reps 30 --quick ${BENCH_FLAGS:---chain --gap} --ks 1,8,16 --context 1024"
@@ -34,14 +33,7 @@ first)
     ${TESTS:-tests/test_cuda_backend.py tests/test_cuda_tuning.py} ${TEST_K:+-k "$TEST_K"} > "$OUT/tests.log" 2>&1
   stamp "tests rc=$?"; grep -E "passed|failed|^E |Error|s call|^FAILED" "$OUT/tests.log" | head -40
   if [ -f .lcpp/lcpp.tgz ]; then  # after the tests: it builds while the parts travel
-    mkdir -p /tmp/lcpp && tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp
-    setsid nohup bash -c 'cd /tmp/lcpp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-      -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
-      && cmake --build build -j 12 --target llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
-      > /dev/null 2>&1 < /dev/null &
-    stamp "llama.cpp build started"
+    start_llamacpp_build 12
   fi
   if [ "${PROBE_S:-0}" != 0 ]; then
     timeout $PROBE_S python3 -m tools.cuda.split_probe > "$OUT/probe.log" 2>&1

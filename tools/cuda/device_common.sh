@@ -1,0 +1,17 @@
+# Shared by the device drivers (split_run.sh, lsp_run.sh, nes_versus_run.sh): sourced, not run.
+# stamp: a line with the seconds since the driver started; start_llamacpp_build JOBS: the
+# llama-server CUDA build (sm_90) from .lcpp/lcpp.tgz in the background, detached (setsid), its
+# log in /tmp/lcpp.log ending with "rc=N"; it builds while the model parts travel.
+t0=$(date +%s)
+stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
+
+start_llamacpp_build() {
+  mkdir -p /tmp/lcpp && tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp || return 1
+  setsid nohup bash -c "cd /tmp/lcpp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
+    && cmake --build build -j ${1:-12} --target llama-server >> /tmp/lcpp.log 2>&1; echo \"rc=\$?\" >> /tmp/lcpp.log" \
+    > /dev/null 2>&1 < /dev/null &
+  stamp "llama.cpp build started"
+}
