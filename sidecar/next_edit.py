@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from echoline.sidecar.background_prefill import run_ids
 from echoline.sidecar.edit_history import EditEvent, changed_span
 from echoline.sidecar.engine_like import EngineLike
 from echoline.sidecar.lsp_utils import UTF16, position_at
@@ -451,6 +452,41 @@ def _used_tokens(tok: Any, ids: list[int], old: Sequence[str], n_region: int, pr
 def next_edit_session(uri: str) -> str:
     """The engine session of ``uri``'s next-edit prompts."""
     return "next-edit:" + uri
+
+
+#: Formats whose prompt opens with the file block, so the file up to the editable region can
+#: run before the user's edit: the edits and the region come after it.
+FILE_FIRST = ("filesep", "sweep")
+
+
+def warm_ids(engine: EngineLike, parts: PromptParts, fmt: str = DEFAULT_FORMAT) -> list[int]:
+    """The start of the prediction prompt that the cursor's place fixes before the user
+    edits: the file block up to the editable region (``FILE_FIRST`` formats; [] for the
+    others, whose edits come first). Tokenized apart from the rest, its last id may differ
+    from the whole prompt's; the session reuses what matches, token for token."""
+    if fmt not in FILE_FIRST:
+        return []
+    return _tok(engine, [("<|file_sep|>", True), (f"{parts.path}\n{_lf(parts.before_region)}", False)])
+
+
+def next_edit_warm_job(
+    path: str, uri: str, text: str, cursor: int, *, fmt: str = DEFAULT_FORMAT, region_lines: int = REGION_LINES,
+) -> Callable[[Any, threading.Event, Callable[[int], None] | None], dict[str, Any] | None]:  # fmt: skip
+    """The background job that runs ``warm_ids`` at a resting cursor into the document's
+    prediction session, so that after the user's edit there the prediction runs only the
+    edits, the region and what changed (``sidecar/next_edit_warm.py`` schedules it)."""
+    parts = prompt_parts(path, text, cursor, (), uri, region_lines)
+
+    def job(engine: EngineLike, cancel: threading.Event,
+            started: Callable[[int], None] | None = None) -> dict[str, Any] | None:  # fmt: skip
+        if not isinstance(engine, EngineLike):  # not loaded, or a test's stand-in
+            return None
+        ids = warm_ids(engine, parts, fmt)
+        if len(ids) < 2:
+            return {"state": "skipped", "reason": "nothing before the region", "tokens": len(ids)}
+        return run_ids(engine, ids, next_edit_session(uri), cancel, started)
+
+    return job
 
 
 def next_edit_job(

@@ -60,6 +60,7 @@ from echoline.sidecar.lsp_utils import (
 )
 from echoline.sidecar.lsp_utils import invalid as invalid  # re-exported: error helpers
 from echoline.sidecar.lsp_utils import short as short
+from echoline.sidecar.next_edit_warm import NextEditWarm
 from echoline.sidecar.progress import PROGRESS_INTERVAL_S, WorkDone, load_message
 from echoline.sidecar.rewrite_request import RewriteArgs
 from echoline.sidecar.worker import PRIMARY, EngineWorker, Job
@@ -152,6 +153,12 @@ class EcholineServer(LanguageServer):
         #: The user's recent edit events, for edit predictions (secret files never enter).
         self.edit_history = EditHistory(nes.secret_rule(lambda: self.index),
                                         lambda uri: nes.prompt_path(uri, self.workspace.root_path))
+        #: the prediction prompt's file block at a resting cursor (when predictions ask the model)
+        self.next_edit_warm = NextEditWarm(
+            self.worker, lambda: self.settings, lambda info: log.debug("next-edit warm-up: %s", info),
+            self._doc_state, lambda: self.position_encoding,
+            lambda uri: nes.prompt_path(uri, self.workspace.root_path), self.edit_history.is_secret,
+        )
 
     def _doc_text(self, uri: str) -> str | None:
         doc = find_document(self.workspace, uri)
@@ -464,6 +471,8 @@ class EcholineServer(LanguageServer):
             self.idle_prefill.stop_all()
         if old.inline_warm and not new.inline_warm:
             self.inline_warm.stop_all()
+        if not self.next_edit_warm.enabled(new):
+            self.next_edit_warm.stop_all()
         if self.index is not None and (
             new.max_file_bytes != old.max_file_bytes or new.max_index_mb != old.max_index_mb
         ):
@@ -530,6 +539,7 @@ def on_shutdown(ls: EcholineServer, *args: Any) -> None:
     """Stop generating and watching; the process exits on ``exit``."""
     ls.idle_prefill.stop_all(final=True)
     ls.inline_warm.stop_all(final=True)
+    ls.next_edit_warm.stop_all(final=True)
     for job in list(ls.jobs_by_msg.values()):
         job.request_cancel()
     if ls.index is not None:
@@ -577,6 +587,7 @@ def _edit_is_a_cursor(ls: EcholineServer, params: types.DidChangeTextDocumentPar
 def on_did_close(ls: EcholineServer, params: types.DidCloseTextDocumentParams) -> None:
     ls.idle_prefill.forget(params.text_document.uri)
     ls.inline_warm.closed(params.text_document.uri)
+    ls.next_edit_warm.closed(params.text_document.uri)
     ls.inline_ahead.closed(params.text_document.uri)
     ls.inline_store.closed(params.text_document.uri)
     ls.inline_head_starts.closed(params.text_document.uri)
@@ -613,8 +624,11 @@ def on_cursor(ls: EcholineServer, params: Any) -> None:
     except ValueError as exc:
         log.warning("%s dropped: %s", CURSOR, exc)
         return
-    if ls.settings.inline_warm and find_document(ls.workspace, uri) is not None:
+    if find_document(ls.workspace, uri) is None:
+        return
+    if ls.settings.inline_warm:
         ls.inline_warm.cursor(uri, version, pos)
+    ls.next_edit_warm.cursor(uri, version, pos)  # only where predictions ask the model
 
 
 def _cursor_params(params: Any) -> tuple[str, int | None, types.Position]:
