@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ from echoline.sidecar.next_edit import (
     FORMATS,
     REGION_LINES,
     Edit,
+    next_edit_session,
+    next_edit_warm_job,
     prompt_parts,
     run_next_edit,
     undoes,
@@ -124,6 +127,22 @@ def _warm_time(engine: EngineLike, parts: Any, fmt: str, spec: bool, session: st
     return time.perf_counter() - t0, out
 
 
+def _rested_time(engine: EngineLike, case: Case, parts: Any, fmt: str, region_lines: int,
+                 session: str) -> float:
+    """Seconds of a prediction after the server's warm-up at the resting cursor, before the
+    user's edit (``next_edit_warm_job`` on the text before it: the prompt's file block up to
+    the region), as a user who pauses, edits, then pauses again meets it."""
+    warm = next_edit_warm_job(case.path, session, case.before, min(case.cursor, len(case.before)), fmt=fmt,
+                              region_lines=region_lines)
+    engine.sessions.drop(next_edit_session(session))
+    warm(engine, threading.Event(), None)
+    t0 = time.perf_counter()
+    run_next_edit(engine, parts, fmt=fmt, spec=True, session=next_edit_session(session))
+    seconds = time.perf_counter() - t0
+    engine.sessions.drop(next_edit_session(session))
+    return seconds
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -164,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     spec_s: list[float] = []
     cold_s: list[float] = []
+    rested_s: list[float] = []
     plain_s: list[float] = []
     identical = 0
     for n, case in enumerate(cases):
@@ -174,6 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out = run_next_edit(engine, parts, fmt=fmt, spec=True, session=f"bench-ne-cold-{n}")
         cold_s.append(time.perf_counter() - t0)
         spec_s.append(_warm_time(engine, parts, fmt, True, f"bench-ne-spec-{n}")[0])
+        rested_s.append(_rested_time(engine, case, parts, fmt, region_lines, f"bench-ne-rested-{n}"))
         row: dict[str, Any] = {
             "id": case.id, "split": case.split, "repo": case.repo, "commit": case.commit, "licence": case.licence,
             "nothing": _judge(case, None, last),
@@ -182,7 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "gated": _judge(case, out.edits[0] if out.edits and repeats_last(case.edited, out.edits[0], last)
                             else None, last),
             "reason": out.reason, "prompt_tokens": out.prompt_tokens, "used_tokens": out.used_tokens,
-            "cold_s": round(cold_s[-1], 3), "spec_s": round(spec_s[-1], 3),
+            "cold_s": round(cold_s[-1], 3), "spec_s": round(spec_s[-1], 3), "rested_s": round(rested_s[-1], 3),
             "suppressed_undo": out.reason == "undoes the last edit",
         }
         if plain_too:
@@ -202,6 +223,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               flush=True)
     systems = {k: _summary(rows, k) for k in ("nothing", "baseline", "model", "gated")}
     speed = {"cold_p50_s": _pct(cold_s, 0.5), "cold_p90_s": _pct(cold_s, 0.9), "spec_p50_s": _pct(spec_s, 0.5), "spec_p90_s": _pct(spec_s, 0.9),
+             "rested_p50_s": _pct(rested_s, 0.5), "rested_p90_s": _pct(rested_s, 0.9),
              "plain_p50_s": _pct(plain_s, 0.5), "plain_p90_s": _pct(plain_s, 0.9),
              "gain_median": round(statistics.median(p / s for p, s in zip(plain_s, spec_s, strict=False)), 3)
              if plain_s else None,
@@ -211,7 +233,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def f(v: Any) -> str:
             return "-" if v is None else f"{v:.3f}"
         print(f"{name:10s} {f(s['hit_rate']):>9s} {f(s['precision']):>9s} {f(s['none_rate']):>6s} {s['harm']:5d}")
-    print(f"speed: cold p50 {speed['cold_p50_s']} s, p90 {speed['cold_p90_s']} s; warm spec p50 {speed['spec_p50_s']} s, p90 {speed['spec_p90_s']} s; plain p50 {speed['plain_p50_s']} s; "
+    print(f"speed: cold p50 {speed['cold_p50_s']} s, p90 {speed['cold_p90_s']} s; after the cursor's warm-up "
+          f"p50 {speed['rested_p50_s']} s, p90 {speed['rested_p90_s']} s; warm spec p50 {speed['spec_p50_s']} s, p90 {speed['spec_p90_s']} s; plain p50 {speed['plain_p50_s']} s; "
           f"gain x{speed['gain_median']}; identical {speed['identical']}/{len(rows) if plain_too else '-'}")
     return {"model": engine.model_name, "backend": engine.backend_variant, "format": fmt, "region_lines": region_lines,
             "split": getattr(args, "split", "all"), "cases": len(rows), "systems": systems, "speed": speed,
