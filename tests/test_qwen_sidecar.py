@@ -121,8 +121,10 @@ async def test_cursor_warm_up_then_completion_equals_a_cold_one(lsp: LanguageCli
         text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
         context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
     offset = sum(len(line) + 1 for line in lines[:row]) + pos.character
-    cold = inline_job(text[:offset], text[offset:], lines[row][: pos.character], "file:///cold.py", 24, False)(
-        Engine.load(MODEL), threading.Event())
+    # the warmed cursor's prompt has the long head (cached); a cold engine would ask with the
+    # short one (sidecar.inline.choose_head), so the reference asks with the long head too
+    cold = inline_job(text[:offset], text[offset:], lines[row][: pos.character], "file:///cold.py", 24, False,
+                      short_head=False)(Engine.load(MODEL), threading.Event())
     assert cold.text, "the cold request completes something there"
     assert isinstance(res, types.InlineCompletionList)
     assert len(res.items) == 1 and res.items[0].insert_text == cold.text, (res.items, cold.text)
