@@ -29,7 +29,8 @@ def engine(tmp_path_factory):
 
 def _bench_prompts(engine, monkeypatch) -> list[list[int]]:
     """The prompt ids ``bench next-edit --split tune --limit CASES --no-plain`` hands to the
-    next-edit job, in order (each case runs cold, then warm: two per case)."""
+    next-edit job, in order (each case runs cold, warm, then after the cursor's warm-up:
+    three per case)."""
     from echoline.engine.api import Engine
     from echoline.sidecar.bench import next_edit as bench
     from echoline.sidecar.next_edit import FORMATS, NextEditOutcome
@@ -48,9 +49,9 @@ def _bench_prompts(engine, monkeypatch) -> list[list[int]]:
     args = argparse.Namespace(model="synthetic", backend="numpy", split="tune", case=[], limit=CASES,
                               format=None, region_lines=None, no_plain=True)  # fmt: skip
     bench.run(args)
-    assert len(seen) == 2 * CASES
-    assert seen[0::2] == seen[1::2]  # cold and warm: one prompt
-    return seen[0::2]
+    assert len(seen) == 3 * CASES
+    assert seen[0::3] == seen[1::3] == seen[2::3]  # cold, warm and rested: one prompt
+    return seen[0::3]
 
 
 def test_next_edit_traffic_sends_the_benchs_prompts(engine, monkeypatch):
