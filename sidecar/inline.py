@@ -188,10 +188,12 @@ def inline_long_session(uri: str) -> str:
 HEAD_SWITCH_TOKENS = 64
 
 
-def choose_head(engine: EngineLike, long: InlinePrompt, short: InlinePrompt, session: str) -> InlinePrompt:
+def choose_head(engine: EngineLike, long: InlinePrompt, short_of: Callable[[], InlinePrompt],
+                session: str) -> InlinePrompt:  # fmt: skip
     """The prompt a request at the cursor asks with: ``long`` (the usual ~1,500-token head)
-    unless its head is not cached yet while ``short``'s (~250 tokens) mostly is, or costs
-    much less to run.
+    unless its head is not cached yet while the short one's (``short_of()``, ~400-520
+    tokens, built only when the long head misses more than ``HEAD_SWITCH_TOKENS``: while
+    typing at a warmed place it is never tokenized) mostly is, or costs much less to run.
 
     Why: at a new place in a big file (a jump, an edit) the long head must be run whole
     before the first suggestion: ~1,500 tokens, ~6 s on a 2-core CPU, for a user who types
@@ -202,9 +204,14 @@ def choose_head(engine: EngineLike, long: InlinePrompt, short: InlinePrompt, ses
     say what it holds (a remote one, whose GPU runs a long head in milliseconds) always
     gets the long head."""
     cached = getattr(engine, "cached_prefix", None)
-    if not callable(cached) or short.ids == long.ids or short.head_len <= 0:
+    if not callable(cached):
         return long
     miss_long = max(0, long.head_len - cached(long.ids, session=session))
+    if miss_long <= HEAD_SWITCH_TOKENS:
+        return long
+    short = short_of()
+    if short.ids == long.ids or short.head_len <= 0:
+        return long
     miss_short = max(0, short.head_len - cached(short.ids, session=session))
     if miss_long <= miss_short + HEAD_SWITCH_TOKENS:
         return long
@@ -232,9 +239,9 @@ def _prompt(
         starts.record(uri, healed, prompt.head_start, now if edits is None else edits)
     if not short_head or len(healed) <= INLINE_SHORT_PREFIX_CHARS:
         return prompt
-    short = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=INLINE_SHORT_ANCHOR_CHARS,
-                          head_chars=INLINE_SHORT_PREFIX_CHARS)
-    return choose_head(engine, prompt, short, session or inline_session(uri))
+    return choose_head(engine, prompt, lambda: inline_prompt(
+        engine, healed, suffix, suffix_tokens=budget, anchor=INLINE_SHORT_ANCHOR_CHARS,
+        head_chars=INLINE_SHORT_PREFIX_CHARS), session or inline_session(uri))
 
 
 def inline_job(

@@ -45,7 +45,7 @@ class _Cache:
     ({100: 1500 - HEAD_SWITCH_TOKENS, 1300: 301}, "short"),
 ])  # fmt: skip
 def test_the_long_head_is_asked_once_it_is_cached(held: dict[int, int], head: str) -> None:
-    got = choose_head(_Cache(held), LONG, SHORT, "inline:x")  # type: ignore[arg-type]
+    got = choose_head(_Cache(held), LONG, lambda: SHORT, "inline:x")  # type: ignore[arg-type]
     assert got.head == head
     if head == "short":
         assert got.ids == SHORT.ids and got.long_ids == LONG.ids
@@ -54,8 +54,15 @@ def test_the_long_head_is_asked_once_it_is_cached(held: dict[int, int], head: st
 
 
 def test_an_engine_that_cannot_say_what_it_holds_gets_the_long_head() -> None:
-    assert choose_head(object(), LONG, SHORT, "inline:x") is LONG  # type: ignore[arg-type]
-    assert choose_head(_Cache({}), LONG, LONG, "inline:x") is LONG  # type: ignore[arg-type]
+    assert choose_head(object(), LONG, lambda: SHORT, "inline:x") is LONG  # type: ignore[arg-type]
+    assert choose_head(_Cache({}), LONG, lambda: LONG, "inline:x") is LONG  # type: ignore[arg-type]
+
+
+def test_the_short_head_is_not_built_while_the_long_one_is_cached() -> None:
+    def never() -> InlinePrompt:
+        raise AssertionError("the short prompt was tokenized although the long head is cached")
+
+    assert choose_head(_Cache({100: 1501}), LONG, never, "inline:x") is LONG  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
