@@ -10,14 +10,13 @@ code, and the reply ends at the closing fence.
 from __future__ import annotations
 
 import re
-import threading
-import weakref
-from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from echoline.sidecar import prompt_pieces
 from echoline.sidecar.engine_like import EngineLike
+from echoline.sidecar.source_tokens import encoder_of, tokens_of
 
 REPRODUCE_INSTRUCTION = (
     "Rewrite the selected code EXACTLY, character for character, with no changes and no commentary."
@@ -87,24 +86,39 @@ def file_window(text: str, start: int, end: int, limit: int = MAX_FILE_CHARS) ->
 
 
 @dataclass(frozen=True)
+class RewriteParts:
+    """How ``rewrite_prompt`` laid out the user message, for composing its ids from pieces
+    (``rewrite_prompt_ids``): ``before + window (+ "\\n") + after``."""
+
+    name: str  # the file's name or URI (which transient chunk source the window is held as)
+    before: str  # the stable part up to the file: "Here is NAME:" and the opening fence line
+    window: str  # the file's lines in the prompt (``file_window``), as in the file
+    after: str  # the closing fence and the volatile part: the rest of the user message
+    tail: str  # what a raw prompt (no chat template) has after ``after``, primed fence included
+
+
+@dataclass(frozen=True)
 class RewritePrompt:
     messages: list[dict[str, str]]
     prime: str  # text appended after the chat template's generation prompt
     plain: str  # the whole prompt as raw text, for models without a chat template
     fence: str = FENCE  # opens the primed reply and ends it (see fence_for)
+    parts: RewriteParts | None = field(default=None, repr=False, compare=False)
 
 
-def _stable_part(context: str, name: str, fence: str = FENCE) -> str:
-    """The part of a rewrite prompt that depends on the file alone (it comes first)."""
+def _stable_pieces(context: str, name: str, fence: str = FENCE) -> tuple[str, str, str]:
+    """The part of a rewrite prompt that depends on the file alone (it comes first), as
+    (text before the file, the file with a final newline, the closing fence)."""
     lang = language_for(name)
     if context and not context.endswith("\n"):
         context += "\n"
     label = PurePosixPath(name).name if name else "the file"
-    return f"Here is {label}:\n{fence}{lang}\n{context}{fence}\n\n"
+    return f"Here is {label}:\n{fence}{lang}\n", context, f"{fence}\n\n"
 
 
-# Every volatile part starts with this word (both layouts below): the stable part's last
-# tokens are tokenized as they will be when a request follows (see rewrite_prefix_ids).
+# Every volatile part starts with this word (both layouts below): for an engine whose
+# prompts are tokenized whole, the stable part's last tokens are tokenized as they will be
+# when a request follows (see rewrite_prefix_ids).
 _VOLATILE_HEAD = "Rewrite"
 
 
@@ -123,7 +137,7 @@ def rewrite_prompt(
     instr = instruction.strip() or REPRODUCE_INSTRUCTION
     context = file_window(file_text, start, end, window)
     fence = fence_for(file_text)
-    stable = _stable_part(context, name, fence)
+    before, framed, closing = _stable_pieces(context, name, fence)
     # Measured on SmolLM2-135M (the default when this was written), with the answer primed by an opening fence:
     # - reproducing: the instruction BEFORE the fenced selection copied it exactly in 3 of
     #   5 files tried (other layouts tried: 3/5 on the other files, or 0-1/5); the misses
@@ -135,64 +149,113 @@ def rewrite_prompt(
         volatile = f"Rewrite this code:\n{fence}{lang}\n{body}\n{fence}\n{instr}"
     else:
         volatile = f"{instr}\n{fence}{lang}\n{body}\n{fence}"
+    stable = before + framed + closing
     messages = [{"role": "user", "content": stable + volatile}]
     prime = f"{fence}{lang}\n"
-    plain = f"{stable}{volatile}\n\nRewritten code:\n{prime}"
-    return RewritePrompt(messages=messages, prime=prime, plain=plain, fence=fence)
+    tail = f"\n\nRewritten code:\n{prime}"
+    parts = RewriteParts(name=name, before=before, window=context, after=closing + volatile, tail=tail)
+    return RewritePrompt(messages=messages, prime=prime, plain=f"{stable}{volatile}{tail}", fence=fence,
+                         parts=parts)
 
 
-#: Rewrite prompt texts whose ids are kept, per engine (``_prompt_ids``).
-PROMPT_IDS_KEPT = 8
-_kept_ids: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[bool, int], tuple[str, tuple[int, ...]]]] = (
-    weakref.WeakKeyDictionary()
-)
-_kept_lock = threading.Lock()
+#: The transient chunk source a rewrite prompt holds its file window as (``SourceTokens``):
+#: a file no draft source holds (the CLI's, a benchmark's) is then still encoded once.
+_PROMPT_SOURCE = "rewrite:"
 
 
-def _prompt_ids(engine: EngineLike, text: str, chat: bool) -> list[int]:
-    """``text`` tokenized as a rewrite prompt (``chat``: as the one user message of the
-    engine's chat template; else as raw text after BOS), each text once while it is among
-    the engine's last ``PROMPT_IDS_KEPT``.
+def _composable(engine: EngineLike) -> bool:
+    """Whether this engine's rewrite prompts are composed from pieces (``prompt_pieces``)."""
+    if not prompt_pieces.joinable(engine):
+        return False
+    return not engine.has_chat_template or prompt_pieces.chat_frame(engine) is not None
 
-    Why: a file's rewrite prefix (``rewrite_prefix_ids``) is tokenized when the user pauses
-    (idle prefill) and again whenever that prefill reruns on the same text, and a request
-    retried on the same selection tokenizes the same prompt: ~0.45 ms per KB of file each
-    time, on the engine thread. Kept per engine object (weakly: a reloaded model starts
-    empty) and checked against the whole text, so a hit is exactly what encoding gives."""
-    key = (chat, hash(text))
-    with _kept_lock:
-        try:
-            kept = _kept_ids.setdefault(engine, OrderedDict())
-        except TypeError:  # an engine that cannot be weakly referenced: nothing kept
-            kept = None
-        hit = kept.get(key) if kept is not None else None
-        if hit is not None and hit[0] == text:
-            kept.move_to_end(key)
-            return list(hit[1])
-    if chat:
-        ids = [int(t) for t in engine.encode_chat([{"role": "user", "content": text}])]
-    else:
-        ids = [int(t) for t in engine.tokenizer.encode(text, parse_special=False)]
-    if kept is not None:
-        with _kept_lock:
-            kept[key] = (text, tuple(ids))
-            kept.move_to_end(key)
-            while len(kept) > PROMPT_IDS_KEPT:
-                kept.popitem(last=False)
-    return ids
+
+def _file_ids(engine: EngineLike, parts: RewriteParts) -> tuple[list[int], str]:
+    """Ids of ``parts.before`` and the file window: the window's chunks from the engine's
+    chunk cache (where the draft index put the file's: ``tokens_of``), so a file version
+    is encoded once and an edit re-encodes only the chunks it touched. With them the text
+    at the window's end that must be encoded with what follows it (often "").
+
+    The window is cut like a draft source (``split_chunks`` cuts where the content says),
+    so a whole file shares every chunk with its draft source, and a window of a long file
+    all but its edge chunks. Edge chunks go with their neighbours where a tokenizer would
+    merge across the cut, so that the ids stay those of the whole text: a window that
+    starts with white space (a blank or indented line merges with the newline before it)
+    goes with ``before``; a last chunk without a final newline goes with the newline the
+    prompt adds (after punctuation, Qwen's pre-tokenizer joins them); a window that ends
+    in other white space than one newline after a non-space character (blank lines,
+    trailing spaces) is cut where the vocabulary allows (``prompt_pieces.end_cut``), the
+    rest returned, to be encoded with the closing fence. Such a re-cut last chunk is
+    encoded on its own (once per version while kept); every other chunk is the cache's."""
+    window = parts.window
+    if not window:
+        return prompt_pieces.text_ids(engine, parts.before), ""
+    chunks = tokens_of(engine).chunks(_PROMPT_SOURCE + parts.name, window, encoder_of(engine.tokenizer),
+                                      transient=True)
+    added = "" if window.endswith("\n") else "\n"  # the prompt ends the file with a newline
+    ended = window + added
+    keep = 0 if len(ended) >= 2 and not ended[-2].isspace() else prompt_pieces.end_cut(engine)
+    first, last = (1 if window[0].isspace() else 0), len(chunks)
+    lead = parts.before + (window[: chunks[0][0]] if first else "")
+    trail, rest = "", ""
+    if keep != 0 or added:  # the last chunk is cut anew
+        if last > first:
+            last_text, last = window[len(window) - chunks[-1][0] :] + added, last - 1
+        else:  # the one chunk went with ``before``
+            last_text, lead = lead + added, ""
+        if keep is None:  # no cut keeps the whole text's ids: all of it goes with what follows
+            rest = last_text
+        else:
+            trail, rest = last_text[: len(last_text) - keep], last_text[len(last_text) - keep :]
+    ids = prompt_pieces.text_ids(engine, lead)
+    for _, chunk in chunks[first:last]:
+        ids.extend(chunk)
+    return ids + prompt_pieces.text_ids(engine, trail), rest
+
+
+def _prompt_head(engine: EngineLike) -> tuple[list[int], list[int]]:
+    """The ids around the user message (chat template), or BOS and nothing (raw prompt)."""
+    if engine.has_chat_template:
+        frame = prompt_pieces.chat_frame(engine)
+        assert frame is not None  # _composable checked it
+        return frame
+    return prompt_pieces.bos_ids(engine), []
 
 
 def rewrite_prompt_ids(engine: EngineLike, prompt: RewritePrompt) -> list[int]:
-    """Token ids: chat template (when the model has one) then the primed fence."""
-    tok = engine.tokenizer
+    """Token ids: chat template (when the model has one) then the primed fence.
+
+    Composed from pieces: template head, ``before`` + the file window (``_file_ids``),
+    ``after`` (closing fence and volatile part), template tail, primed fence; without a
+    chat template BOS, ``before`` + window, ``after`` + the raw prompt's end. The prompt
+    is this concatenation, on every path (requests, idle prefill, benchmarks), so
+    ``rewrite_prefix_ids`` is a prefix of it by construction; for ordinary code it equals
+    whole-text tokenization (tests/test_rewrite_prompt_ids.py: Qwen, SmolLM2). An
+    engine whose pieces may not be joined (``prompt_pieces``), or a prompt not made by
+    ``rewrite_prompt``, is tokenized whole.
+    """
+    parts = prompt.parts
+    chat = engine.has_chat_template
+    if parts is None or not _composable(engine):
+        return _whole_prompt_ids(engine, prompt)
+    head, tail = _prompt_head(engine)
+    file_ids, rest = _file_ids(engine, parts)
+    ids = head + file_ids
+    if chat:
+        return ids + prompt_pieces.text_ids(engine, rest + parts.after) + tail + prompt_pieces.text_ids(engine, prompt.prime)
+    return ids + prompt_pieces.text_ids(engine, rest + parts.after + parts.tail)
+
+
+def _whole_prompt_ids(engine: EngineLike, prompt: RewritePrompt) -> list[int]:
+    """The prompt's text tokenized whole (engines whose pieces may not be joined)."""
     if engine.has_chat_template:
         msgs = prompt.messages
         if len(msgs) == 1 and msgs[0]["role"] == "user":  # rewrite_prompt's layout
-            ids = _prompt_ids(engine, msgs[0]["content"], chat=True)
+            ids = prompt_pieces.whole_ids(engine, msgs[0]["content"], chat=True)
         else:
-            ids = list(engine.encode_chat(msgs))
-        return ids + list(tok.encode(prompt.prime, add_bos=False, parse_special=False))
-    return _prompt_ids(engine, prompt.plain, chat=False)
+            ids = [int(t) for t in engine.encode_chat(msgs)]
+        return ids + prompt_pieces.text_ids(engine, prompt.prime)
+    return prompt_pieces.whole_ids(engine, prompt.plain, chat=False)
 
 
 def _context_tokens(engine: EngineLike) -> int | None:
@@ -211,6 +274,10 @@ def fitted_rewrite_ids(
     window could overflow a model's context and the request would fail instead of
     seeing less of the file. ``reply_room`` tokens are kept free for the reply.
     Raises ``ValueError`` when even the selection alone does not fit.
+
+    Each halving re-encodes little: the smaller window's chunks are those of the larger
+    one but at its two new edges (``_file_ids``), and the volatile part's ids are kept
+    (``prompt_pieces.text_ids``).
     """
     limit = _context_tokens(engine)
     window = MAX_FILE_CHARS
@@ -231,19 +298,28 @@ def rewrite_prefix_ids(engine: EngineLike, file_text: str, *, name: str = "") ->
     """Token ids every rewrite prompt on this unchanged file starts with (None: none known).
 
     Why: the sidecar prefills them while the user pauses, so the next request prefills
-    only its tail. They are the common token prefix of the prompt with the stable part
-    alone and with the stable part followed by the volatile part's first word, so a
-    boundary token the tokenizer would merge differently is left out: the ids are a
-    true prefix of what ``rewrite_prompt_ids`` gives for any selection and instruction.
+    only its tail. They are the template head, ``before`` and the file: a true prefix of
+    what ``rewrite_prompt_ids`` gives for any selection and instruction by construction,
+    the same pieces from the same caches (the closing fence goes with the volatile part).
     A file longer than the window has no selection-free prefix (its window moves with
     the selection): None.
+
+    An engine whose pieces may not be joined tokenizes prompts whole; its prefix is the
+    common token prefix of the stable part alone and followed by "Rewrite", the first word
+    of every volatile part, so no boundary token the tokenizer would merge differently
+    later is kept.
     """
     if len(file_text) > MAX_FILE_CHARS:
         return None
-    stable = _stable_part(file_text, name, fence_for(file_text))
+    fence = fence_for(file_text)
+    if _composable(engine):
+        before, _, _ = _stable_pieces(file_text, name, fence)
+        parts = RewriteParts(name=name, before=before, window=file_text, after="", tail="")
+        return _prompt_head(engine)[0] + _file_ids(engine, parts)[0]
+    stable = "".join(_stable_pieces(file_text, name, fence))
     chat = engine.has_chat_template
-    alone = _prompt_ids(engine, stable, chat)
-    ahead = _prompt_ids(engine, stable + _VOLATILE_HEAD, chat)
+    alone = prompt_pieces.whole_ids(engine, stable, chat)
+    ahead = prompt_pieces.whole_ids(engine, stable + _VOLATILE_HEAD, chat)
     n = 0
     for a, b in zip(alone, ahead, strict=False):
         if a != b:

@@ -15,20 +15,30 @@ cut). Which of those positions cut is decided by a hash of the line there, not
 by distances, so an insertion moves no boundary other than in the edited region.
 Very long runs without such a position are also cut at other line starts, where
 a token or two near the cut may differ from whole-text tokenization: harmless,
-the ids only feed the n-gram index, whose drafts are always verified.
+the n-gram index's drafts are always verified, and a rewrite prompt, whose file
+part is these same chunk ids (``sidecar.prompts``), is *defined* by them, so
+every path (request, idle prefill, benchmarks) sees the same ids.
+
+One cache per engine (``tokens_of``), shared by the worker's draft sources and the
+rewrite prompts: a file version's text is tokenized once for both.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 import zlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 STABLE_EVERY = 4  # about one in 4 stable line starts cuts
 ANY_EVERY = 64  # fallback: about one in 64 line starts cuts, when no stable cut came for a while
 FALLBACK_AFTER = 16384  # characters since the last cut before the fallback may cut
 
 Encoder = Callable[[Sequence[str]], list[list[int]]]
+Key = tuple[int, int]  # a chunk's (length, hash of its text)
 
 
 def _line_hash(text: str, start: int) -> int:
@@ -66,40 +76,128 @@ def split_chunks(text: str) -> list[str]:
 class SourceTokens:
     """Ids of each draft source, kept per chunk so an update re-encodes only what changed.
 
-    Keys are (length, hash) of a chunk's text: no second copy of the text is kept.
+    Chunks are kept once by content, (length, hash) of their text (no second copy of the
+    text is kept), and counted by the sources that hold them: a chunk two sources share
+    (the open buffer's draft source and the rewrite prompt of the same file,
+    ``sidecar.prompts``) is encoded once and dropped when the last one lets go.
+
+    Thread-safe: the engine thread updates it, the server thread reads its size
+    (``memory_bytes``), and encoding runs outside the lock so a status request never waits
+    for a 512 KB file to tokenize.
     """
 
+    #: How many sources taken with ``transient=True`` (a prompt's file, no draft source of
+    #: its own: the CLI's file, a file outside the workspace) are held, last used first.
+    TRANSIENT_KEPT = 8
+
     def __init__(self) -> None:
-        self._chunks: dict[str, dict[tuple[int, int], array]] = {}
+        self._ids: dict[Key, array] = {}
+        self._refs: dict[Key, int] = {}
+        self._sources: dict[str, tuple[Key, ...]] = {}
+        self._transient: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
         self.encoded_chars = 0  # characters tokenized so far (how much work the cache saved)
 
-    def ids(self, source_id: str, text: str, encode: Encoder) -> array:
-        """The token ids of ``text`` (no BOS), re-encoding only chunks not seen last time."""
-        old = self._chunks.get(source_id, {})
+    def chunks(self, source_id: str, text: str, encode: Encoder, *, transient: bool = False) -> list[tuple[int, array]]:
+        """``text`` as (length, ids) of each of its chunks (``split_chunks``), re-encoding only
+        chunks no source holds; ``source_id`` holds them from now on, instead of the chunks of
+        its previous text. ``transient``: one of the last ``TRANSIENT_KEPT`` such sources."""
         pieces = split_chunks(text)
-        keys = [(len(p), hash(p)) for p in pieces]
-        missing = [i for i, k in enumerate(keys) if k not in old]
-        fresh = encode([pieces[i] for i in missing]) if missing else []
-        self.encoded_chars += sum(len(pieces[i]) for i in missing)
-        new: dict[tuple[int, int], array] = {}
-        for i, ids in zip(missing, fresh, strict=True):
-            new[keys[i]] = array("i", ids)
+        keys = tuple((len(p), hash(p)) for p in pieces)
+        while True:
+            with self._lock:
+                missing = {k: i for i, k in enumerate(keys) if k not in self._ids}
+                if not missing:
+                    self._hold(source_id, keys, transient)
+                    return [(k[0], self._ids[k]) for k in keys]
+            # outside the lock; another thread may drop a chunk meanwhile: then around again
+            fresh = encode([pieces[i] for i in missing.values()])
+            with self._lock:
+                self.encoded_chars += sum(k[0] for k in missing)
+                for k, got in zip(missing, fresh, strict=True):
+                    self._ids.setdefault(k, array("i", got))
+                if all(k in self._ids for k in keys):
+                    self._hold(source_id, keys, transient)
+                    return [(k[0], self._ids[k]) for k in keys]
+
+    def ids(self, source_id: str, text: str, encode: Encoder) -> array:
+        """The token ids of ``text`` (no BOS), re-encoding only chunks not held."""
         out = array("i")
-        for k in keys:
-            chunk = new.get(k)
-            if chunk is None:
-                chunk = old[k]
-                new[k] = chunk
+        for _, chunk in self.chunks(source_id, text, encode):
             out.extend(chunk)
-        self._chunks[source_id] = new
         return out
 
+    def _hold(self, source_id: str, keys: tuple[Key, ...], transient: bool) -> None:  # holds the lock
+        for k in keys:
+            self._refs[k] = self._refs.get(k, 0) + 1
+        self._release(self._sources.get(source_id, ()))
+        self._sources[source_id] = keys
+        if transient:
+            self._transient[source_id] = None
+            self._transient.move_to_end(source_id)
+            while len(self._transient) > self.TRANSIENT_KEPT:
+                old, _ = self._transient.popitem(last=False)
+                self._release(self._sources.pop(old, ()))
+        else:
+            self._transient.pop(source_id, None)
+
+    def _release(self, keys: tuple[Key, ...]) -> None:  # holds the lock
+        for k in keys:
+            n = self._refs[k] - 1
+            if n:
+                self._refs[k] = n
+            else:
+                del self._refs[k]
+                self._ids.pop(k, None)
+
     def forget(self, source_id: str) -> None:
-        self._chunks.pop(source_id, None)
+        with self._lock:
+            self._transient.pop(source_id, None)
+            self._release(self._sources.pop(source_id, ()))
 
     def clear(self) -> None:
-        """After a model (re)load: ids of another vocabulary are worthless."""
-        self._chunks.clear()
+        """Drop everything (ids of another vocabulary are worthless)."""
+        with self._lock:
+            self._ids.clear()
+            self._refs.clear()
+            self._sources.clear()
+            self._transient.clear()
 
     def memory_bytes(self) -> int:
-        return sum(a.itemsize * len(a) for m in self._chunks.values() for a in m.values())
+        with self._lock:
+            return sum(a.itemsize * len(a) for a in self._ids.values())
+
+
+def encoder_of(tok: Any) -> Encoder:
+    """How chunks are encoded with ``tok``: no BOS, special-token text left plain (what
+    ``engine.set_source`` does). One definition for the worker and the rewrite prompts,
+    since both read the same chunks (``tokens_of``)."""
+    batch = getattr(tok, "encode_batch", None)
+    if batch is not None:
+        return lambda texts: batch(list(texts), parse_special=False)
+    return lambda texts: [list(tok.encode(t, add_bos=False, parse_special=False)) for t in texts]
+
+
+_by_engine: weakref.WeakKeyDictionary[Any, tuple[Any, SourceTokens]] = weakref.WeakKeyDictionary()
+_by_engine_lock = threading.Lock()
+
+
+def tokens_of(engine: Any) -> SourceTokens:
+    """The chunk ids of ``engine``'s tokenizer: one cache per engine, which the worker fills
+    with the draft sources and the rewrite prompts read (``sidecar.prompts``), so a file's
+    text is encoded once per version for both.
+
+    Why keyed weakly by the engine object (and checked against its tokenizer): a model
+    (re)load makes a new engine, whose vocabulary may differ, so it starts empty and the
+    old cache goes with the old engine. An engine that cannot be weakly referenced gets a
+    fresh, unshared cache on each call (correct, only slower)."""
+    tok = getattr(engine, "tokenizer", None)
+    with _by_engine_lock:
+        try:
+            held = _by_engine.get(engine)
+            if held is None or held[0] is not tok:
+                held = (tok, SourceTokens())
+                _by_engine[engine] = held
+        except TypeError:
+            return SourceTokens()
+        return held[1]

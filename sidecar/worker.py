@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from echoline.sidecar.engine_like import EngineLike
-from echoline.sidecar.source_tokens import SourceTokens
+from echoline.sidecar.source_tokens import encoder_of, tokens_of
 
 if TYPE_CHECKING:
     from echoline.engine.api import LoadProgress
@@ -101,8 +101,9 @@ class Job:
 
 @dataclass(eq=False)
 class Slot:
-    """One engine (loading, loaded or failed) and the jobs' view of it: its own per-chunk
-    token ids of the sources (its tokenizer's) and the source updates it has not seen."""
+    """One engine (loading, loaded or failed) and the jobs' view of it: the source updates
+    it has not seen. Its per-chunk token ids of the sources are the engine's own
+    (``source_tokens.tokens_of``), shared with the rewrite prompts and gone with the engine."""
 
     key: Hashable
     model: str
@@ -110,7 +111,6 @@ class Slot:
     state: str = "loading"  # "loading", "ready", "error"
     error: str | None = None
     label: str | None = None
-    tokens: SourceTokens = field(default_factory=SourceTokens)
     dirty: dict[str, object] = field(default_factory=dict)
 
 
@@ -314,10 +314,10 @@ class EngineWorker:
             return max((len(s.dirty) for s in self._slots.values()), default=0)
 
     def token_cache_bytes(self) -> int:
-        """Memory of the per-chunk token ids kept for incremental updates (engine thread)."""
+        """Memory of the per-chunk token ids kept for incremental updates (any thread)."""
         with self._cond:
-            slots = list(self._slots.values())
-        return sum(s.tokens.memory_bytes() for s in slots)
+            engines = [s.engine for s in self._slots.values() if s.engine is not None]
+        return sum(tokens_of(e).memory_bytes() for e in engines)
 
     def sync_sources(self) -> Job:
         """A no-op job: when it completes, every earlier source update is in the engine."""
@@ -335,26 +335,27 @@ class EngineWorker:
             for sid, text in batch.items():
                 try:
                     if text is _DELETE:
-                        slot.tokens.forget(sid)
+                        tokens_of(engine).forget(sid)
                         engine.remove_source(sid)
                     else:
-                        self._set_source(engine, sid, text, slot.tokens)  # type: ignore[arg-type]
+                        self._set_source(engine, sid, text)  # type: ignore[arg-type]
                 except Exception:
                     log.exception("engine rejected source %s", sid)
 
-    def _set_source(self, engine: EngineLike, sid: str, text: str, tokens: SourceTokens) -> None:
+    def _set_source(self, engine: EngineLike, sid: str, text: str) -> None:
         """Hand the engine the source's ids, re-tokenizing only the chunks an edit touched.
 
         Same ids as ``engine.set_source(sid, text)`` (no BOS, special-token text left
-        plain); engines that do not draft from ids (``takes_source_ids``: a remote
-        server) get the text, untokenized.
+        plain), kept in the engine's chunk cache (``tokens_of``), where a rewrite prompt
+        on the same text finds them; engines that do not draft from ids
+        (``takes_source_ids``: a remote server) get the text, untokenized.
         """
         tok = getattr(engine, "tokenizer", None)
         if (tok is None or not getattr(engine, "takes_source_ids", False)
                 or not hasattr(tok, "encode_batch")):
             engine.set_source(sid, text)
             return
-        ids = tokens.ids(sid, text, lambda texts: tok.encode_batch(texts, parse_special=False))
+        ids = tokens_of(engine).ids(sid, text, encoder_of(tok))
         engine.set_source_ids(sid, ids)
 
     # ---- jobs ---------------------------------------------------------------

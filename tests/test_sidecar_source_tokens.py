@@ -164,3 +164,47 @@ def test_worker_does_not_tokenize_for_an_engine_that_takes_text() -> None:
         assert eng.texts == {"file:a": text} and eng.sources == {}
         assert eng.enc.chars == 0  # not one character tokenized
         assert w.token_cache_bytes() == 0
+
+
+def test_sources_share_chunks_by_content() -> None:
+    """The draft source and a rewrite prompt's transient source of the same text: encoded
+    once, kept while either holds it; transient sources are bounded."""
+    text = module_text()
+    enc = CharEncoder()
+    st = SourceTokens()
+    st.ids("file:a", text, enc)
+    chunks = st.chunks("rewrite:a", text, enc, transient=True)
+    assert enc.chars == len(text) and sum(n for n, _ in chunks) == len(text)
+    size = st.memory_bytes()
+    st.forget("file:a")
+    assert st.memory_bytes() == size  # the prompt's source still holds them
+    st.ids("file:a", text, enc)
+    assert enc.chars == len(text)
+    for i in range(SourceTokens.TRANSIENT_KEPT):  # newer transient sources push it out
+        st.chunks(f"rewrite:{i}", f"other_{i} = {i}\n", enc, transient=True)
+    st.forget("file:a")
+    assert st.memory_bytes() < size // 10
+
+
+def test_tokens_of_is_one_cache_per_engine_and_tokenizer() -> None:
+    from echoline.sidecar.source_tokens import tokens_of
+
+    a, b = IndexEngine(), IndexEngine()
+    assert tokens_of(a) is tokens_of(a) and tokens_of(a) is not tokens_of(b)
+    cache = tokens_of(a)
+    a.tokenizer = SimpleNamespace(encode_batch=a.tokenizer.encode_batch)  # another vocabulary
+    assert tokens_of(a) is not cache
+
+
+def test_worker_fills_the_engines_shared_cache() -> None:
+    from echoline.sidecar.source_tokens import tokens_of
+
+    with worker_with(IndexEngine) as w:
+        text = module_text()
+        put(w, text)
+        eng: IndexEngine = w.engine
+        assert w.token_cache_bytes() == tokens_of(eng).memory_bytes() > 0
+        chars = eng.enc.chars
+        tokens_of(eng).chunks("rewrite:a", text, lambda t: eng.tokenizer.encode_batch(t, parse_special=False),
+                              transient=True)
+        assert eng.enc.chars == chars  # a prompt on the same text finds every chunk
