@@ -44,7 +44,7 @@ _UNSET: Any = object()
 class _State:
     tokenizer: Any  # the tokenizer these ids are of (a swapped one invalidates them)
     kept: OrderedDict[tuple[str, int], tuple[str, tuple[int, ...]]] = field(default_factory=OrderedDict)
-    frame: Any = _UNSET  # tuple[list[int], list[int]] | None once known
+    frames: dict[str | None, Any] = field(default_factory=dict)  # by system message: frame or None
     joinable: bool | None = None
     end_cut: Any = _UNSET  # int | None once known
 
@@ -102,12 +102,20 @@ def bos_ids(engine: Any) -> list[int]:
     return _kept(engine, "bos", "", lambda t: engine.tokenizer.encode(t, parse_special=False))
 
 
-def whole_ids(engine: Any, text: str, chat: bool) -> list[int]:
-    """``text`` tokenized whole as a prompt (``chat``: as the one user message of the
-    engine's chat template; else as raw text after BOS), kept like ``text_ids``. The way
-    for engines whose pieces may not be joined (``joinable``, ``chat_frame``)."""
+def chat_messages(content: str, system: str | None = None) -> list[dict[str, str]]:
+    """The messages of a one-turn prompt: ``system`` (when given), then the user's ``content``."""
+    head = [{"role": "system", "content": system}] if system else []
+    return [*head, {"role": "user", "content": content}]
+
+
+def whole_ids(engine: Any, text: str, chat: bool, system: str | None = None) -> list[int]:
+    """``text`` tokenized whole as a prompt (``chat``: as the user message of the engine's
+    chat template, after ``system`` when given; else as raw text after BOS), kept like
+    ``text_ids``. The way for engines whose pieces may not be joined (``joinable``,
+    ``chat_frame``)."""
     if chat:
-        return _kept(engine, "chat", text, lambda t: engine.encode_chat([{"role": "user", "content": t}]))
+        return _kept(engine, f"chat:{system or ''}", text,
+                     lambda t: engine.encode_chat(chat_messages(t, system)))
     return _kept(engine, "plain", text, lambda t: engine.tokenizer.encode(t, parse_special=False))
 
 
@@ -126,9 +134,10 @@ def joinable(engine: Any) -> bool:
     return ok
 
 
-def chat_frame(engine: Any) -> tuple[list[int], list[int]] | None:
-    """The chat template's ids before and after one user message's content, found once per
-    engine: ``head + text_ids(content) + tail == engine.encode_chat([user content])`` for
+def chat_frame(engine: Any, system: str | None = None) -> tuple[list[int], list[int]] | None:
+    """The chat template's ids before and after one user message's content (after the
+    ``system`` message, when given), found once per engine and system message:
+    ``head + text_ids(content) + tail == engine.encode_chat(chat_messages(content, system))`` for
     contents that start and end like a rewrite message (both probes are checked). None
     when the template does not frame a message so (it rewrites the content, or its text
     next to the content merges with it): the caller then encodes the whole message.
@@ -137,17 +146,17 @@ def chat_frame(engine: Any) -> tuple[list[int], list[int]] | None:
     encoded there (special tokens parsed in template text only, BOS as the model asks),
     and finding the content's ids inside its output keeps exactly that encoding."""
     st = _state(engine)
-    if st is not None and st.frame is not _UNSET:
-        return st.frame
-    frame = _find_frame(engine)
+    if st is not None and system in st.frames:
+        return st.frames[system]
+    frame = _find_frame(engine, system)
     if st is not None:
-        st.frame = frame
+        st.frames[system] = frame
     return frame
 
 
-def _find_frame(engine: Any) -> tuple[list[int], list[int]] | None:
+def _find_frame(engine: Any, system: str | None) -> tuple[list[int], list[int]] | None:
     def chat(content: str) -> list[int]:
-        return [int(t) for t in engine.encode_chat([{"role": "user", "content": content}])]
+        return [int(t) for t in engine.encode_chat(chat_messages(content, system))]
 
     first = chat(_PROBES[0])
     inner = text_ids(engine, _PROBES[0])

@@ -43,7 +43,10 @@ class _Engine:
         self.has_chat_template = chat
 
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        return [2] + self.tokenizer.encode(messages[0]["content"], add_bos=False) + [3]
+        ids = [2]
+        for m in messages:  # each message framed by its role's marker
+            ids += [4 if m["role"] == "system" else 5] + self.tokenizer.encode(m["content"], add_bos=False)
+        return ids + [3]
 
 
 @pytest.mark.parametrize("chat", [False, True])

@@ -12,6 +12,7 @@ from echoline.sidecar.cli import parse_hostport
 from echoline.sidecar.inline import completion_end
 from echoline.sidecar.prompts import (
     REPRODUCE_INSTRUCTION,
+    REWRITE_SYSTEM,
     block_end,
     file_window,
     finish_completion,
@@ -62,7 +63,8 @@ def test_rewrite_prompt_layout_file_first() -> None:
     text = "import os\n\ndef f(t):\n    return t\n"
     start = text.index("def")
     p = rewrite_prompt(text, start, len(text), "", name="file:///w/m.py")
-    content = p.messages[0]["content"]
+    assert p.messages[0] == {"role": "system", "content": REWRITE_SYSTEM}
+    content = p.messages[-1]["content"]
     volatile = REPRODUCE_INSTRUCTION + "\n```python\ndef f(t):\n    return t\n```"
     assert content.endswith(volatile)
     assert content.index(text) < content.index(volatile)
@@ -70,7 +72,7 @@ def test_rewrite_prompt_layout_file_first() -> None:
     # the stable part does not depend on the selection or the instruction
     q = rewrite_prompt(text, start, len(text), "rename t", name="file:///w/m.py")
     stable = content[: content.index(volatile)]
-    qc = q.messages[0]["content"]
+    qc = q.messages[-1]["content"]
     assert qc.startswith(stable)
     assert qc.endswith("```python\ndef f(t):\n    return t\n```\nrename t")
 
