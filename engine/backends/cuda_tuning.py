@@ -142,22 +142,6 @@ class CudaTuning:
     #: against 11.8 / 12.9; Qwen 0.5B shape decode 940 vs 930 tok/s. 2 units in flight
     #: measured slower (917). Env ``ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER=0|1``
     tensor_split_cluster: bool = True
-    #: weights with at least ``tensor_stream_min_dim`` inputs and outputs (every weight of a
-    #: 7B, 3,584 wide; none of the 0.5B's or the 1.5B's, 896 and 1,536 wide: their long down
-    #: projections keep the split-K kernels) on the streamed tensor-core kernels
-    #: (kernels.cu mtq_body): one block of KW warps a 16-column tile, its rows streamed through
-    #: a ring of ``tensor_stream_stages`` chunks in shared memory by 16-byte cp.async copies,
-    #: the bits of mt_body with the same KW (``_stream_warps``), for every row count. By
-    #: shape only; the head, gate|up, q|k|v, o and down alike. Off: slower at one row on an
-    #: H100 (2026-12-06, ``tools.cuda.prod7b_probe``, µs at 1 / 16 rows, off vs on: gate|up
-    #: 74.7 / 121.8 vs 91.3 / 133.9, head 268.2 / 1,302.4 vs 315.5 / 395.5; Q4_K_M 7B
-    #: ``bench decode`` 180.2 vs 171.1 tok/s). Env ``ECHOLINE_CUDA_TENSOR_STREAM=0|1``
-    tensor_stream: bool = False
-    #: ... from this many inputs and outputs
-    tensor_stream_min_dim: int = 3072
-    #: ... chunks in the ring (4 or 8): D - 1 in flight while one is computed; a speed
-    #: choice, the same bits. Env ``ECHOLINE_CUDA_TENSOR_STREAM_STAGES=4|8``
-    tensor_stream_stages: int = 4
     #: 4-warp blocks per SM the tensor-product kernels ask the register allocator for
     #: (kernels.cu MT_MINB, second __launch_bounds__ argument): a speed choice, the same
     #: bits. At 105 registers 4 blocks fit, and Qwen 0.5B's gate|up (608 blocks) ran 1.15
@@ -259,8 +243,6 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_WIDE_STAGES", "tensor_wide_stages", ("1", "2")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_WARPS", "tensor_wide_warps", ("1", "2", "4")),
             ("ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS", "tensor_wide_row_groups", ("1", "2", "4")),
-            ("ECHOLINE_CUDA_TENSOR_STREAM", "tensor_stream", ("0", "1")),
-            ("ECHOLINE_CUDA_TENSOR_STREAM_STAGES", "tensor_stream_stages", ("4", "8")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT", "tensor_split", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_WARPS", "tensor_split_warps", ("2", "4")),
             ("ECHOLINE_CUDA_TENSOR_SPLIT_UNITS", "tensor_split_units", ("1", "2")),

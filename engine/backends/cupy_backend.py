@@ -44,10 +44,6 @@ def _wide_static_smem(warps: int) -> int:
     per pass (NT = 4): kernels.cu MT_SMEM(4, 1, warps) floats."""
     return 4 * ((warps - 1) * 4 * 4 * 32 + warps * 4 * 8)
 
-#: shared memory a streamed product's ring may take at its most stages (kernels.cu mtq_body;
-#: an H100 or H200 block may opt in to 227 KiB)
-_STREAM_MAX_SMEM = 160 * 1024
-
 #: items one CUDA-core attention block may take (kernels.cu ATTN_MAX_ITEMS)
 _ATTN_MAX_ITEMS = 256
 _ROW_TILES = (1, 2, 4, 8, 16)  # rows per pass the matmul kernels are built for
@@ -431,10 +427,6 @@ class CupyBackend(Backend):
                 res = residual if residual.dtype == cupy.float32 else residual.astype(cupy.float32)
             else:
                 res, ldr = self._rows(residual, w.out_features)
-        kw = self._stream_warps(w, act)
-        if kw:
-            self._stream_product(w, kw, x2, ldx, n, out, width, norm, eps, res, ldr, act)
-            return out
         splits = 0 if act or norm is not None else self._tensor_splits(w)
         if splits:
             self._split_product(w, splits, x2, ldx, n, out, width, res, ldr)
@@ -514,83 +506,6 @@ class CupyBackend(Backend):
             and self.tensor_wide_stages * 16 * seg.row_bytes + _wide_static_smem(self._wide_warps())
             <= self.tensor_wide_max_smem
             and seg.data.data.ptr % 16 == 0  # 16-byte copies (every upload is aligned)
-        )
-
-    def _stream_warps(self, w: CudaWeight, act: int) -> int:
-        """Warps per block (KW) of the streamed tensor-core kernels (kernels.cu mtq_body) for
-        ``w``, or 0 when ``w`` takes another family. By flag, types and shape only: KW sets
-        the order of a row's sums, so it never follows the row count. KW is mt_body's own
-        choice for the shape (``_tensor_shape``: the same bits as mt_body where both run),
-        else the largest of 16, 8, 4 that divides the row's units (whole chunks) and whose
-        ring fits ``_STREAM_MAX_SMEM`` at 8 stages (so the stages setting never changes KW)."""
-        if not (self.tensor_products and self.tensor_stream):
-            return 0
-        k = w.in_features
-        cols = w.out_features // 2 if act else w.out_features
-        if k % 64 or min(k, cols) < self.tensor_stream_min_dim or len(w.segments) > 2:
-            return 0
-        if len(w.segments) == 2 and (act or not self.fuse_segment_pairs):
-            return 0
-        if not all(seg.kernel in TENSOR for seg in w.segments):
-            return 0
-        units = k // 64
-        first = self._tensor_shape(w, act)[1]
-        for kw in (first, 16, 8, 4):  # the ring counted at 8 stages: the choice stays by shape
-            if units % kw == 0 and self._stream_smem(w, kw, 8) <= _STREAM_MAX_SMEM:
-                return kw
-        return 0
-
-    def _stream_smem(self, w: CudaWeight, kw: int, stages: int) -> int:
-        """Bytes of a streamed block's ring (kernels.cu mtq_slot): stages x 16 rows x the
-        larger segment's 16-byte-aligned window over one chunk of ``kw`` units."""
-        slot = max(((kw * 64 * seg.row_bytes // w.in_features) + 30) & ~15 for seg in w.segments)
-        return stages * 16 * slot
-
-    def _stream_kernel(self, name: str, qtype: str, smem: int) -> Any:
-        """The streamed kernel ``name``, opted in to ``smem`` bytes of dynamic shared memory
-        where that passes the 48 KiB a launch gets without asking."""
-        fn = self._k(name, qtype)
-        if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-            fn.max_dynamic_shared_size_bytes = smem
-        return fn
-
-    def _stream_product(
-        self, w: CudaWeight, kw: int, x2: Any, ldx: int, n: int, out: Any, width: int,
-        norm: Any, eps: float, res: Any, ldr: int, act: int,
-    ) -> None:  # fmt: skip
-        """One mtq launch (a pair's two segments in one, as mt2): a block of ``kw`` warps a
-        tile, every row pass of 8 * NT rows streaming the tile's rows again. NT follows the
-        row count (values do not depend on it)."""
-        nt = 1 if n <= 8 else 2 if n <= 16 else 4
-        stages = self.tensor_stream_stages
-        smem = self._stream_smem(w, kw, stages)
-        wide = w.out_features >= self.tensor_wide_min_cols
-        min_rows = self.tensor_xprep_wide_min_rows if wide else self.tensor_xprep_min_rows
-        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, min_rows)
-        per_tile = 8 if act else 16
-        if len(w.segments) == 2:
-            a, b = w.segments
-            nblk_a = -(-a.rows // per_tile)
-            nblk_b = -(-b.rows // per_tile)
-            name = f"mtq2_{a.kernel}_{b.kernel}_n{nt}_w{kw}_d{stages}"
-            self._stream_kernel(name, f"{a.kernel}+{b.kernel}", smem)(
-                (nblk_a + nblk_b,),
-                (32 * kw,),
-                _pair_args(w, a, b, nblk_a, x2, ldx, n, out, width, norm, eps, res, ldr) + xp,
-                shared_mem=smem,
-            )
-            return
-        seg = w.segments[0]
-        out_cols = seg.rows // 2 if act else seg.rows
-        self._stream_kernel(f"mtq_{seg.kernel}_n{nt}_w{kw}_d{stages}", seg.kernel, smem)(
-            (-(-out_cols // per_tile),),
-            (32 * kw,),
-            (
-                seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features),
-                x2, _i32(ldx), _i32(n), out, _i32(width), norm, np.float32(eps), res, _i32(ldr),
-                _i32(act), _i32(out_cols), *xp,
-            ),  # fmt: skip
-            shared_mem=smem,
         )
 
     def _tensor_splits(self, w: CudaWeight) -> int:

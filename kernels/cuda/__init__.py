@@ -57,11 +57,7 @@ def kernel_source(qtype: str | None = None) -> str:
     if "+" in qtype:  # a pair "a+b": one launch for a two-type fused weight (mm2_a_b_*)
         a, b = qtype.split("+")
         qa, qb = QUANT_TYPES[a], QUANT_TYPES[b]
-        tensor = (
-            f"MT2_ALL({a}, {qa}, {b}, {qb})\nMTQ2_ALL({a}, {qa}, {b}, {qb})\n"
-            if a in TENSOR and b in TENSOR
-            else ""
-        )
+        tensor = f"MT2_ALL({a}, {qa}, {b}, {qb})\n" if a in TENSOR and b in TENSOR else ""
         return (
             src
             + f"\nMM2_ALL_R({a}, {qa}, {b}, {qb}, false, )\nMM2_ALL_R({a}, {qa}, {b}, {qb}, true, _f)\n"
@@ -69,11 +65,7 @@ def kernel_source(qtype: str | None = None) -> str:
         )
     qt = QUANT_TYPES[qtype]
     extra = f"MM_ALL_RF({qtype}, {qt})\n" if qtype in FACTORED else ""
-    extra += (
-        f"MT_ALL({qtype}, {qt})\nMTW_ALL({qtype}, {qt})\nMTS_ALL({qtype}, {qt})\nMTQ_ALL({qtype}, {qt})\n"
-        if qtype in TENSOR
-        else ""
-    )
+    extra += f"MT_ALL({qtype}, {qt})\nMTW_ALL({qtype}, {qt})\nMTS_ALL({qtype}, {qt})\n" if qtype in TENSOR else ""
     return src + f"\nMM_ALL_R({qtype}, {qt})\n{extra}EMBED_KERNEL({qtype}, {qt})\n"
 
 

@@ -598,205 +598,6 @@ __device__ __forceinline__ void mtc_fold(const float (&acc)[NT][MT][4], int r0, 
 #endif
 }
 
-// One 64-weight unit of mt_body, in two steps shared by every kernel that runs it (mt_body,
-// mtq_body): the weights of unit ``u`` of rows wr (tc_unit) as mma A fragments, then the
-// unit's math against x's elements 64 ux .. 64 ux + 63 of each row tile (ux: the unit's place
-// in the row; u and ux differ only where wr points at a staged chunk of the row).
-template <int QT, int MT>
-__device__ __forceinline__ void mt_unit_load(const u8* const (&wr)[MT][2], int u, int t,
-                                             u32 (&a)[2][2][MT][4], float (&s0)[2][MT][2],
-                                             float (&s1)[2][MT][2], float (&mn)[2][MT][2]) {
-    using T = TcTraits<QT>;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            u32 w[2][2];
-            float ts0[2], ts1[2], tmn[2];
-            tc_unit<QT>(wr[mt][h], u, t, w, ts0, ts1, tmn);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                s0[i][mt][h] = ts0[i];
-                s1[i][mt][h] = ts1[i];
-                mn[i][mt][h] = tmn[i];
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    u32 lo, hi;
-                    codes_h2<T::off>(w[i][j], lo, hi);
-                    a[i][j][mt][h] = lo;      // a0 (row g) / a1 (row g + 8)
-                    a[i][j][mt][2 + h] = hi;  // a2 / a3
-                }
-            }
-        }
-}
-
-template <int QT, int NT, int MT>
-__device__ __forceinline__ void mt_unit_math(int ux, int t, int gq, int r0, int n, int nunits,
-                                             const float* __restrict__ X, int ldx, bool norm,
-                                             const float* __restrict__ G, XPre xp,
-                                             const u32 (&a)[2][2][MT][4], const float (&s0)[2][MT][2],
-                                             const float (&s1)[2][MT][2], const float (&mn)[2][MT][2],
-                                             float (&acc)[NT][MT][4], float (&ss)[NT]) {
-    using T = TcTraits<QT>;
-    const unsigned full = 0xffffffffu;
-    const u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
-    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int k0 = 64 * ux + 4 * t;
-    float gv[16];
-    if (norm && !xp.h) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            float4 gg = *reinterpret_cast<const float4*>(G + k0 + 16 * q);
-            gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        int row = r0 + nt * 8 + gq;
-        u32 b[4][2];
-        float Pinv;
-        if (xp.h) {  // x converted once for every tile by xprep: the same b, Pinv
-            if (row < n) {
-                long long at = (long long)row * nunits + ux;
-                const uint4* bp = reinterpret_cast<const uint4*>(xp.h + (at * 4 + t) * 8);
-                uint4 b0 = bp[0], b1 = bp[1];
-                b[0][0] = b0.x; b[0][1] = b0.y; b[1][0] = b0.z; b[1][1] = b0.w;
-                b[2][0] = b1.x; b[2][1] = b1.y; b[3][0] = b1.z; b[3][1] = b1.w;
-                Pinv = xp.s[at];
-            } else {
-#pragma unroll
-                for (int q = 0; q < 4; ++q) b[q][0] = b[q][1] = 0u;
-                Pinv = 0.0f;  // a row past n: computed, never stored
-            }
-        } else {
-            Pinv = x_lane_convert(X, ldx, row, n, k0, norm, gv, ss[nt], b);
-        }
-        // D's columns are rows 2t and 2t+1 of the tile: their lanes gq = 2t, 2t+1
-        float pv[2] = {__shfl_sync(full, Pinv, 8 * t), __shfl_sync(full, Pinv, 8 * t + 4)};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float sx[4];
-            if constexpr (T::has_min) {
-                mma16816(sx, ones, b[2 * i][0], b[2 * i][1], zero);
-                mma16816(sx, ones, b[2 * i + 1][0], b[2 * i + 1][1], sx);
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if constexpr (T::split) {
-                    float d0[4], d1[4];
-                    mma16816(d0, a[i][0][mt], b[2 * i][0], b[2 * i][1], zero);
-                    mma16816(d1, a[i][1][mt], b[2 * i + 1][0], b[2 * i + 1][1], zero);
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        float p = pv[c & 1];
-                        float y = fmaf(__fmul_rn(s0[i][mt][c >> 1], p), d0[c], acc[nt][mt][c]);
-                        acc[nt][mt][c] = fmaf(__fmul_rn(s1[i][mt][c >> 1], p), d1[c], y);
-                    }
-                } else {
-                    float d[4];
-                    mma16816(d, a[i][0][mt], b[2 * i][0], b[2 * i][1], zero);
-                    mma16816(d, a[i][1][mt], b[2 * i + 1][0], b[2 * i + 1][1], d);
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        float p = pv[c & 1];
-                        float y = fmaf(__fmul_rn(s0[i][mt][c >> 1], p), d[c], acc[nt][mt][c]);
-                        if constexpr (T::has_min) y = fmaf(__fmul_rn(mn[i][mt][c >> 1], p), sx[c], y);
-                        acc[nt][mt][c] = y;
-                    }
-                }
-            }
-        }
-    }
-}
-
-// The end of one row pass of a block that owns whole output columns (mt_body, mtq_body): each
-// warp's sums added in warp order (warp 0 + warp 1 + ...), a fused norm's sums of squares
-// likewise, then the norm, the gated activation or the residual, and the stores.
-template <int NT, int MT, int KW>
-__device__ __forceinline__ void mt_total(float (&acc)[NT][MT][4], float (&ss)[NT], int r0, int n,
-                                         int col0, int per_tile, int out_rows, int K, bool norm,
-                                         XPre xp, float eps, int act, const float* __restrict__ Res,
-                                         int ldr, float* __restrict__ Y, int ldy, float* smem) {
-    constexpr int NV = NT * MT * 4;
-    float (*red)[NV][32] = reinterpret_cast<float (*)[NV][32]>(smem);  // [KW - 1][NV][32]
-    float (*ssr)[NT][8] = reinterpret_cast<float (*)[NT][8]>(smem + (KW - 1) * NV * 32);  // [KW]
-    const unsigned full = 0xffffffffu;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int gq = lane >> 2, t = lane & 3;
-    if (norm && !xp.h) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            float q = __fadd_rn(ss[nt], __shfl_xor_sync(full, ss[nt], 1));
-            ss[nt] = __fadd_rn(q, __shfl_xor_sync(full, q, 2));
-            if (t == 0) ssr[warp][nt][gq] = ss[nt];
-        }
-    }
-    if (warp > 0) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) red[warp - 1][(nt * MT + mt) * 4 + c][lane] = acc[nt][mt][c];
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            float inv[2] = {1.0f, 1.0f};
-            if (norm) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    float q;
-                    if (xp.h) {
-                        int r = r0 + nt * 8 + 2 * t + i;
-                        q = r < n ? xp.ss[r] : 0.0f;
-                    } else {
-                        q = ssr[0][nt][2 * t + i];
-#pragma unroll
-                        for (int w = 1; w < KW; ++w) q = __fadd_rn(q, ssr[w][nt][2 * t + i]);
-                    }
-                    float ms = __fdiv_rn(q, (float)K);
-                    inv[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                float v[4];
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    float s = acc[nt][mt][c];
-#pragma unroll
-                    for (int w = 1; w < KW; ++w) s = __fadd_rn(s, red[w - 1][(nt * MT + mt) * 4 + c][lane]);
-                    v[c] = norm ? __fmul_rn(s, inv[c & 1]) : s;
-                }
-                int base = col0 + mt * per_tile + gq;
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    int r = r0 + nt * 8 + 2 * t + i;
-                    if (r >= n) continue;
-                    if (act) {
-                        if (base < out_rows) {
-                            float y = act_glu(act, v[i], v[2 + i]);
-                            if (Res) y = __fadd_rn(Res[(long long)r * ldr + base], y);
-                            Y[(long long)r * ldy + base] = y;
-                        }
-                    } else {
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            int col = base + 8 * h;
-                            if (col >= out_rows) continue;
-                            float y = v[2 * h + i];
-                            if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
-                            Y[(long long)r * ldy + col] = y;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 // Fused options as in mm_body: G (RMSNorm weight: x * G is what gets rounded, inv_rms(row)
 // scales the total; the sum of squares comes from the unrounded x the lanes load anyway),
 // act (gated: a tile's rows 0..7 are gate columns, rows 8..15 the matching up columns), Res.
@@ -820,8 +621,13 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                                         const float* __restrict__ Res, int ldr, int act, int half,
                                         float* smem, XPre xp, float* __restrict__ part = nullptr,
                                         long long pstride = 0, int* cnt = nullptr) {
-    constexpr int U = UN;  // units whose weights are loaded before any math
-    // smem: MT_SMEM floats, declared by the kernel so a pair launch shares it (mt_total)
+    using T = TcTraits<QT>;
+    constexpr int NV = NT * MT * 4;  // accumulators per lane
+    constexpr int U = UN;            // units whose weights are loaded before any math
+    // smem (MT_SMEM floats, declared by the kernel so a pair launch shares it):
+    float (*red)[NV][32] = reinterpret_cast<float (*)[NV][32]>(smem);  // [KW - 1][NV][32]
+    float (*ssr)[NT][8] = reinterpret_cast<float (*)[NT][8]>(smem + (KW - 1) * NV * 32);  // [KW]
+    const unsigned full = 0xffffffffu;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int gw = SPLIT ? (int)blockIdx.z * KW + warp : warp;  // this warp's place in the K order
     int kwg = SPLIT ? (int)gridDim.z * KW : KW;          // warps sharing the K range
@@ -840,6 +646,8 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
     }
     bool norm = G != nullptr;
     int nunits = K >> 6;
+    const u32 ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int r0 = 0; r0 < n; r0 += 8 * NT) {
         float acc[NT][MT][4];
         float ss[NT];
@@ -858,14 +666,98 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
             for (int v = 0; v < U; ++v) {
                 int u = ub + kwg * v;
                 if (u >= nunits) break;
-                mt_unit_load<QT, MT>(wr, u, t, a[v], s0[v], s1[v], mn[v]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        u32 w[2][2];
+                        float ts0[2], ts1[2], tmn[2];
+                        tc_unit<QT>(wr[mt][h], u, t, w, ts0, ts1, tmn);
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            s0[v][i][mt][h] = ts0[i];
+                            s1[v][i][mt][h] = ts1[i];
+                            mn[v][i][mt][h] = tmn[i];
+#pragma unroll
+                            for (int j = 0; j < 2; ++j) {
+                                u32 lo, hi;
+                                codes_h2<T::off>(w[i][j], lo, hi);
+                                a[v][i][j][mt][h] = lo;      // a0 (row g) / a1 (row g + 8)
+                                a[v][i][j][mt][2 + h] = hi;  // a2 / a3
+                            }
+                        }
+                    }
             }
 #pragma unroll
             for (int v = 0; v < U; ++v) {
                 int u = ub + kwg * v;
                 if (u >= nunits) break;
-                mt_unit_math<QT, NT, MT>(u, t, gq, r0, n, nunits, X, ldx, norm, G, xp, a[v], s0[v], s1[v],
-                                         mn[v], acc, ss);
+                int k0 = 64 * u + 4 * t;
+                float gv[16];
+                if (norm && !xp.h) {
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        float4 gg = *reinterpret_cast<const float4*>(G + k0 + 16 * q);
+                        gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int row = r0 + nt * 8 + gq;
+                    u32 b[4][2];
+                    float Pinv;
+                    if (xp.h) {  // x converted once for every tile by xprep: the same b, Pinv
+                        if (row < n) {
+                            long long at = (long long)row * nunits + u;
+                            const uint4* bp = reinterpret_cast<const uint4*>(xp.h + (at * 4 + t) * 8);
+                            uint4 b0 = bp[0], b1 = bp[1];
+                            b[0][0] = b0.x; b[0][1] = b0.y; b[1][0] = b0.z; b[1][1] = b0.w;
+                            b[2][0] = b1.x; b[2][1] = b1.y; b[3][0] = b1.z; b[3][1] = b1.w;
+                            Pinv = xp.s[at];
+                        } else {
+#pragma unroll
+                            for (int q = 0; q < 4; ++q) b[q][0] = b[q][1] = 0u;
+                            Pinv = 0.0f;  // a row past n: computed, never stored
+                        }
+                    } else {
+                        Pinv = x_lane_convert(X, ldx, row, n, k0, norm, gv, ss[nt], b);
+                    }
+                    // D's columns are rows 2t and 2t+1 of the tile: their lanes gq = 2t, 2t+1
+                    float pv[2] = {__shfl_sync(full, Pinv, 8 * t), __shfl_sync(full, Pinv, 8 * t + 4)};
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        float sx[4];
+                        if constexpr (T::has_min) {
+                            mma16816(sx, ones, b[2 * i][0], b[2 * i][1], zero);
+                            mma16816(sx, ones, b[2 * i + 1][0], b[2 * i + 1][1], sx);
+                        }
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            if constexpr (T::split) {
+                                float d0[4], d1[4];
+                                mma16816(d0, a[v][i][0][mt], b[2 * i][0], b[2 * i][1], zero);
+                                mma16816(d1, a[v][i][1][mt], b[2 * i + 1][0], b[2 * i + 1][1], zero);
+#pragma unroll
+                                for (int c = 0; c < 4; ++c) {
+                                    float p = pv[c & 1];
+                                    float y = fmaf(__fmul_rn(s0[v][i][mt][c >> 1], p), d0[c], acc[nt][mt][c]);
+                                    acc[nt][mt][c] = fmaf(__fmul_rn(s1[v][i][mt][c >> 1], p), d1[c], y);
+                                }
+                            } else {
+                                float d[4];
+                                mma16816(d, a[v][i][0][mt], b[2 * i][0], b[2 * i][1], zero);
+                                mma16816(d, a[v][i][1][mt], b[2 * i + 1][0], b[2 * i + 1][1], d);
+#pragma unroll
+                                for (int c = 0; c < 4; ++c) {
+                                    float p = pv[c & 1];
+                                    float y = fmaf(__fmul_rn(s0[v][i][mt][c >> 1], p), d[c], acc[nt][mt][c]);
+                                    if constexpr (T::has_min) y = fmaf(__fmul_rn(mn[v][i][mt][c >> 1], p), sx[c], y);
+                                    acc[nt][mt][c] = y;
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }
         if constexpr (SPLIT == SPLIT_CLUSTER) {
@@ -886,8 +778,79 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                     }
             continue;
         }
-        mt_total<NT, MT, KW>(acc, ss, r0, n, col0, per_tile, out_rows, K, norm, xp, eps, act, Res, ldr,
-                             Y, ldy, smem);
+        // totals: warps in order (warp 0 + warp 1 + ...), norm sums of squares likewise
+        if (norm && !xp.h) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float q = __fadd_rn(ss[nt], __shfl_xor_sync(full, ss[nt], 1));
+                ss[nt] = __fadd_rn(q, __shfl_xor_sync(full, q, 2));
+                if (t == 0) ssr[warp][nt][gq] = ss[nt];
+            }
+        }
+        if (warp > 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) red[warp - 1][(nt * MT + mt) * 4 + c][lane] = acc[nt][mt][c];
+        }
+        __syncthreads();
+        if (warp == 0) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float inv[2] = {1.0f, 1.0f};
+                if (norm) {
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        float q;
+                        if (xp.h) {
+                            int r = r0 + nt * 8 + 2 * t + i;
+                            q = r < n ? xp.ss[r] : 0.0f;
+                        } else {
+                            q = ssr[0][nt][2 * t + i];
+#pragma unroll
+                            for (int w = 1; w < KW; ++w) q = __fadd_rn(q, ssr[w][nt][2 * t + i]);
+                        }
+                        float ms = __fdiv_rn(q, (float)K);
+                        inv[i] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    float v[4];
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        float s = acc[nt][mt][c];
+#pragma unroll
+                        for (int w = 1; w < KW; ++w) s = __fadd_rn(s, red[w - 1][(nt * MT + mt) * 4 + c][lane]);
+                        v[c] = norm ? __fmul_rn(s, inv[c & 1]) : s;
+                    }
+                    int base = col0 + mt * per_tile + gq;
+#pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        int r = r0 + nt * 8 + 2 * t + i;
+                        if (r >= n) continue;
+                        if (act) {
+                            if (base < out_rows) {
+                                float y = act_glu(act, v[i], v[2 + i]);
+                                if (Res) y = __fadd_rn(Res[(long long)r * ldr + base], y);
+                                Y[(long long)r * ldy + base] = y;
+                            }
+                        } else {
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                int col = base + 8 * h;
+                                if (col >= out_rows) continue;
+                                float y = v[2 * h + i];
+                                if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
+                                Y[(long long)r * ldy + col] = y;
+                            }
+                        }
+                    }
+                }
+            }
+        }
         __syncthreads();  // red / ssr are rewritten by the next row pass
     }
     if constexpr (SPLIT == SPLIT_GLOBAL) mts_finish(bid, out_rows, n, Y, ldy, Res, ldr, part, pstride, kwg, MT * per_tile, cnt);
@@ -1126,165 +1089,6 @@ __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row
     MTW_KERNEL(NAME, QT, NT, 1, 1) MTW_KERNEL(NAME, QT, NT, 2, 1) MTW_KERNEL(NAME, QT, NT, 1, 2) \
     MTW_KERNEL(NAME, QT, NT, 1, 4)
 #define MTW_ALL(NAME, QT) MTW_ALL_NT(NAME, QT, 1) MTW_ALL_NT(NAME, QT, 2) MTW_ALL_NT(NAME, QT, 4)
-
-// ---- streamed tensor-core products (rows of a 7B's width: 3,584 inputs) ----
-// mt_body loads each unit's weights straight from global memory just before its math: about one
-// unit's 4-byte loads per warp in flight, which held a 7B's 76 MB gate|up near 0.7 TB/s of the
-// H100's ~3 (tools/cuda/prod7b_probe.py). Here a block of KW warps owns one tile (16 columns;
-// gated: 8 gate + 8 up columns) for the whole row and streams the tile's 16 rows through a ring
-// of D stages in shared memory with 16-byte cp.async copies: stage s holds chunk s of every
-// row, KW units (64 weights each), the units warps 0..KW-1 take in turn, exactly as mt_body's
-// warp w takes u = w, w + KW, ...; D - 1 chunks are in flight while one is computed. Each warp
-// runs mt_unit_load / mt_unit_math on its unit of the staged chunk (the chunk's copy keeps the
-// row's alignment mod 16, so tc_unit reads it as it reads global memory) and mt_total adds the
-// warps in order: a row's value is mt_body's for the same KW, whatever the row count, NT or D.
-// The backend takes this kernel by weight shape only (tensor_stream*), when KW divides the row's
-// units (whole chunks).
-template <int QT> struct StreamTraits;  // bytes and weights of one stored block
-template <> struct StreamTraits<QT_Q4_0> { static constexpr int bb = 18, bw = 32; };
-template <> struct StreamTraits<QT_Q4_1> { static constexpr int bb = 20, bw = 32; };
-template <> struct StreamTraits<QT_Q5_0> { static constexpr int bb = 22, bw = 32; };
-template <> struct StreamTraits<QT_Q5_1> { static constexpr int bb = 24, bw = 32; };
-template <> struct StreamTraits<QT_Q8_0> { static constexpr int bb = 34, bw = 32; };
-template <> struct StreamTraits<QT_Q4_K> { static constexpr int bb = 144, bw = 256; };
-template <> struct StreamTraits<QT_Q5_K> { static constexpr int bb = 176, bw = 256; };
-template <> struct StreamTraits<QT_Q6_K> { static constexpr int bb = 210, bw = 256; };
-template <> struct StreamTraits<QT_IQ4_NL> { static constexpr int bb = 18, bw = 32; };
-template <> struct StreamTraits<QT_IQ4_XS> { static constexpr int bb = 136, bw = 256; };
-
-// Bytes of one chunk (KW units) of a row, and of its staged slot: the chunk's 16-byte-aligned
-// window (the chunk may start anywhere in a 16-byte line: Q6_K's 210-byte blocks).
-template <int QT, int KW>
-__host__ __device__ constexpr int mtq_chunk() { return KW * 64 * StreamTraits<QT>::bb / StreamTraits<QT>::bw; }
-template <int QT, int KW>
-__host__ __device__ constexpr int mtq_slot() { return (mtq_chunk<QT, KW>() + 30) & ~15; }
-
-// Tile row i (0..15) of block column col0: mt_body's wr rows (lane gq reads rows gq and gq + 8).
-__device__ __forceinline__ int mtq_row(int i, int col0, int out_rows, int act, int half) {
-    int lo = min(col0 + (i & 7), out_rows - 1);  // past the end: a valid column, never stored
-    if (i < 8) return lo;
-    return act ? half + lo : min(col0 + i, out_rows - 1);
-}
-
-// Chunk s of the tile's 16 rows into the ring slot at dst (16 rows, SL bytes apart).
-template <int QT, int KW>
-__device__ __forceinline__ void mtq_stage(const u8* __restrict__ W, long long row_bytes, int col0,
-                                          int out_rows, int act, int half, int s, u32 dst) {
-    constexpr int CB = mtq_chunk<QT, KW>(), SL = mtq_slot<QT, KW>(), P = SL / 16;
-    for (int e = threadIdx.x; e < 16 * P; e += 32 * KW) {
-        int i = e / P, piece = e - i * P;
-        const u8* src = W + (long long)mtq_row(i, col0, out_rows, act, half) * row_bytes + (long long)s * CB;
-        const u8* p = reinterpret_cast<const u8*>(reinterpret_cast<size_t>(src) & ~(size_t)15) + 16 * piece;
-        int sz = min(16, (int)(src + CB - p));  // the window's tail: zero-filled, never read
-        if (sz > 0)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + (u32)(i * SL + 16 * piece)),
-                         "l"(p), "r"(sz)
-                         : "memory");
-    }
-}
-
-template <int QT, int NT, int KW, int D>
-__device__ __forceinline__ void mtq_body(int bid, const u8* __restrict__ W, long long row_bytes,
-                                         int out_rows, int K, const float* __restrict__ X, int ldx,
-                                         int n, float* __restrict__ Y, int ldy,
-                                         const float* __restrict__ G, float eps,
-                                         const float* __restrict__ Res, int ldr, int act, int half,
-                                         u8* ring, float* smem, XPre xp) {
-    constexpr int CB = mtq_chunk<QT, KW>(), SL = mtq_slot<QT, KW>();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int gq = lane >> 2, t = lane & 3;
-    int per_tile = act ? 8 : 16;
-    int col0 = bid * per_tile;
-    if (col0 >= out_rows) return;  // whole block
-    bool norm = G != nullptr;
-    int nunits = K >> 6, chunks = nunits / KW;
-    u32 base = (u32)__cvta_generic_to_shared(ring);
-    // this lane's two rows: their addresses' offsets in a 16-byte line follow the chunk
-    size_t rb[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-        rb[h] = reinterpret_cast<size_t>(W + (long long)mtq_row(gq + 8 * h, col0, out_rows, act, half) * row_bytes);
-    for (int r0 = 0; r0 < n; r0 += 8 * NT) {
-        float acc[NT][1][4];
-        float ss[NT];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            ss[nt] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) acc[nt][0][c] = 0.0f;
-        }
-#pragma unroll
-        for (int s = 0; s < D - 1; ++s) {
-            if (s < chunks) mtq_stage<QT, KW>(W, row_bytes, col0, out_rows, act, half, s, base + (u32)(s * 16 * SL));
-            mtw_commit();
-        }
-        for (int s = 0; s < chunks; ++s) {
-            mtw_wait<D - 2>();  // this thread's copies of chunk s have landed
-            __syncthreads();    // everyone's have; and every warp is done with chunk s - 1
-            int nx = s + D - 1;
-            if (nx < chunks)
-                mtq_stage<QT, KW>(W, row_bytes, col0, out_rows, act, half, nx, base + (u32)((nx % D) * 16 * SL));
-            mtw_commit();  // possibly empty: the wait above counts groups
-            const u8* slot = ring + (s % D) * 16 * SL;
-            const u8* wr[1][2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                wr[0][h] = slot + (gq + 8 * h) * SL + ((rb[h] + (size_t)s * CB) & 15);
-            u32 a[2][2][1][4];
-            float s0[2][1][2], s1[2][1][2], mn[2][1][2];
-            mt_unit_load<QT, 1>(wr, warp, t, a, s0, s1, mn);
-            mt_unit_math<QT, NT, 1>(s * KW + warp, t, gq, r0, n, nunits, X, ldx, norm, G, xp, a, s0, s1, mn,
-                                    acc, ss);
-        }
-        mt_total<NT, 1, KW>(acc, ss, r0, n, col0, per_tile, out_rows, K, norm, xp, eps, act, Res, ldr, Y,
-                            ldy, smem);
-        __syncthreads();  // red / ssr and the ring are rewritten by the next row pass
-    }
-}
-
-// Dynamic shared memory: D * 16 * mtq_slot bytes (the larger type's, for a pair).
-#define MTQ_KERNEL(NAME, QT, NT, KW, D)                                                         \
-    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
-        mtq_##NAME##_n##NT##_w##KW##_d##D(const u8* W, long long row_bytes, int out_rows, int K, \
-                                          const float* X, int ldx, int n, float* Y, int ldy,   \
-                                          const float* G, float eps, const float* Res, int ldr, \
-                                          int act, int half, const u32* Xh, const float* Xs,   \
-                                          const float* Xss) {                                  \
-        grid_dependency();                                                                     \
-        extern __shared__ __align__(16) u8 mtq_ring[];                                         \
-        __shared__ float smem[MT_SMEM(NT, 1, KW)];                                             \
-        mtq_body<QT, NT, KW, D>(blockIdx.x, W, row_bytes, out_rows, K, X, ldx, n, Y, ldy, G, eps, \
-                                Res, ldr, act, half, mtq_ring, smem, {Xh, Xs, Xss});           \
-    }
-// A two-type fused weight (q|k Q4_K + v Q6_K) in one launch, as MT2_KERNEL.
-#define MTQ2_KERNEL(NA, QA, NB, QB, NT, KW, D)                                                  \
-    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
-        mtq2_##NA##_##NB##_n##NT##_w##KW##_d##D(                                                \
-            const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,  \
-            int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
-            const float* G, float eps, const float* Ra, const float* Rb, int ldr,              \
-            const u32* Xh, const float* Xs, const float* Xss) {                                \
-        grid_dependency();                                                                     \
-        extern __shared__ __align__(16) u8 mtq_ring[];                                         \
-        __shared__ float smem[MT_SMEM(NT, 1, KW)];                                             \
-        XPre xp = {Xh, Xs, Xss};                                                               \
-        if ((int)blockIdx.x < nblk_a)                                                          \
-            mtq_body<QA, NT, KW, D>(blockIdx.x, Wa, rba, rows_a, K, X, ldx, n, Ya, ldy, G, eps, \
-                                    Ra, ldr, 0, rows_a, mtq_ring, smem, xp);                   \
-        else                                                                                   \
-            mtq_body<QB, NT, KW, D>(blockIdx.x - nblk_a, Wb, rbb, rows_b, K, X, ldx, n, Yb, ldy, \
-                                    G, eps, Rb, ldr, 0, rows_b, mtq_ring, smem, xp);           \
-    }
-#define MTQ_ALL_KW(NAME, QT, KW)                                                                \
-    MTQ_KERNEL(NAME, QT, 1, KW, 4) MTQ_KERNEL(NAME, QT, 2, KW, 4) MTQ_KERNEL(NAME, QT, 4, KW, 4) \
-    MTQ_KERNEL(NAME, QT, 1, KW, 8) MTQ_KERNEL(NAME, QT, 2, KW, 8) MTQ_KERNEL(NAME, QT, 4, KW, 8)
-#define MTQ_ALL(NAME, QT) MTQ_ALL_KW(NAME, QT, 4) MTQ_ALL_KW(NAME, QT, 8) MTQ_ALL_KW(NAME, QT, 16)
-#define MTQ2_ALL_KW(NA, QA, NB, QB, KW)                                                         \
-    MTQ2_KERNEL(NA, QA, NB, QB, 1, KW, 4) MTQ2_KERNEL(NA, QA, NB, QB, 2, KW, 4)                 \
-    MTQ2_KERNEL(NA, QA, NB, QB, 4, KW, 4) MTQ2_KERNEL(NA, QA, NB, QB, 1, KW, 8)                 \
-    MTQ2_KERNEL(NA, QA, NB, QB, 2, KW, 8) MTQ2_KERNEL(NA, QA, NB, QB, 4, KW, 8)
-#define MTQ2_ALL(NA, QA, NB, QB)                                                                \
-    MTQ2_ALL_KW(NA, QA, NB, QB, 4) MTQ2_ALL_KW(NA, QA, NB, QB, 8) MTQ2_ALL_KW(NA, QA, NB, QB, 16)
 
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>
