@@ -271,9 +271,12 @@ def test_vscode_rewrite_and_inline_suggestion(
     assert record["afterPreview"] == after[:start] + want2 + after[end:]
     if want2 == after[start:end]:  # the model proposed no change: no diff, nothing to accept
         assert record["previewOutcome"] == "no change"
+        # the server's answer reached the extension: the selection handed back as it was
+        unchanged = "rewrite text: " + json.dumps(after[start:end], ensure_ascii=False)
+        assert any(line.endswith(unchanged) for line in record["previewLog"]), record["previewLog"]
     else:
         assert record["previewOutcome"] == "accepted"
-    assert any("applied=true" in line for line in record["previewLog"]), record["previewLog"]
+        assert any("applied=true" in line for line in record["previewLog"]), record["previewLog"]
     if record["previewOutcome"] == "accepted":
         # Reviewed without a modal dialog: the notification names the keybindings.
         assert record["modalDialogs"] == 0

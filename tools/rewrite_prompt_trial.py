@@ -5,7 +5,7 @@ the same path as ``echoline rewrite`` with another prompt; nothing in the produc
 until a variant wins on the tune split and holds on the held-out one. Outcomes are kept in
 docs/history/rewrite-prompt.md.
 
-    .venv/bin/python tools/rewrite_prompt_trial.py --variant keep --split tune \
+    .venv/bin/python tools/rewrite_prompt_trial.py --variant works --split tune \
         --model qwen2.5-coder-1.5b --edit-set all
 """
 
@@ -17,29 +17,29 @@ from typing import Any
 
 from echoline.sidecar import prompts
 
-#: What each variant adds to the kept layout.
-SYSTEM = (
-    "You are a careful code editor. Apply the user's instruction to the given code and change "
-    "nothing else: keep its behaviour, names and style, and add no error handling, features or "
-    "comments that were not asked for. Answer with the complete rewritten code only."
-)
+#: Variants of the system message (``prompts.REWRITE_SYSTEM`` is "kept"; None: the chat
+#: template's own default, as before the system message was kept).
+SYSTEMS: dict[str, str | None] = {
+    "kept": prompts.REWRITE_SYSTEM,
+    "template": None,
+    "works": prompts.REWRITE_SYSTEM + (
+        " Make sure the rewritten code works: every name it uses is defined or imported, every "
+        "value has the type its use needs, and callers get the same results as before."
+    ),
+}
+#: A line added after the instruction (the "keep" variant).
 KEEP = "Change only what this asks for and keep everything else, including behaviour, as it is."
-WHOLE = "Rewrite all of the selected code, every function in it, and nothing after it."
 
 
 def variant(name: str) -> Any:
     plain_prompt = prompts.rewrite_prompt
+    system = SYSTEMS.get(name, prompts.REWRITE_SYSTEM)
 
     def patched(file_text: str, start: int, end: int, instruction: str, **kw: Any) -> prompts.RewritePrompt:
-        instr = instruction
-        if instruction.strip() and name in ("keep", "keep-sys", "keep-whole"):
-            instr = f"{instruction.strip()}\n{KEEP}"
-        if instruction.strip() and name == "keep-whole":
-            instr = f"{instr}\n{WHOLE}"
+        instr = f"{instruction.strip()}\n{KEEP}" if instruction.strip() and name == "keep" else instruction
         p = plain_prompt(file_text, start, end, instr, **kw)
-        msgs = p.messages
-        if name in ("sys", "keep-sys"):
-            msgs = [{"role": "system", "content": SYSTEM}, *msgs]
+        user = p.messages[-1]
+        msgs = [{"role": "system", "content": system}, user] if system else [user]
         return prompts.RewritePrompt(messages=msgs, prime=p.prime, plain=p.plain, fence=p.fence)
 
     return patched
@@ -49,8 +49,7 @@ def main() -> None:
     from echoline.sidecar.bench.edits import run
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variant", default="kept",
-                    choices=("kept", "sys", "keep", "keep-sys", "keep-whole"))
+    ap.add_argument("--variant", default="kept", choices=(*SYSTEMS, "keep"))
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--split", default="tune", choices=("tune", "heldout", "all"))
     ap.add_argument("--edit-set", default="multiline", choices=("all", "function", "multiline"))
