@@ -390,6 +390,7 @@ class Tokenizer:
         self.stop_ids: frozenset[int] = self._find_stops(meta)
         self._bytes: dict[int, bytes] = {}
         self._byte_decoder = _gpt2_byte_decoder() if self.model_kind == "gpt2" else None
+        self._vocab_key: str | None = None
 
     @classmethod
     def from_gguf(cls, gf: GGUFFile, cache_dir: Path | None = None) -> Tokenizer:
@@ -467,6 +468,19 @@ class Tokenizer:
         if want_bos and self.bos_id is not None:
             return [self.bos_id, *ids]
         return list(ids)
+
+    def vocab_key(self) -> str:
+        """A digest of everything that decides which ids a text becomes (the tokenizer's
+        vocabulary, merges, pre-tokenizer and normalizer, and this wrapper's settings),
+        computed once. Why: two models of one family share their vocabulary (the Qwen
+        0.5B that completes inline and the 1.5B that rewrites), so what was tokenized for
+        one serves the other; equal keys mean equal ids for every text."""
+        with self._lock:
+            if self._vocab_key is None:
+                h = hashlib.sha256(self._hf.to_str().encode("utf-8", "surrogatepass"))
+                h.update(f"\x00{self.model_kind}|{self.add_space_prefix}|{self.add_bos}|{self.bos_id}".encode())
+                self._vocab_key = h.hexdigest()[:32]
+            return self._vocab_key
 
     def encode_batch(self, texts: Sequence[str], *, parse_special: bool = True) -> list[list[int]]:
         """Many texts without BOS (e.g. workspace files for the n-gram index)."""

@@ -178,26 +178,51 @@ def encoder_of(tok: Any) -> Encoder:
     return lambda texts: [list(tok.encode(t, add_bos=False, parse_special=False)) for t in texts]
 
 
-_by_engine: weakref.WeakKeyDictionary[Any, tuple[Any, SourceTokens]] = weakref.WeakKeyDictionary()
+_by_engine: weakref.WeakKeyDictionary[Any, tuple[Callable[[], Any], SourceTokens]] = weakref.WeakKeyDictionary()
+#: Caches by vocabulary (``Tokenizer.vocab_key``), alive while an engine holds one.
+_by_vocab: weakref.WeakValueDictionary[str, SourceTokens] = weakref.WeakValueDictionary()
 _by_engine_lock = threading.Lock()
 
 
+def _vocab_key(tok: Any) -> str | None:
+    """The tokenizer's vocabulary digest, or None for one that has none (a remote engine's)."""
+    key = getattr(tok, "vocab_key", None)
+    return key() if callable(key) else None
+
+
 def tokens_of(engine: Any) -> SourceTokens:
-    """The chunk ids of ``engine``'s tokenizer: one cache per engine, which the worker fills
-    with the draft sources and the rewrite prompts read (``sidecar.prompts``), so a file's
-    text is encoded once per version for both.
+    """The chunk ids of ``engine``'s tokenizer: one cache per vocabulary, which the worker
+    fills with the draft sources and the rewrite prompts read (``sidecar.prompts``), so a
+    file's text is encoded once per version for both, and once for two engines of one
+    vocabulary (the Qwen 0.5B inline and 1.5B rewrite models of the default).
 
     Why keyed weakly by the engine object (and checked against its tokenizer): a model
-    (re)load makes a new engine, whose vocabulary may differ, so it starts empty and the
-    old cache goes with the old engine. An engine that cannot be weakly referenced gets a
-    fresh, unshared cache on each call (correct, only slower)."""
+    (re)load makes a new engine, whose vocabulary may differ; it finds the cache of its own
+    vocabulary (``Tokenizer.vocab_key``) while another engine holds it, else starts empty,
+    and a cache goes with the last engine that held it. An engine that cannot be weakly
+    referenced gets a fresh, unshared cache on each call (correct, only slower)."""
     tok = getattr(engine, "tokenizer", None)
     with _by_engine_lock:
         try:
             held = _by_engine.get(engine)
-            if held is None or held[0] is not tok:
-                held = (tok, SourceTokens())
+            if held is None or held[0]() is not tok:
+                key = _vocab_key(tok)
+                shared = _by_vocab.get(key) if key is not None else None
+                if shared is None:
+                    shared = SourceTokens()
+                    if key is not None:
+                        _by_vocab[key] = shared
+                held = (_ref(tok), shared)
                 _by_engine[engine] = held
         except TypeError:
             return SourceTokens()
         return held[1]
+
+
+def _ref(tok: Any) -> Callable[[], Any]:
+    """A weak reference to the tokenizer where it takes one (so an entry's value never keeps
+    its engine key alive through a tokenizer that refers back to it), else a strong one."""
+    try:
+        return weakref.ref(tok)
+    except TypeError:
+        return lambda: tok

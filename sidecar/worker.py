@@ -317,7 +317,8 @@ class EngineWorker:
         """Memory of the per-chunk token ids kept for incremental updates (any thread)."""
         with self._cond:
             engines = [s.engine for s in self._slots.values() if s.engine is not None]
-        return sum(tokens_of(e).memory_bytes() for e in engines)
+        caches = {id(c): c for c in (tokens_of(e) for e in engines)}  # engines of one vocabulary share one
+        return sum(c.memory_bytes() for c in caches.values())
 
     def sync_sources(self) -> Job:
         """A no-op job: when it completes, every earlier source update is in the engine."""

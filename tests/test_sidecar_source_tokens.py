@@ -208,3 +208,83 @@ def test_worker_fills_the_engines_shared_cache() -> None:
         tokens_of(eng).chunks("rewrite:a", text, lambda t: eng.tokenizer.encode_batch(t, parse_special=False),
                               transient=True)
         assert eng.enc.chars == chars  # a prompt on the same text finds every chunk
+
+
+class KeyedTokenizer:
+    """A tokenizer that names its vocabulary (``Tokenizer.vocab_key``)."""
+
+    def __init__(self, enc: CharEncoder, key: str) -> None:
+        self.enc, self.key = enc, key
+
+    def encode_batch(self, texts: list[str], parse_special: bool) -> list[list[int]]:
+        return self.enc(texts)
+
+    def vocab_key(self) -> str:
+        return self.key
+
+
+class KeyedEngine(IndexEngine):
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.tokenizer = KeyedTokenizer(self.enc, key)  # type: ignore[assignment]
+
+
+def test_engines_of_one_vocabulary_share_one_cache() -> None:
+    """The inline and the rewrite model of one family (one vocabulary): a file is encoded
+    once for both; another vocabulary, or a tokenizer that names none, gets its own."""
+    from echoline.sidecar.source_tokens import tokens_of
+
+    small, large, other, unnamed = KeyedEngine("qwen"), KeyedEngine("qwen"), KeyedEngine("smol"), IndexEngine()
+    assert tokens_of(small) is tokens_of(large)
+    assert tokens_of(other) is not tokens_of(small) and tokens_of(unnamed) is not tokens_of(small)
+    text = module_text()
+    tokens_of(small).ids("file:a", text, small.enc)
+    tokens_of(large).ids("file:a", text, large.enc)
+    assert small.enc.chars == len(text) and large.enc.chars == 0  # the second engine encoded nothing
+    import gc
+    import weakref
+
+    shared = weakref.ref(tokens_of(small))
+    del small, large
+    gc.collect()
+    assert shared() is None  # the cache went with its last engine
+    assert tokens_of(KeyedEngine("qwen")).memory_bytes() == 0
+
+
+def test_worker_with_two_engines_of_one_vocabulary_encodes_a_file_once() -> None:
+    """Two slots (the default's rewrite and inline models): the source reaches both
+    engines' indexes, its text encoded once, its memory counted once."""
+    engines: list[KeyedEngine] = []
+
+    def load(model: str, **kw: Any) -> KeyedEngine:
+        engines.append(KeyedEngine("qwen"))
+        return engines[-1]
+
+    w = EngineWorker(load)
+    try:
+        w.load("large", jobs=("rewrite",), key="large").future.result(5)
+        w.load("small", jobs=("inline",), key="small").future.result(5)
+        text = module_text()
+        put(w, text)
+        assert len(engines) == 2 and all(e.sources["file:a"] == [ord(c) for c in text] for e in engines)
+        assert sum(e.enc.chars for e in engines) == len(text)
+        from echoline.sidecar.source_tokens import tokens_of
+
+        assert w.token_cache_bytes() == tokens_of(engines[0]).memory_bytes() > 0
+    finally:
+        w.stop()
+
+
+def test_vocab_key_of_the_real_tokenizers(smollm2_path: Path) -> None:
+    """Equal for two loads of one vocabulary, different for another (the key is what lets
+    two engines share ids, so a false equality would hand one model the other's ids)."""
+    from echoline.engine.gguf_file import GGUFFile
+    from echoline.engine.model_catalog import resolve_model
+    from echoline.engine.tokenizer import Tokenizer
+
+    qwen = resolve_model("qwen2.5-coder-0.5b")
+    a, b = Tokenizer.from_gguf(GGUFFile(qwen)), Tokenizer.from_gguf(GGUFFile(qwen))
+    smol = Tokenizer.from_gguf(GGUFFile(smollm2_path))
+    assert a.vocab_key() == b.vocab_key() != smol.vocab_key()
+    text = module_text(50)
+    assert a.encode_batch([text], parse_special=False) == b.encode_batch([text], parse_special=False)
