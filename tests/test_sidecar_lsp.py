@@ -640,7 +640,9 @@ async def test_bad_setting_is_reported_and_previous_kept(lsp: LanguageClient) ->
 @pytest.mark.slow
 async def test_bad_model_path_reports_error_and_keeps_serving(tmp_path: Path) -> None:
     rec = Recorder()
-    client = await start_client(tmp_path, {"model": str(tmp_path / "missing.gguf")}, rec)
+    # readyTimeoutS: the reload below calibrates draft lengths, which on a busy 2-core
+    # machine can take longer than the default minute a request waits for a model
+    client = await start_client(tmp_path, {"model": str(tmp_path / "missing.gguf"), "readyTimeoutS": 300}, rec)
     try:
         st = await wait_state(rec, {"error", "ready"}, timeout=30)
         assert st["state"] == "error" and "missing.gguf" in st["message"]
@@ -655,7 +657,7 @@ async def test_bad_model_path_reports_error_and_keeps_serving(tmp_path: Path) ->
         assert (await status(client))["state"] == "error"  # still answering
         # Fixing the setting reloads the model; a request sent meanwhile waits for it.
         client.workspace_did_change_configuration(
-            types.DidChangeConfigurationParams(settings={"echoline": {"model": "smollm2"}})
+            types.DidChangeConfigurationParams(settings={"echoline": {"model": "smollm2", "readyTimeoutS": 300}})
         )
         res = await rewrite(client, uri=uri, version=1, range=rng(0, 0, 1, 0), mode="preview")
         assert res["text"] == "y = 2\n"
