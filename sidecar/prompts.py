@@ -26,7 +26,7 @@ FENCE = "```"
 #: tune split (`python tools/rewrite_prompt_trial.py`, docs/history/rewrite-prompt.md) the
 #: Qwen 1.5B passed 28 of 32 with it against 25 with the template's default (it stopped
 #: catching and swallowing errors it was only asked to clean up after, and quoted every
-#: expansion it was asked to); held out, 15 of 21 either way; the 0.5B 33 of 50 against 32.
+#: expansion it was asked to); held out, 15 of 21 either way; the 0.5B 33 of 53 against 32.
 REWRITE_SYSTEM = (
     "You are a careful code editor. Apply the user's instruction to the given code and change "
     "nothing else: keep its behaviour, names and style, and add no error handling, features or "

@@ -96,7 +96,6 @@ class SourceTokens:
         self._sources: dict[str, tuple[Key, ...]] = {}
         self._transient: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
-        self.encoded_chars = 0  # characters tokenized so far (how much work the cache saved)
 
     def chunks(self, source_id: str, text: str, encode: Encoder, *, transient: bool = False) -> list[tuple[int, array]]:
         """``text`` as (length, ids) of each of its chunks (``split_chunks``), re-encoding only
@@ -113,7 +112,6 @@ class SourceTokens:
             # outside the lock; another thread may drop a chunk meanwhile: then around again
             fresh = encode([pieces[i] for i in missing.values()])
             with self._lock:
-                self.encoded_chars += sum(k[0] for k in missing)
                 for k, got in zip(missing, fresh, strict=True):
                     self._ids.setdefault(k, array("i", got))
                 if all(k in self._ids for k in keys):
@@ -154,14 +152,6 @@ class SourceTokens:
         with self._lock:
             self._transient.pop(source_id, None)
             self._release(self._sources.pop(source_id, ()))
-
-    def clear(self) -> None:
-        """Drop everything (ids of another vocabulary are worthless)."""
-        with self._lock:
-            self._ids.clear()
-            self._refs.clear()
-            self._sources.clear()
-            self._transient.clear()
 
     def memory_bytes(self) -> int:
         with self._lock:
