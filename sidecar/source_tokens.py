@@ -192,11 +192,15 @@ def tokens_of(engine: Any) -> SourceTokens:
     and a cache goes with the last engine that held it. An engine that cannot be weakly
     referenced gets a fresh, unshared cache on each call (correct, only slower)."""
     tok = getattr(engine, "tokenizer", None)
-    with _by_engine_lock:
-        try:
+    try:
+        with _by_engine_lock:
+            held = _by_engine.get(engine)
+        if held is not None and held[0]() is tok:
+            return held[1]
+        key = _vocab_key(tok)  # hashes the vocabulary once (~0.1-0.5 s): not under the lock
+        with _by_engine_lock:
             held = _by_engine.get(engine)
             if held is None or held[0]() is not tok:
-                key = _vocab_key(tok)
                 shared = _by_vocab.get(key) if key is not None else None
                 if shared is None:
                     shared = SourceTokens()
@@ -204,9 +208,9 @@ def tokens_of(engine: Any) -> SourceTokens:
                         _by_vocab[key] = shared
                 held = (_ref(tok), shared)
                 _by_engine[engine] = held
-        except TypeError:
-            return SourceTokens()
-        return held[1]
+            return held[1]
+    except TypeError:  # an engine that cannot be weakly referenced
+        return SourceTokens()
 
 
 def _ref(tok: Any) -> Callable[[], Any]:
