@@ -24,7 +24,7 @@ import gguf  # noqa: E402
 from echoline.engine.backends.cupy_backend import CupyBackend  # noqa: E402
 from echoline.engine.backends.numpy_backend import NumpyBackend  # noqa: E402
 from echoline.engine.gguf_file import QuantTensor  # noqa: E402
-from echoline.kernels.cuda.reference import tc_round  # noqa: E402
+from echoline.kernels.cuda.reference import int8_error_bound, tc_round  # noqa: E402
 from echoline.kernels.quant_types import QUANT_TYPES  # noqa: E402
 
 from tests import cancelling  # noqa: E402
@@ -845,13 +845,21 @@ def test_programmatic_launch_changes_no_bits(models, arch, early, rng):
 TC_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
 
 
-@pytest.fixture
-def tensor_on(cb):
-    keep = cb.tensor_products
+#: the form the running tensor-core test computes in (``tensor_on`` sets it; tc_check reads it)
+TC_FORM = {"int8": False}
+
+
+@pytest.fixture(params=["f16", "int8"])
+def tensor_on(cb, request):
+    """The tensor-core products, in the f16 form and in the integer form (tensor_int8): every
+    test that takes this fixture runs in both."""
+    keep = cb.tensor_products, cb.tensor_int8
     cb.tensor_products = True
+    cb.tensor_int8 = TC_FORM["int8"] = request.param == "int8"
     cb.drop_graphs()
     yield cb
-    cb.tensor_products = keep
+    cb.tensor_products, cb.tensor_int8 = keep
+    TC_FORM["int8"] = False
     cb.drop_graphs()
 
 
@@ -860,18 +868,23 @@ def tc_check(
 ) -> None:
     """got against W·x with x rounded as the kernel does (elementwise, float32 accumulation
     bound: 4·K·2^-24 Σ|w||x| for the per-group scale, min and warp sums), and against the
-    exact product within f16-input bounds (‖err‖/‖ref‖ < 1e-3; f16 inputs land near 3e-4)."""
+    exact product within f16-input bounds (‖err‖/‖ref‖ < 1e-3; f16 inputs land near 3e-4).
+    The integer form: within its quantization bound of the exact product (elementwise, plus
+    the same accumulation bound), ‖err‖/‖ref‖ < 1e-2 (int8 x lands near 4e-3)."""
     got = np.asarray(got, dtype=np.float64)
     assert np.isfinite(got).all(), "NaN/inf in output: an element was never written"
     w64 = w.astype(np.float64)
     s = np.ones((x.shape[0], 1)) if scale is None else scale[:, None]
-    want = s * (tc_round(x) @ w64.T)
     mag = s * (np.abs(x).astype(np.float64) @ np.abs(w64).T)
     bound = 4 * w.shape[1] * 2.0**-24 * mag + 1e-30
+    exact = s * (x.astype(np.float64) @ w64.T)
+    if TC_FORM["int8"]:
+        want, bound = exact, bound + s * int8_error_bound(x, w64)
+    else:
+        want = s * (tc_round(x) @ w64.T)
     worst = float(np.max(np.abs(got - want) / bound))
     assert worst <= 1.0, f"off the rounded-x reference by {worst:.2f}x its bound"
-    exact = s * (x.astype(np.float64) @ w64.T)
-    assert rel_err(got, exact) < 1e-3
+    assert rel_err(got, exact) < (1e-2 if TC_FORM["int8"] else 1e-3)
 
 
 def wide_range_x(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -1086,7 +1099,8 @@ def assert_setting_keeps_bits(cb, ops: dict, attr: str, base, other, rows=(1, 2,
 
 
 def test_tensor_products_propagate_nan(tensor_on, rng):
-    """A NaN in x must reach its row's outputs (never hidden by the power-of-two scaling)."""
+    """A NaN in x must reach its row's outputs (never hidden by the power-of-two scaling, nor
+    by the integer form's group maximum)."""
     cb = tensor_on
     w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
     x = rng.standard_normal((3, 256)).astype(np.float32)
@@ -1112,21 +1126,25 @@ def assert_forward_chunks_agree(gpu, cpu, rng) -> None:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("wide", [False, True], ids=["mt", "wide"])
-def test_tensor_model_decode_equals_verify(models, arch, wide, rng):
+@pytest.mark.parametrize("int8", [False, True], ids=["f16", "int8"])
+def test_tensor_model_decode_equals_verify(models, arch, wide, int8, rng):
     """Whole forwards with tensor-core products: one row at a time == k at a time == odd
     chunks (graph and eager paths), and close to the numpy model. ``wide``: every plain
-    product (the head included) on the staged wide-weight kernel."""
+    product (the head included) on the staged wide-weight kernel; ``int8``: the integer form,
+    with x quantized once per product (xprep8) and by every tile."""
     gpu, cpu = models[arch]
     b = gpu.backend
-    keep = b.tensor_products, b.tensor_wide_min_cols
-    b.tensor_products = True
+    keep = b.tensor_products, b.tensor_wide_min_cols, b.tensor_int8, b.tensor_xprep_min_rows
+    b.tensor_products, b.tensor_int8 = True, int8
     if wide:
         b.tensor_wide_min_cols = 1
-    b.drop_graphs()
     try:
-        assert_forward_chunks_agree(gpu, cpu, rng)
+        for xprep_rows in (0, 1) if int8 else (b.tensor_xprep_min_rows,):
+            b.tensor_xprep_min_rows = xprep_rows
+            b.drop_graphs()
+            assert_forward_chunks_agree(gpu, cpu, rng)
     finally:
-        b.tensor_products, b.tensor_wide_min_cols = keep
+        b.tensor_products, b.tensor_wide_min_cols, b.tensor_int8, b.tensor_xprep_min_rows = keep
         b.drop_graphs()
 
 

@@ -161,6 +161,17 @@ def test_early_release_is_a_module_build() -> None:
     assert "#define PDL_EARLY 1" not in kernel_source("q4_k@b5")
 
 
+def test_integer_form_is_a_module_build() -> None:
+    """"@i1" builds the tensor-core products in their integer form (MT_INT8); the common
+    module always has both x conversions (xprep, xprep8)."""
+    from echoline.kernels.cuda import kernel_source
+
+    assert kernel_source("q4_k@i1@b5").startswith("#define MT_INT8 1\n#define MT_MINB 5\n")
+    assert "#define MT_INT8 1" not in kernel_source("q4_k@b5")
+    common = kernel_source(None)
+    assert "void xprep(" in common and "void xprep8(" in common
+
+
 class _FakeDriver:
     """Stands in for libcuda: records what each cuLaunchKernelEx call was given."""
 
@@ -262,7 +273,9 @@ def _entries(ptx: str) -> dict[str, str]:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to build the kernels' PTX")
-@pytest.mark.parametrize("module", [None, "q5_0@p1"], ids=["common", "q5_0-early"])
+@pytest.mark.parametrize(
+    "module", [None, "q5_0@p1", "q6_k@i1"], ids=["common", "q5_0-early", "q6_k-int8"]
+)
 def test_every_kernel_entry_waits_before_touching_memory(tmp_path, module) -> None:
     """In the PTX built for sm_90 (what runs on Hopper), every kernel executes
     griddepcontrol.wait before its first global load, store or atomic, and the early

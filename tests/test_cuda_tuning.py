@@ -129,3 +129,11 @@ def test_attention_items_per_warp_override() -> None:
     t = CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS": "2"})
     assert t.attn_group_min_blocks == 2
     assert CudaTuning.from_env({"ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS": "9"}) == CudaTuning()
+
+
+def test_int8_form_override() -> None:
+    """The integer form of the tensor-core products: off by default, "0"/"1" only."""
+    assert CudaTuning().tensor_int8 is False
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8": "1"}).tensor_int8 is True
+    for odd in ("yes", "2", ""):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8": odd}) == CudaTuning()

@@ -51,6 +51,12 @@ class CudaTuning:
     tensor_max_in: int = 4096
     #: ... and at most this many output columns (Qwen's 151936-column head: 168 vs 124 us)
     tensor_max_cols: int = 65536
+    #: ... in the integer form (kernels.cu MT_INT8, module suffix "@i1"): x quantized to int8
+    #: per (row, 32-group), each group's dot product one exact integer mma over the stored
+    #: code bytes (no f16 decoding). Other bits than the f16 form (coarser x, as llama.cpp's
+    #: q8_1), the same batch invariance; a model keeps one form for all its products.
+    #: Env ``ECHOLINE_CUDA_INT8=0|1``
+    tensor_int8: bool = False
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
@@ -256,6 +262,7 @@ class CudaTuning:
              tuple(str(i) for i in range(9))),
             ("ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP", "tensor_attention_min_group",
              tuple(str(i) for i in range(17))),
+            ("ECHOLINE_CUDA_INT8", "tensor_int8", ("0", "1")),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
         ):

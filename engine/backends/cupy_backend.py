@@ -253,10 +253,13 @@ class CupyBackend(Backend):
         ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
         pdl = self.programmatic_launch and self._pdl_ok
         early = pdl and self.programmatic_early
-        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, attn_blocks, pdl, early)
+        int8 = self.tensor_int8
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, int8, attn_blocks, pdl, early)
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
+                if int8:  # the integer form (other bits: a model keeps one form)
+                    qtype = f"{qtype}@i1"
                 if self.tensor_units != 1:  # more loads in flight
                     qtype = f"{qtype}@u{self.tensor_units}"
                 if self.tensor_min_blocks != 1:  # fewer registers, more blocks per SM
@@ -740,11 +743,12 @@ class CupyBackend(Backend):
         if not min_rows or n < min_rows:
             return _NO_XPREP
         units = k // 64
-        h = cupy.empty((n, units, 32), dtype=cupy.uint32)
-        s = cupy.empty((n, units), dtype=cupy.float32)
+        int8 = self.tensor_int8  # the integer form: 16 words and two scales a unit (xprep8)
+        h = cupy.empty((n, units, 16 if int8 else 32), dtype=cupy.uint32)
+        s = cupy.empty((n, units, 2) if int8 else (n, units), dtype=cupy.float32)
         ss = cupy.empty((n,), dtype=cupy.float32) if norm is not None else None
         threads = min(1024, -(-4 * units // 32) * 32)
-        self._k("xprep")(
+        self._k("xprep8" if int8 else "xprep")(
             (n,), (threads,), (x2, _i32(ldx), _i32(n), _i32(k), norm, _i32(kwg), h, s, ss)
         )
         return h, s, ss

@@ -41,12 +41,15 @@ def kernel_source(qtype: str | None = None) -> str:
     tensor-core products with N units in flight per warp and N resident 4-warp blocks per SM
     asked of the register allocator; "@aN" (alone: the common module) the attention with N
     resident blocks per SM; "@p1" every kernel releasing its programmatic dependents at its
-    start (speed choices: the same bits)."""
+    start (speed choices: the same bits); "@i1" the tensor-core products in their integer form
+    (other bits: kernels.cu MT_INT8)."""
     prefix = ""
     if qtype is not None and "@" in qtype:  # "q4_k@u2@b5": MT_UNITS 2, MT_MINB 5; "@a8"
         qtype, *opts = qtype.split("@")
         for opt in opts:
-            macro = {"u": "MT_UNITS", "b": "MT_MINB", "a": "ATTN_MINB", "p": "PDL_EARLY"}[opt[0]]
+            macro = {
+                "u": "MT_UNITS", "b": "MT_MINB", "a": "ATTN_MINB", "p": "PDL_EARLY", "i": "MT_INT8",
+            }[opt[0]]
             prefix += f"#define {macro} {int(opt[1:])}\n"
         qtype = qtype or None  # "@a8": the common kernels
     src = prefix + (HERE / "kernels.cu").read_text()

@@ -25,6 +25,14 @@
 #ifndef MT_MINB
 #define MT_MINB 1
 #endif
+// Integer tensor-core products (module suffix "@i1", backend setting tensor_int8): x is
+// quantized to int8 per (row, 32-element group) and each group's dot product is one exact
+// integer mma (u8 weight codes x s8 x codes, s32 sums) instead of two f16 mma over codes
+// decoded to f16 (see "integer form" below). Other bits than the f16 form, the same
+// batch invariance.
+#ifndef MT_INT8
+#define MT_INT8 0
+#endif
 #define MT_BOUNDS(KW) __launch_bounds__((KW) * 32, (MT_MINB * 4 / (KW)) > 0 ? (MT_MINB * 4 / (KW)) : 1)
 
 #define MM_WARPS 4
@@ -429,14 +437,12 @@ __device__ __forceinline__ float x_scale_pack(const float (&xv)[16], float mx, u
     return __int_as_float((E - 14) << 23);  // 2^(E - 141)
 }
 
-// A lane's part of mt_body's own conversion of x (row, elements k0 + 16q + e): loaded (zeros
-// past n), with a fused norm its sum of squares added to ss and x * G taken, then
-// x_scale_pack over the unit's 4 lanes. Every lane of the warp must call it (shuffles).
-__device__ __forceinline__ float x_lane_convert(const float* __restrict__ X, int ldx, int row,
-                                                int n, int k0, bool norm, const float (&gv)[16],
-                                                float& ss, u32 (&b)[4][2]) {
-    const unsigned full = 0xffffffffu;
-    float xv[16];  // elements k0 + 16q + e: group q >> 1, its mma q & 1
+// A lane's 16 elements of x (row, elements k0 + 16q + e: group q >> 1, its mma q & 1) for
+// mt_body's own conversion: loaded (zeros past n), with a fused norm its sum of squares added
+// to ss and x * G taken. The f16 and the int8 forms start alike.
+__device__ __forceinline__ void x_lane_load(const float* __restrict__ X, int ldx, int row, int n,
+                                            int k0, bool norm, const float (&gv)[16], float& ss,
+                                            float (&xv)[16]) {
     if (row < n) {
         const float* xr = X + (long long)row * ldx + k0;
 #pragma unroll
@@ -456,12 +462,55 @@ __device__ __forceinline__ float x_lane_convert(const float* __restrict__ X, int
 #pragma unroll
         for (int e = 0; e < 16; ++e) xv[e] = __fmul_rn(xv[e], gv[e]);
     }
+}
+
+// The f16 form: x_lane_load, then x_scale_pack over the unit's 4 lanes. Every lane of the
+// warp must call it (shuffles).
+__device__ __forceinline__ float x_lane_convert(const float* __restrict__ X, int ldx, int row,
+                                                int n, int k0, bool norm, const float (&gv)[16],
+                                                float& ss, u32 (&b)[4][2]) {
+    const unsigned full = 0xffffffffu;
+    float xv[16];
+    x_lane_load(X, ldx, row, n, k0, norm, gv, ss, xv);
     float mx = fabsf(xv[0]);
 #pragma unroll
     for (int e = 1; e < 16; ++e) mx = fmaxf(mx, fabsf(xv[e]));
     mx = fmaxf(mx, __shfl_xor_sync(full, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(full, mx, 2));
     return x_scale_pack(xv, mx, b);
+}
+
+// The integer form of x: each 32-element group of a (row, unit) as int8 codes q = rint(x *
+// inv), inv = 127 * rcp(amax) (the hardware's approximate reciprocal: one instruction, the
+// same bits wherever it runs on one GPU model), with the group's scale xd = amax / 127
+// (x ~ xd * q; |x * inv| < 127.5, so no code leaves [-127, 127]), amax taken over the
+// group's 4 lanes. A lane's words are the mma's B operand as loaded: b[i][0] elements
+// 32i + 4t .. +3, b[i][1] elements 32i + 16 + 4t .. +3 (byte e = element + e). amax is the
+// largest |x| bit pattern (integer max: a NaN or inf beats every finite value, so xd, and
+// the row's outputs, turn NaN instead of the value vanishing); a group of zeros (or below
+// 1e-30) gets codes 0. Every lane must call it (shuffles).
+__device__ __forceinline__ void x_quant8(const float (&xv)[16], u32 (&b)[2][2], float (&xd)[2]) {
+    const unsigned full = 0xffffffffu;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        u32 mb = __float_as_uint(xv[8 * i]) & 0x7FFFFFFFu;
+#pragma unroll
+        for (int e = 1; e < 8; ++e) mb = max(mb, __float_as_uint(xv[8 * i + e]) & 0x7FFFFFFFu);
+        mb = max(mb, __shfl_xor_sync(full, mb, 1));
+        mb = max(mb, __shfl_xor_sync(full, mb, 2));
+        float amax = __uint_as_float(mb), r;
+        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(amax));
+        float inv = amax >= 1e-30f && amax <= 3.4028235e38f ? __fmul_rn(127.0f, r) : 0.0f;
+        xd[i] = __fmul_rn(amax, 1.0f / 127.0f);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            int q[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) q[e] = __float2int_rn(__fmul_rn(xv[8 * i + 4 * j + e], inv));
+            // low bytes of q0, q1 and of q2, q3, then the four together
+            b[i][j] = __byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
+        }
+    }
 }
 
 // x converted once per product instead of once per column tile (xprep, below): h holds
@@ -474,10 +523,15 @@ struct XPre {
     const float* ss;
 };
 
+// Per (row, unit): the f16 form's 32 words and one power; the integer form's (MT_INT8) 16
+// words (lane t's b[2][2] at 4t) and two group scales.
+#define XP_WORDS (MT_INT8 ? 16 : 32)
+#define XP_SCALES (MT_INT8 ? 2 : 1)
+
 __device__ __forceinline__ XPre xpre_rows(XPre xp, int row0, int K) {
     if (!xp.h) return xp;
     long long units = (long long)row0 * (K >> 6);
-    return {xp.h + units * 32, xp.s + units, xp.ss ? xp.ss + row0 : nullptr};
+    return {xp.h + units * XP_WORDS, xp.s + units * XP_SCALES, xp.ss ? xp.ss + row0 : nullptr};
 }
 
 // Four offset code bytes (code + OFF) of w as two f16 pairs of exact codes: bytes 0,2
@@ -497,6 +551,22 @@ __device__ __forceinline__ void mma16816(float d[4], const u32 a[4], u32 b0, u32
         : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]),
           "f"(c[2]), "f"(c[3]));
+}
+
+// The integer form's mma (u8 weight codes in offset form x s8 x codes, exact s32 sums): k32
+// for a whole 32-group, k16 for half of one (types with a scale per 16 weights).
+__device__ __forceinline__ void mma_i8_k32(int d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+__device__ __forceinline__ void mma_i8_k16(int d[4], u32 a0, u32 a1, u32 b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
 // The end of a split-K tensor product (mts kernels): the tile's blocks (gridDim.z of them)
@@ -598,6 +668,62 @@ __device__ __forceinline__ void mtc_fold(const float (&acc)[NT][MT][4], int r0, 
 #endif
 }
 
+// The integer form of one (unit, 8-row tile) step of mt_body. Per (row, column) and 32-group i
+// of the unit, in this order (D exact in s32, |D| < 2^21, so its float is exact too):
+//     D = sum (code + off) * xq  (one k32 mma; types with a scale per 16 weights: two k16)
+//     D -= off * S               (S = sum xq of the group or half: an mma with A = 1)
+//     acc = fma(scale * xd, D, acc);  types with a min: acc = fma(min * xd, S, acc)
+// xd is the group's x scale of the D column's row (lanes 8t and 8t + 4 hold rows 2t, 2t + 1).
+template <int QT, int MT>
+__device__ __forceinline__ void mt_i8_step(const u32 (&a)[2][2][MT][4], const float (&s0)[2][MT][2],
+                                           const float (&s1)[2][MT][2], const float (&mn)[2][MT][2],
+                                           const u32 (&b)[2][2], const float (&xd)[2], int t,
+                                           float (&acc)[MT][4]) {
+    using T = TcTraits<QT>;
+    constexpr bool sums = T::has_min || T::off != 0;
+    constexpr u32 ones = 0x01010101u;
+    const unsigned full = 0xffffffffu;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float pv[2] = {__shfl_sync(full, xd[i], 8 * t), __shfl_sync(full, xd[i], 8 * t + 4)};
+        if constexpr (T::split) {
+            int sx0[4] = {0, 0, 0, 0}, sx1[4] = {0, 0, 0, 0};
+            if constexpr (sums) {
+                mma_i8_k16(sx0, ones, ones, b[i][0]);
+                mma_i8_k16(sx1, ones, ones, b[i][1]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                int d0[4], d1[4];
+                mma_i8_k16(d0, a[i][0][mt][0], a[i][0][mt][1], b[i][0]);
+                mma_i8_k16(d1, a[i][1][mt][0], a[i][1][mt][1], b[i][1]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float p = pv[c & 1];
+                    int e0 = d0[c] - T::off * sx0[c], e1 = d1[c] - T::off * sx1[c];
+                    float y = fmaf(__fmul_rn(s0[i][mt][c >> 1], p), __int2float_rn(e0), acc[mt][c]);
+                    acc[mt][c] = fmaf(__fmul_rn(s1[i][mt][c >> 1], p), __int2float_rn(e1), y);
+                }
+            }
+        } else {
+            int sx[4] = {0, 0, 0, 0};
+            if constexpr (sums) mma_i8_k32(sx, ones, ones, ones, ones, b[i][0], b[i][1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                int d[4];
+                mma_i8_k32(d, a[i][0][mt][0], a[i][0][mt][1], a[i][1][mt][0], a[i][1][mt][1], b[i][0], b[i][1]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float p = pv[c & 1];
+                    float y = fmaf(__fmul_rn(s0[i][mt][c >> 1], p), __int2float_rn(d[c] - T::off * sx[c]), acc[mt][c]);
+                    if constexpr (T::has_min) y = fmaf(__fmul_rn(mn[i][mt][c >> 1], p), __int2float_rn(sx[c]), y);
+                    acc[mt][c] = y;
+                }
+            }
+        }
+    }
+}
+
 // Fused options as in mm_body: G (RMSNorm weight: x * G is what gets rounded, inv_rms(row)
 // scales the total; the sum of squares comes from the unrounded x the lanes load anyway),
 // act (gated: a tile's rows 0..7 are gate columns, rows 8..15 the matching up columns), Res.
@@ -680,10 +806,14 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
                             mn[v][i][mt][h] = tmn[i];
 #pragma unroll
                             for (int j = 0; j < 2; ++j) {
-                                u32 lo, hi;
-                                codes_h2<T::off>(w[i][j], lo, hi);
-                                a[v][i][j][mt][h] = lo;      // a0 (row g) / a1 (row g + 8)
-                                a[v][i][j][mt][2 + h] = hi;  // a2 / a3
+                                if constexpr (MT_INT8) {  // the code bytes are the operand
+                                    a[v][i][j][mt][h] = w[i][j];
+                                } else {
+                                    u32 lo, hi;
+                                    codes_h2<T::off>(w[i][j], lo, hi);
+                                    a[v][i][j][mt][h] = lo;      // a0 (row g) / a1 (row g + 8)
+                                    a[v][i][j][mt][2 + h] = hi;  // a2 / a3
+                                }
                             }
                         }
                     }
@@ -704,6 +834,28 @@ __device__ __forceinline__ void mt_body(int bid, const u8* __restrict__ W, long 
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     int row = r0 + nt * 8 + gq;
+                    if constexpr (MT_INT8) {
+                        u32 b8[2][2];
+                        float xd[2];
+                        if (xp.h) {  // quantized once for every tile by xprep8: the same b8, xd
+                            if (row < n) {
+                                long long at = (long long)row * nunits + u;
+                                uint4 bb = *reinterpret_cast<const uint4*>(xp.h + at * 16 + 4 * t);
+                                b8[0][0] = bb.x; b8[0][1] = bb.y; b8[1][0] = bb.z; b8[1][1] = bb.w;
+                                float2 sc = *reinterpret_cast<const float2*>(xp.s + at * 2);
+                                xd[0] = sc.x; xd[1] = sc.y;
+                            } else {
+                                b8[0][0] = b8[0][1] = b8[1][0] = b8[1][1] = 0u;
+                                xd[0] = xd[1] = 0.0f;  // a row past n: computed, never stored
+                            }
+                        } else {
+                            float xv[16];
+                            x_lane_load(X, ldx, row, n, k0, norm, gv, ss[nt], xv);
+                            x_quant8(xv, b8, xd);
+                        }
+                        mt_i8_step<QT, MT>(a[v], s0[v], s1[v], mn[v], b8, xd, t, acc[nt]);
+                        continue;
+                    }
                     u32 b[4][2];
                     float Pinv;
                     if (xp.h) {  // x converted once for every tile by xprep: the same b, Pinv
@@ -1846,6 +1998,38 @@ extern "C" __global__ void __launch_bounds__(256)
     out[((long long)i * H + h) * hd + d] = __fdiv_rn(o, L);
 }
 
+// A row's sum of squares of the unrounded x for a fused norm, in the consuming kernel's order:
+// lane t of warp w sums units w, w + kwg, ... element by element, lanes add as (t0 + t1) +
+// (t2 + t3), warps in order (xprep and xprep8, one block per row).
+__device__ __forceinline__ void xprep_sumsq(const float* __restrict__ x, int nunits, int kwg, float* out) {
+    __shared__ float part[256];  // [warp of the consumer (kwg <= 64)][lane t]
+    for (int idx = threadIdx.x; idx < 4 * kwg; idx += blockDim.x) {
+        int w = idx >> 2, t = idx & 3;
+        float q = 0.0f;
+        for (int u = w; u < nunits; u += kwg) {
+            const float* xr = x + 64 * u + 4 * t;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                float4 xx = *reinterpret_cast<const float4*>(xr + 16 * c);
+                q = fmaf(xx.x, xx.x, q);
+                q = fmaf(xx.y, xx.y, q);
+                q = fmaf(xx.z, xx.z, q);
+                q = fmaf(xx.w, xx.w, q);
+            }
+        }
+        part[idx] = q;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float tot = 0.0f;
+        for (int w = 0; w < kwg; ++w) {
+            float v = __fadd_rn(__fadd_rn(part[4 * w], part[4 * w + 1]), __fadd_rn(part[4 * w + 2], part[4 * w + 3]));
+            tot = w == 0 ? v : __fadd_rn(tot, v);
+        }
+        *out = tot;
+    }
+}
+
 // x for the tensor-core products, converted once per product: mt_body rounds each
 // (row, 64-element unit) of x to f16 in every column tile, so a wide weight (the head's 9,496
 // tiles) or a 16-row verify repeats the same conversion thousands of times. xprep does it once
@@ -1880,33 +2064,39 @@ extern "C" __global__ void xprep(const float* X, int ldx, int n, int K, const fl
             if (t == 0) S[at] = pinv;
         }
     }
-    if (!G) return;
-    __shared__ float part[256];  // [warp of the consumer (kwg <= 64)][lane t]
-    for (int idx = threadIdx.x; idx < 4 * kwg; idx += blockDim.x) {
-        int w = idx >> 2, t = idx & 3;
-        float q = 0.0f;
-        for (int u = w; u < nunits; u += kwg) {
-            const float* xr = x + 64 * u + 4 * t;
+    if (G) xprep_sumsq(x, nunits, kwg, SS + row);
+}
+
+// The integer form's x (mt_body with MT_INT8), quantized once per product with the very
+// code mt_body runs (x_lane_load, x_quant8): H holds each (row, unit)'s 16 words (lane t's
+// b[2][2] at 4t), S its two group scales, SS a fused norm's sums of squares as in xprep.
+// Grid (n); block: 4 threads per unit, a multiple of 32, at most 1024 (larger K loops).
+extern "C" __global__ void xprep8(const float* X, int ldx, int n, int K, const float* G, int kwg,
+                                  u32* H, float* S, float* SS) {
+    grid_dependency();
+    int row = blockIdx.x, nunits = K >> 6;
+    const float* x = X + (long long)row * ldx;
+    for (int base = 0; base < 4 * nunits; base += blockDim.x) {
+        int idx = base + threadIdx.x, u = idx >> 2, t = idx & 3;
+        bool live = u < nunits;
+        int k0 = 64 * u + 4 * t;
+        float gv[16], xv[16], unused = 0.0f;
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                float4 xx = *reinterpret_cast<const float4*>(xr + 16 * c);
-                q = fmaf(xx.x, xx.x, q);
-                q = fmaf(xx.y, xx.y, q);
-                q = fmaf(xx.z, xx.z, q);
-                q = fmaf(xx.w, xx.w, q);
-            }
+        for (int q = 0; q < 4; ++q) {
+            float4 gg = G && live ? *reinterpret_cast<const float4*>(G + k0 + 16 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+            gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
         }
-        part[idx] = q;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float tot = 0.0f;
-        for (int w = 0; w < kwg; ++w) {
-            float v = __fadd_rn(__fadd_rn(part[4 * w], part[4 * w + 1]), __fadd_rn(part[4 * w + 2], part[4 * w + 3]));
-            tot = w == 0 ? v : __fadd_rn(tot, v);
+        x_lane_load(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, xv);
+        u32 b[2][2];
+        float xd[2];
+        x_quant8(xv, b, xd);
+        if (live) {
+            long long at = (long long)row * nunits + u;
+            *reinterpret_cast<uint4*>(H + at * 16 + 4 * t) = make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]);
+            if (t == 0) *reinterpret_cast<float2*>(S + at * 2) = make_float2(xd[0], xd[1]);
         }
-        SS[row] = tot;
     }
+    if (G) xprep_sumsq(x, nunits, kwg, SS + row);
 }
 
 // Greedy pick per row: largest logit, ties to the lowest id; block of 1024 per row.
