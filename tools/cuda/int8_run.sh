@@ -38,9 +38,15 @@ test)
   done
   wait; stamp "modules built"; grep -l -i error /tmp/build_*.log | head; grep -h -i -A5 error /tmp/build_*.log | head -40
   set -o pipefail
-  timeout ${TEST_S:-360} python3 -m pytest -x -q -p no:cacheprovider -k "${TESTS:-tensor or xprep}" \
-    tests/test_cuda_backend.py --durations=8 2>&1 | tee $OUT/tests.log | tail -40
-  stamp "tests rc=$?"; tail -2 /tmp/synth.log; tail -2 /tmp/lcpp.log
+  # the 7B's types first (Q4_K, Q6_K, whole models), then every other tensor test while time is left
+  first="(tensor or xprep) and (Q4_K or Q6_K or model or nan or two_type)"
+  timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider --maxfail=5 -k "$first" \
+    tests/test_cuda_backend.py 2>&1 | tee $OUT/tests_first.log | tail -25
+  stamp "first tests rc=$?"
+  left=$((${CALL_S:-540} - $(date +%s) + t0))
+  [ $left -gt 30 ] && timeout $left python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
+    -k "(tensor or xprep) and not ($first)" tests/test_cuda_backend.py 2>&1 | tee $OUT/tests_rest.log | tail -25
+  stamp "other tests rc=$?"; tail -2 /tmp/synth.log; tail -2 /tmp/lcpp.log
   ;;
 bench)
   for _ in $(seq 1 60); do grep -q "rc=" /tmp/synth.log 2>/dev/null && break; sleep 2; done
