@@ -15,7 +15,55 @@ export PYTHONPATH=/tmp/site:$PWD
 source tools/cuda/device_common.sh
 F=/tmp/models/r7b-q4_k_m.gguf
 LB=/tmp/lcpp/llama.cpp/build/bin
+start_background() {
+  mkdir -p /tmp/models /tmp/lcpp && cp .mdl/qwen-tok.gguf /tmp/models/
+  tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp
+  setsid nohup bash -c 'cd /tmp/lcpp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
+    && cmake --build build -j 6 --target llama-bench llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
+    > /dev/null 2>&1 < /dev/null &
+  setsid nohup bash -c "PYTHONPATH=$PYTHONPATH python3 -m tools.cuda.synth_gguf random --mix q4_k_m \
+    --meta /tmp/models/qwen-tok.gguf $F > /tmp/synth.log 2>&1; echo rc=\$? >> /tmp/synth.log" \
+    > /dev/null 2>&1 < /dev/null &
+  stamp "llama.cpp build and the synthetic file started"
+}
+
+build_modules() {  # NVRTC builds in parallel (CuPy's disk cache keeps them for the tests)
+  for q in "$@"; do
+    timeout 300 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" > "/tmp/build_$q.log" 2>&1 &
+    while [ "$(jobs -rp | wc -l)" -ge 10 ]; do sleep 1; done
+  done
+  wait; stamp "modules built"; grep -h -i -A5 error /tmp/build_*.log | head -40
+}
+
+decode() {  # one bench decode of the file in the form $1
+  case $1 in
+    f16) env="ECHOLINE_CUDA_INT8=0" ;;
+    int8) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_XPREP_MIN_ROWS=0" ;;
+    int8x) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_XPREP_MIN_ROWS=1" ;;
+  esac
+  env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
+    > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
+  stamp "decode $1 round $2 rc=$?"; tail -6 "/tmp/decode_$1_$2.err"
+}
+
 case "$1" in
+quick)  # one call: the 7B's types tested in both forms, then decode f16 / int8 / int8 + xprep8
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+  start_background
+  build_modules "" q4_k q4_k@b5 q4_k@i1@b5 q6_k q6_k@b5 q6_k@i1@b5 q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
+  set -o pipefail
+  timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
+    -k "(tensor or xprep) and (Q4_K or Q6_K or model or nan or two_type)" tests/test_cuda_backend.py 2>&1 \
+    | tee $OUT/tests_quick.log | tail -25
+  stamp "tests rc=$?"
+  for _ in $(seq 1 60); do grep -q "rc=" /tmp/synth.log 2>/dev/null && break; sleep 2; done
+  stamp "synthetic file: $(tail -1 /tmp/synth.log)"
+  for form in f16 int8 int8x; do decode $form 1; done
+  tail -1 /tmp/lcpp.log
+  ;;
 test)
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   mkdir -p /tmp/models /tmp/lcpp && cp .mdl/qwen-tok.gguf /tmp/models/
