@@ -853,14 +853,21 @@ TC_FORM = {"int8": False}
 def tensor_on(cb, request):
     """The tensor-core products, in the f16 form and in the integer form (tensor_int8): every
     test that takes this fixture runs in both."""
-    keep = cb.tensor_products, cb.tensor_int8
+    keep = cb.tensor_products, cb.tensor_int8, cb.tensor_int8_min_dim
     cb.tensor_products = True
     cb.tensor_int8 = TC_FORM["int8"] = request.param == "int8"
+    cb.tensor_int8_min_dim = 0  # f16: no weight takes the integer form by its size
     cb.drop_graphs()
     yield cb
-    cb.tensor_products, cb.tensor_int8 = keep
+    cb.tensor_products, cb.tensor_int8, cb.tensor_int8_min_dim = keep
     TC_FORM["int8"] = False
     cb.drop_graphs()
+
+
+def xprep_rows_field() -> str:
+    """The setting that decides whether mt_body's kernels read x prepared once per product, in
+    the running form."""
+    return "tensor_int8_xprep_min_rows" if TC_FORM["int8"] else "tensor_xprep_min_rows"
 
 
 def tc_check(
@@ -870,7 +877,8 @@ def tc_check(
     bound: 4·K·2^-24 Σ|w||x| for the per-group scale, min and warp sums), and against the
     exact product within f16-input bounds (‖err‖/‖ref‖ < 1e-3; f16 inputs land near 3e-4).
     The integer form: within its quantization bound of the exact product (elementwise, plus
-    the same accumulation bound), ‖err‖/‖ref‖ < 1e-2 (int8 x lands near 4e-3)."""
+    the same accumulation bound), ‖err‖/‖ref‖ < 5e-2 (a numpy emulation of its int8 x over 60
+    draws of these tests' data reached 1.3e-2 for Q4_K and 2.0e-2 for Q5_K at one row)."""
     got = np.asarray(got, dtype=np.float64)
     assert np.isfinite(got).all(), "NaN/inf in output: an element was never written"
     w64 = w.astype(np.float64)
@@ -884,7 +892,7 @@ def tc_check(
         want = s * (tc_round(x) @ w64.T)
     worst = float(np.max(np.abs(got - want) / bound))
     assert worst <= 1.0, f"off the rounded-x reference by {worst:.2f}x its bound"
-    assert rel_err(got, exact) < (1e-2 if TC_FORM["int8"] else 1e-3)
+    assert rel_err(got, exact) < (5e-2 if TC_FORM["int8"] else 1e-3)
 
 
 def wide_range_x(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -1109,13 +1117,23 @@ def test_tensor_products_propagate_nan(tensor_on, rng):
     assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
 
 
-def assert_forward_chunks_agree(gpu, cpu, rng) -> None:
+def assert_forward_chunks_agree(gpu, cpu, rng, int8: bool = False) -> None:
     """A 40-token forward close to the numpy model, and bit-identical when it runs one row at
-    a time, k at a time and in odd chunks on one cache."""
+    a time, k at a time and in odd chunks on one cache. Close: within 2e-2 relative; the
+    integer form (int8 x, 7 bits): at least 36 of the 40 positions within 5e-2 each. A random
+    synthetic model has positions whose residual stream nearly cancels, where x's rounding
+    moves the logits far: a numpy emulation of int8 x had 7 such positions in 1,600 (at most
+    1 a forward) on the qwen2 model, none on the llama one."""
     b = gpu.backend
     ids = rng.integers(0, 300, size=40)
     whole = b.to_host(gpu.forward(ids, gpu.new_cache(64)))
-    assert rel_err(whole, cpu.forward(ids, cpu.new_cache(64))) < 2e-2
+    want = cpu.forward(ids, cpu.new_cache(64))
+    if int8:
+        w64, g64 = np.asarray(want, dtype=np.float64), np.asarray(whole, dtype=np.float64)
+        per = np.linalg.norm(g64 - w64, axis=1) / np.linalg.norm(w64, axis=1)
+        assert np.isfinite(g64).all() and int((per < 5e-2).sum()) >= 36, per
+    else:
+        assert rel_err(whole, want) < 2e-2
     cache = gpu.new_cache(64)
     parts = [
         b.to_host(gpu.forward(ids[s:e], cache))
@@ -1134,17 +1152,20 @@ def test_tensor_model_decode_equals_verify(models, arch, wide, int8, rng):
     with x quantized once per product (xprep8) and by every tile."""
     gpu, cpu = models[arch]
     b = gpu.backend
-    keep = b.tensor_products, b.tensor_wide_min_cols, b.tensor_int8, b.tensor_xprep_min_rows
-    b.tensor_products, b.tensor_int8 = True, int8
+    names = ("tensor_products", "tensor_wide_min_cols", "tensor_int8", "tensor_int8_min_dim",
+             "tensor_int8_xprep_min_rows")
+    keep = {a: getattr(b, a) for a in names}
+    b.tensor_products, b.tensor_int8, b.tensor_int8_min_dim = True, int8, 0
     if wide:
         b.tensor_wide_min_cols = 1
     try:
-        for xprep_rows in (0, 1) if int8 else (b.tensor_xprep_min_rows,):
-            b.tensor_xprep_min_rows = xprep_rows
+        for xprep_rows in (0, 1) if int8 else (b.tensor_int8_xprep_min_rows,):
+            b.tensor_int8_xprep_min_rows = xprep_rows
             b.drop_graphs()
-            assert_forward_chunks_agree(gpu, cpu, rng)
+            assert_forward_chunks_agree(gpu, cpu, rng, int8)
     finally:
-        b.tensor_products, b.tensor_wide_min_cols, b.tensor_int8, b.tensor_xprep_min_rows = keep
+        for a, v in keep.items():
+            setattr(b, a, v)
         b.drop_graphs()
 
 
@@ -1475,9 +1496,9 @@ def test_tensor_split_model_decode_equals_verify(models, monkeypatch, arch, vari
 def xprep_keep(tensor_on):
     """Restores the xprep thresholds a test changes."""
     cb = tensor_on
-    keep = cb.tensor_xprep_min_rows, cb.tensor_xprep_wide_min_rows
+    keep = cb.tensor_xprep_min_rows, cb.tensor_xprep_wide_min_rows, cb.tensor_int8_xprep_min_rows
     yield cb
-    cb.tensor_xprep_min_rows, cb.tensor_xprep_wide_min_rows = keep
+    cb.tensor_xprep_min_rows, cb.tensor_xprep_wide_min_rows, cb.tensor_int8_xprep_min_rows = keep
 
 
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
@@ -1490,7 +1511,7 @@ def test_xprep_changes_no_bits(xprep_keep, tc_policy, rng, qtype, policy, d):
     cb = xprep_keep
     tc_policy(policy)
     ops = _tensor_launch_ops(cb, rng, qtype, d)
-    assert_setting_keeps_bits(cb, ops, "tensor_xprep_min_rows", 0, 1, rows=(1, 3, 8, 9, 16, 17))
+    assert_setting_keeps_bits(cb, ops, xprep_rows_field(), 0, 1, rows=(1, 3, 8, 9, 16, 17))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q5_0, Q.Q8_0], ids=lambda q: q.name)
@@ -1501,9 +1522,9 @@ def test_xprep_split_changes_no_bits(split_on, xprep_keep, monkeypatch, rng, qty
     w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 40)
     for m in (1, 3, 16, 40):
         for op in (lambda m=m: cb.matmul(x[:m], w), lambda m=m: cb.matmul_add(x[:m], w, res[:m])):
-            cb.tensor_xprep_min_rows = 0
+            setattr(cb, xprep_rows_field(), 0)
             want = cb.to_host(op())
-            cb.tensor_xprep_min_rows = 1
+            setattr(cb, xprep_rows_field(), 1)
             poison()
             assert np.array_equal(cb.to_host(op()), want), f"{variant}: {m} rows differ"
             assert counters_zero(cb)
@@ -1536,7 +1557,7 @@ def test_xprep_wide_changes_no_bits(wide_on, xprep_keep, rng, qtype, warps):
 def test_xprep_propagates_nan(xprep_keep, rng):
     """A NaN in x still reaches its row's outputs, and only its row, through xprep."""
     cb = xprep_keep
-    cb.tensor_xprep_min_rows = 1
+    setattr(cb, xprep_rows_field(), 1)
     w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
     x = rng.standard_normal((3, 256)).astype(np.float32)
     x[1, 77] = np.nan

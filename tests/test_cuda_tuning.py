@@ -132,8 +132,17 @@ def test_attention_items_per_warp_override() -> None:
 
 
 def test_int8_form_override() -> None:
-    """The integer form of the tensor-core products: off by default, "0"/"1" only."""
-    assert CudaTuning().tensor_int8 is False
+    """The integer form of the tensor-core products: forced for every weight by "1" only,
+    by default for weights of the 7B's size (both sides at least 3584) and larger; its x
+    quantized once per product from one row; the thresholds take numbers only."""
+    t = CudaTuning()
+    assert t.tensor_int8 is False and t.tensor_int8_min_dim == 3584
+    assert t.tensor_int8_xprep_min_rows == 1
     assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8": "1"}).tensor_int8 is True
-    for odd in ("yes", "2", ""):
+    got = CudaTuning.from_env(
+        {"ECHOLINE_CUDA_INT8_MIN_DIM": "0", "ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS": "0"}
+    )
+    assert (got.tensor_int8_min_dim, got.tensor_int8_xprep_min_rows) == (0, 0)
+    for odd in ("yes", "2", "", "-1"):
         assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8": odd}) == CudaTuning()
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_MIN_DIM": odd + "x"}) == CudaTuning()

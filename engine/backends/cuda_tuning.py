@@ -54,9 +54,19 @@ class CudaTuning:
     #: ... in the integer form (kernels.cu MT_INT8, module suffix "@i1"): x quantized to int8
     #: per (row, 32-group), each group's dot product one exact integer mma over the stored
     #: code bytes (no f16 decoding). Other bits than the f16 form (coarser x, as llama.cpp's
-    #: q8_1), the same batch invariance; a model keeps one form for all its products.
-    #: Env ``ECHOLINE_CUDA_INT8=0|1``
+    #: q8_1), the same batch invariance: the form is fixed per weight, never by row count.
+    #: On for every weight (Env ``ECHOLINE_CUDA_INT8=0|1``) ...
     tensor_int8: bool = False
+    #: ... else for weights whose rows and columns both reach this (0: none; Env
+    #: ``ECHOLINE_CUDA_INT8_MIN_DIM=N``, N up to 4096): the 7B's,
+    #: none of Qwen 0.5B's or 1.5B's. H100, 7B-shaped Q4_K_M file, ``bench decode``, one call:
+    #: 209.8 tok/s against 180.0 in the f16 form, 16 rows 7.59 against 9.65 ms (2026-12-07)
+    tensor_int8_min_dim: int = 3584
+    #: x quantized once per product (kernels.cu xprep8) for the integer form's mt_body kernels
+    #: from this many rows (0: never, every column tile quantizes x itself; the same bits;
+    #: Env ``ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=N``).
+    #: The 7B shape above: 209.8 tok/s with it at every row count, 187.4 without
+    tensor_int8_xprep_min_rows: int = 1
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
@@ -281,6 +291,8 @@ class CudaTuning:
         for name, field in (
             ("ECHOLINE_CUDA_XPREP_MIN_ROWS", "tensor_xprep_min_rows"),
             ("ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS", "tensor_xprep_wide_min_rows"),
+            ("ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS", "tensor_int8_xprep_min_rows"),
+            ("ECHOLINE_CUDA_INT8_MIN_DIM", "tensor_int8_min_dim"),
         ):
             value = env.get(name, "")
             if value.isdigit() and int(value) <= 4096:

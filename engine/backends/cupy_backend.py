@@ -248,12 +248,14 @@ class CupyBackend(Backend):
         self._uploads: dict[tuple[str, int, int, int], tuple[np.ndarray, Any]] = {}
 
     # ---- kernels -------------------------------------------------------------------------
-    def _k(self, name: str, qtype: str | None = None, attn_blocks: int = 1) -> Any:
+    def _k(
+        self, name: str, qtype: str | None = None, attn_blocks: int = 1, int8: bool = False
+    ) -> Any:
         """Kernel ``name`` of the common module, or of ``qtype``'s module (built on first use);
-        ``attn_blocks``: the attention build asking for that many resident blocks per SM."""
+        ``attn_blocks``: the attention build asking for that many resident blocks per SM;
+        ``int8``: a tensor-core product's integer form (``_int8``)."""
         pdl = self.programmatic_launch and self._pdl_ok
         early = pdl and self.programmatic_early
-        int8 = self.tensor_int8
         key = (name, qtype, self.tensor_units, self.tensor_min_blocks, int8, attn_blocks, pdl, early)
         fn = self._fn.get(key)
         if fn is None:
@@ -492,6 +494,15 @@ class CupyBackend(Backend):
             and all(seg.kernel in TENSOR for seg in w.segments)
         )
 
+    def _int8(self, w: CudaWeight) -> bool:
+        """Whether ``w``'s tensor-core products take the integer form (kernels.cu MT_INT8): by
+        setting and shape only, so every row count of one weight computes alike."""
+        return self.tensor_int8 or 0 < self.tensor_int8_min_dim <= min(w.in_features, w.out_features)
+
+    def _xprep_rows(self, w: CudaWeight) -> int:
+        """The row count from which mt_body's kernels read x prepared once per product."""
+        return self.tensor_int8_xprep_min_rows if self._int8(w) else self.tensor_xprep_min_rows
+
     def _tensor_wide(self, w: CudaWeight) -> bool:
         """Whether ``w`` runs on the staged wide-weight kernels (kernels.cu mtw_body): by flag,
         quant type and shape only (the output heads), so every row count of one weight runs
@@ -557,12 +568,13 @@ class CupyBackend(Backend):
         kw = self.tensor_split_warps
         cluster = self._split_cluster(splits)
         units = 2 if self.tensor_split_units == 2 and kw == 4 else 1
-        xp = self._xprep(x2, ldx, n, w.in_features, None, 0, self.tensor_xprep_min_rows)
+        int8 = self._int8(w)
+        xp = self._xprep(x2, ldx, n, w.in_features, None, 0, self._xprep_rows(w), int8)
         for seg in w.segments:
             tiles = (seg.rows + 15) // 16
             nt, gy = self._row_passes(n, tiles * splits * kw)
             if cluster:  # one cluster per tile: no scratch planes, no counters
-                self._k(f"mtc_{seg.kernel}_n{nt}_w4_s{splits}", seg.kernel)(
+                self._k(f"mtc_{seg.kernel}_n{nt}_w4_s{splits}", seg.kernel, int8=int8)(
                     (tiles, gy, splits),
                     (128,),
                     (
@@ -575,7 +587,7 @@ class CupyBackend(Backend):
             if tiles * gy > _SPLIT_COUNTERS:
                 raise EcholineError(f"split-K launch of {tiles} x {gy} blocks: too many tiles")
             part = cupy.empty((splits * kw, n, seg.rows), dtype=cupy.float32)
-            self._k(f"mts_{seg.kernel}_n{nt}_w{kw}_u{units}", seg.kernel)(
+            self._k(f"mts_{seg.kernel}_n{nt}_w{kw}_u{units}", seg.kernel, int8=int8)(
                 (tiles, gy, splits),
                 (32 * kw,),
                 (
@@ -605,8 +617,9 @@ class CupyBackend(Backend):
         nt = 1 if span <= 8 else 2 if span <= 16 else 4
         stages = self.tensor_wide_stages
         smem = stages * 16 * seg.row_bytes
-        fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}_w{kw}", seg.kernel)
-        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_wide_min_rows)
+        int8 = self._int8(w)
+        fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}_w{kw}", seg.kernel, int8=int8)
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_wide_min_rows, int8)
         items = (seg.rows + 15) // 16 * groups
         grid = min(items, self._resident_blocks(fn, smem, kw)) if self.tensor_wide_persistent else items
         fn(
@@ -685,7 +698,7 @@ class CupyBackend(Backend):
         )
         pair = len(w.segments) == 2 and not act and self.fuse_segment_pairs
         nt, gy = self._row_plan(w, n, mt, kw, xblocks, pair)
-        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_min_rows)
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self._xprep_rows(w), self._int8(w))
 
         if pair:
             a, b = w.segments
@@ -699,7 +712,7 @@ class CupyBackend(Backend):
             return
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
-            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)(
+            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, int8=self._int8(w))(
                 ((out_cols + per_block - 1) // per_block, gy),
                 (32 * kw,),
                 (
@@ -726,16 +739,20 @@ class CupyBackend(Backend):
     def _tensor_kernel(self, w: CudaWeight, nt: int, mt: int, kw: int, pair: bool) -> Any:
         """mt_body's kernel for ``w`` (the pair kernel of a two-type weight, else the first
         segment's): the one whose residency decides a row split."""
+        int8 = self._int8(w)
         if pair:
             a, b = w.segments
-            return self._k(f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}", f"{a.kernel}+{b.kernel}")
+            name = f"mt2_{a.kernel}_{b.kernel}_n{nt}_m{mt}_w{kw}"
+            return self._k(name, f"{a.kernel}+{b.kernel}", int8=int8)
         seg = w.segments[0]
-        return self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel)
+        return self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, int8=int8)
 
     def _xprep(
-        self, x2: Any, ldx: int, n: int, k: int, norm: Any, kwg: int, min_rows: int
-    ) -> tuple:
-        """x in the tensor cores' f16 form, converted once for the whole product (kernels.cu
+        self, x2: Any, ldx: int, n: int, k: int, norm: Any, kwg: int, min_rows: int,
+        int8: bool = False,
+    ) -> tuple:  # fmt: skip
+        """x in the tensor cores' f16 form (``int8``: the integer form's int8 codes and group
+        scales, kernels.cu xprep8), converted once for the whole product (kernels.cu
         xprep), as the launch's last three arguments; or ``_NO_XPREP`` below ``min_rows``
         rows (0: never), where every column tile converts x itself. Both give the same bits,
         so the threshold may follow the row count. ``kwg``: the consumer's warps sharing a
@@ -743,7 +760,7 @@ class CupyBackend(Backend):
         if not min_rows or n < min_rows:
             return _NO_XPREP
         units = k // 64
-        int8 = self.tensor_int8  # the integer form: 16 words and two scales a unit (xprep8)
+        # the integer form (int8): 16 words and two group scales a unit, from xprep8
         h = cupy.empty((n, units, 16 if int8 else 32), dtype=cupy.uint32)
         s = cupy.empty((n, units, 2) if int8 else (n, units), dtype=cupy.float32)
         ss = cupy.empty((n,), dtype=cupy.float32) if norm is not None else None
