@@ -2030,6 +2030,17 @@ __device__ __forceinline__ void xprep_sumsq(const float* __restrict__ x, int nun
     }
 }
 
+// A lane's 16 norm weights (elements k0 + 16q + e, as x_lane_load's x) for xprep and xprep8;
+// zeros without a norm or past the row.
+__device__ __forceinline__ void xprep_norm_weights(const float* __restrict__ G, int k0, bool live,
+                                                   float (&gv)[16]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        float4 gg = G && live ? *reinterpret_cast<const float4*>(G + k0 + 16 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
+        gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
+    }
+}
+
 // x for the tensor-core products, converted once per product: mt_body rounds each
 // (row, 64-element unit) of x to f16 in every column tile, so a wide weight (the head's 9,496
 // tiles) or a 16-row verify repeats the same conversion thousands of times. xprep does it once
@@ -2049,11 +2060,7 @@ extern "C" __global__ void xprep(const float* X, int ldx, int n, int K, const fl
         bool live = u < nunits;
         int k0 = 64 * u + 4 * t;
         float gv[16], unused = 0.0f;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            float4 gg = G && live ? *reinterpret_cast<const float4*>(G + k0 + 16 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
-            gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
-        }
+        xprep_norm_weights(G, k0, live, gv);
         u32 b[4][2];  // mt_body's conversion itself, on "row 0 of 1" (a dead lane: past the end)
         float pinv = x_lane_convert(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, b);
         if (live) {
@@ -2081,11 +2088,7 @@ extern "C" __global__ void xprep8(const float* X, int ldx, int n, int K, const f
         bool live = u < nunits;
         int k0 = 64 * u + 4 * t;
         float gv[16], xv[16], unused = 0.0f;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            float4 gg = G && live ? *reinterpret_cast<const float4*>(G + k0 + 16 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
-            gv[4 * q] = gg.x; gv[4 * q + 1] = gg.y; gv[4 * q + 2] = gg.z; gv[4 * q + 3] = gg.w;
-        }
+        xprep_norm_weights(G, k0, live, gv);
         x_lane_load(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, xv);
         u32 b[2][2];
         float xd[2];
