@@ -2050,56 +2050,55 @@ __device__ __forceinline__ void xprep_norm_weights(const float* __restrict__ G, 
 // units w, w + kwg, ... element by element, lanes add as (t0 + t1) + (t2 + t3), warps in
 // order. The products then read b and the power instead of converting: the same bits.
 // Grid (n); block: 4 threads per unit, a multiple of 32, at most 1024 (larger K loops).
-extern "C" __global__ void xprep(const float* X, int ldx, int n, int K, const float* G, int kwg,
-                                 u32* H, float* S, float* SS) {
-    grid_dependency();
+// xprep8 (below): the same for the integer form.
+// I8: the integer form's x (mt_body with MT_INT8), quantized once per product with the very
+// code mt_body runs (x_lane_load, x_quant8): H holds each (row, unit)'s 16 words (lane t's
+// b[2][2] at 4t), S its two group scales, SS a fused norm's sums of squares alike.
+template <bool I8>
+__device__ __forceinline__ void xprep_body(const float* X, int ldx, int K, const float* G, int kwg,
+                                           u32* H, float* S, float* SS) {
     int row = blockIdx.x, nunits = K >> 6;
     const float* x = X + (long long)row * ldx;
     for (int base = 0; base < 4 * nunits; base += blockDim.x) {
         int idx = base + threadIdx.x, u = idx >> 2, t = idx & 3;
         bool live = u < nunits;
         int k0 = 64 * u + 4 * t;
+        long long at = (long long)row * nunits + u;
         float gv[16], unused = 0.0f;
         xprep_norm_weights(G, k0, live, gv);
-        u32 b[4][2];  // mt_body's conversion itself, on "row 0 of 1" (a dead lane: past the end)
-        float pinv = x_lane_convert(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, b);
-        if (live) {
-            long long at = (long long)row * nunits + u;
-            uint4* hp = reinterpret_cast<uint4*>(H + (at * 4 + t) * 8);
-            hp[0] = make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]);
-            hp[1] = make_uint4(b[2][0], b[2][1], b[3][0], b[3][1]);
-            if (t == 0) S[at] = pinv;
+        if constexpr (I8) {
+            float xv[16], xd[2];
+            u32 b[2][2];
+            x_lane_load(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, xv);
+            x_quant8(xv, b, xd);
+            if (live) {
+                *reinterpret_cast<uint4*>(H + at * 16 + 4 * t) = make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]);
+                if (t == 0) *reinterpret_cast<float2*>(S + at * 2) = make_float2(xd[0], xd[1]);
+            }
+        } else {
+            u32 b[4][2];  // mt_body's conversion itself, on "row 0 of 1" (a dead lane: past the end)
+            float pinv = x_lane_convert(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, b);
+            if (live) {
+                uint4* hp = reinterpret_cast<uint4*>(H + (at * 4 + t) * 8);
+                hp[0] = make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]);
+                hp[1] = make_uint4(b[2][0], b[2][1], b[3][0], b[3][1]);
+                if (t == 0) S[at] = pinv;
+            }
         }
     }
     if (G) xprep_sumsq(x, nunits, kwg, SS + row);
 }
 
-// The integer form's x (mt_body with MT_INT8), quantized once per product with the very
-// code mt_body runs (x_lane_load, x_quant8): H holds each (row, unit)'s 16 words (lane t's
-// b[2][2] at 4t), S its two group scales, SS a fused norm's sums of squares as in xprep.
-// Grid (n); block: 4 threads per unit, a multiple of 32, at most 1024 (larger K loops).
+extern "C" __global__ void xprep(const float* X, int ldx, int n, int K, const float* G, int kwg,
+                                 u32* H, float* S, float* SS) {
+    grid_dependency();
+    xprep_body<false>(X, ldx, K, G, kwg, H, S, SS);
+}
+
 extern "C" __global__ void xprep8(const float* X, int ldx, int n, int K, const float* G, int kwg,
                                   u32* H, float* S, float* SS) {
     grid_dependency();
-    int row = blockIdx.x, nunits = K >> 6;
-    const float* x = X + (long long)row * ldx;
-    for (int base = 0; base < 4 * nunits; base += blockDim.x) {
-        int idx = base + threadIdx.x, u = idx >> 2, t = idx & 3;
-        bool live = u < nunits;
-        int k0 = 64 * u + 4 * t;
-        float gv[16], xv[16], unused = 0.0f;
-        xprep_norm_weights(G, k0, live, gv);
-        x_lane_load(x, 0, live ? 0 : 1, 1, k0, G != nullptr, gv, unused, xv);
-        u32 b[2][2];
-        float xd[2];
-        x_quant8(xv, b, xd);
-        if (live) {
-            long long at = (long long)row * nunits + u;
-            *reinterpret_cast<uint4*>(H + at * 16 + 4 * t) = make_uint4(b[0][0], b[0][1], b[1][0], b[1][1]);
-            if (t == 0) *reinterpret_cast<float2*>(S + at * 2) = make_float2(xd[0], xd[1]);
-        }
-    }
-    if (G) xprep_sumsq(x, nunits, kwg, SS + row);
+    xprep_body<true>(X, ldx, K, G, kwg, H, S, SS);
 }
 
 // Greedy pick per row: largest logit, ties to the lowest id; block of 1024 per row.
