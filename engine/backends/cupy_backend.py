@@ -259,8 +259,8 @@ class CupyBackend(Backend):
         key = (name, qtype, self.tensor_units, self.tensor_min_blocks, int8, attn_blocks, pdl, early)
         fn = self._fn.get(key)
         if fn is None:
-            if qtype is not None and name.startswith("mt"):  # speed choices, the same bits
-                if int8:  # the integer form (other bits: a model keeps one form)
+            if qtype is not None and name.startswith("mt"):  # module builds of the products
+                if int8:  # the integer form (other bits: fixed per weight, _int8)
                     qtype = f"{qtype}@i1"
                 if self.tensor_units != 1:  # more loads in flight
                     qtype = f"{qtype}@u{self.tensor_units}"
