@@ -698,7 +698,8 @@ class CupyBackend(Backend):
         )
         pair = len(w.segments) == 2 and not act and self.fuse_segment_pairs
         nt, gy = self._row_plan(w, n, mt, kw, xblocks, pair)
-        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self._xprep_rows(w), self._int8(w))
+        int8 = self._int8(w)
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self._xprep_rows(w), int8)
 
         if pair:
             a, b = w.segments
@@ -712,7 +713,7 @@ class CupyBackend(Backend):
             return
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
-            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, int8=self._int8(w))(
+            self._k(f"mt_{seg.kernel}_n{nt}_m{mt}_w{kw}", seg.kernel, int8=int8)(
                 ((out_cols + per_block - 1) // per_block, gy),
                 (32 * kw,),
                 (
