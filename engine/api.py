@@ -8,6 +8,7 @@ callers can feed with extra sources (workspace files), and ``generate``.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from echoline.engine.sessions import SessionStore
 from echoline.engine.tokenizer import Tokenizer
 from echoline.engine.types import GenerationResult, GenerationStats, TokenEvent
 
+#: Drafts per verify round where the backend says nothing wider (``Backend.verify_max_rows``).
 MAX_DRAFT = 16
 #: Earlier replies kept as draft sources (``history:<n>``). Why: an editor asks again about
 #: text it was just given — an inline completion re-requested after a keystroke, a rewrite
@@ -53,6 +55,15 @@ WARMING = "warming up"
 CALIBRATING = "calibrating draft lengths"
 
 
+def default_max_draft(backend: Backend) -> int:
+    """Drafts per round when the caller names none: the backend's widest verify less the
+    pending token; ``ECHOLINE_MAX_DRAFT`` overrides it (A/B runs of draft length)."""
+    env = os.environ.get("ECHOLINE_MAX_DRAFT", "")
+    if env.strip():
+        return max(1, int(env))
+    return max(1, int(getattr(backend, "verify_max_rows", MAX_DRAFT + 1)) - 1)
+
+
 class Engine(PromptEncoding):
     """A model ready to generate, with sessions and a draft index.
 
@@ -66,7 +77,7 @@ class Engine(PromptEncoding):
         backend: str | Backend = "auto",
         kv_budget_bytes: int | None = None,
         prefill_chunk: int = 512,
-        max_draft: int = MAX_DRAFT,
+        max_draft: int | None = None,
         tokenizer: Tokenizer | None = None,
         cpu_activations: str | None = None,
         reply_history: int = REPLY_HISTORY,
@@ -80,6 +91,7 @@ class Engine(PromptEncoding):
         self.backend = self.model.backend
         # Tests of tokenizer-less synthetic models pass a stand-in tokenizer.
         self.tokenizer = tokenizer or Tokenizer.from_gguf(self.gguf)
+        max_draft = default_max_draft(self.backend) if max_draft is None else max(1, int(max_draft))
         fixed = self.backend.padded_rows
         if fixed:
             # Every forward is padded to fixed rows: a verify round can carry at most fixed - 1 drafts.

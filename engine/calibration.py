@@ -25,8 +25,19 @@ from echoline.engine.models.base import Transformer
 from echoline import paths
 
 CAL_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
+#: Wider verifies measured where the backend offers them (``Backend.verify_max_rows``): the
+#: graph widths past 17 that a GPU's verify rounds use.
+WIDE_ROWS = (32, 64)
 CAL_CONTEXTS = (64, 512)
 GRID_CONTEXTS = (0, 512, 2048, 8192)
+
+
+def cal_rows(model: Transformer) -> tuple[int, ...]:
+    """The row counts measured for ``model``'s backend: CAL_ROWS, and each WIDE_ROWS entry
+    up to the backend's widest verify, so the longest draft it may get is a measured point
+    (never an extrapolation from 17 rows)."""
+    top = int(getattr(model.backend, "verify_max_rows", max(CAL_ROWS)))
+    return CAL_ROWS + tuple(r for r in WIDE_ROWS if r <= top)
 
 
 def time_forward(model: Transformer, cache: KVCache, rows: Sequence[int]) -> float:
@@ -128,7 +139,7 @@ def cached_curve_is_pessimistic(model: Transformer, table: dict[int, dict[int, f
     noise (seen: 2 rows at 1.83x one row on the Qwen 0.5B, 1.16x measured quietly), so a
     one-row forward now clearly faster than the cached one condemns the whole curve.
     """
-    wide = max(CAL_ROWS)
+    wide = max(cal_rows(model))
     fresh = row_times(model, context, (1, wide), reps=3, stat=min)
     cached = table[context][wide] / table[context][1]
     slower_then = fresh[1] < table[context][1] * (1.0 - 2 * RECHECK_SLACK)
@@ -196,10 +207,13 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None, rech
     ``on_measure``: called when the curve is measured afresh (seconds), not when it is read.
     """
     path = _cache_file(model_path, model.backend.variant) if model_path is not None else None
-    limit = model.config.context_length - max(CAL_ROWS) - 16
+    rows = cal_rows(model)
+    limit = model.config.context_length - max(rows) - 16
     contexts = tuple(min(c, max(0, limit)) for c in CAL_CONTEXTS)
     with _exclusive(path):
         table = _read_table(path)
+        if table is not None and any(sorted(col) != list(rows) for col in table.values()):
+            table = None  # measured for other row counts (another widest verify)
         if table is not None and sorted(table) == sorted(set(contexts)) and recheck:
             if cached_curve_is_pessimistic(model, table, min(contexts)):
                 table = None
@@ -207,19 +221,19 @@ def measure_verify_cost(model: Transformer, model_path: Path | None = None, rech
             if on_measure is not None:
                 on_measure()
             # The fastest of the reps: noise only ever adds time.
-            table = {c: _sane(row_times(model, c, CAL_ROWS, reps=5, stat=min)) for c in sorted(set(contexts))}
+            table = {c: _sane(row_times(model, c, rows, reps=5, stat=min)) for c in sorted(set(contexts))}
             if path is not None:
                 _write_table(path, table)
     c0, c1 = contexts
     columns = []
     for c in GRID_CONTEXTS:
         col = {}
-        for r in CAL_ROWS:
+        for r in rows:
             t0, t1 = table[c0][r], table[c1][r]
             slope = max(0.0, (t1 - t0) / (c1 - c0)) if c1 > c0 else 0.0
             col[r] = max(1e-6, t0 + slope * (c - c0))
         # Each row count is extrapolated on its own slope, and a noisy one-row slope can make
         # T(2) < T(1) far out (seen: 0.96 at 1k), which makes a 1-token draft look free.
         columns.append(_sane(col))
-    times = [[col[r] for col in columns] for r in CAL_ROWS]
-    return VerifyCost(CAL_ROWS, GRID_CONTEXTS, times)
+    times = [[col[r] for col in columns] for r in rows]
+    return VerifyCost(rows, GRID_CONTEXTS, times)

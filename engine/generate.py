@@ -158,12 +158,22 @@ def run_rows(model: Transformer, cache: KVCache, rows: Sequence[int], all_logits
     return logits[:n] if all_logits else logits[n - 1 : n]
 
 
-#: Verify widths on a graph-replaying backend (generate_tokens' ``pow2`` rule): rows 1, 2, 4, 8, 16.
-GRAPH_WIDTHS = (1, 2, 4, 8, 16)
+#: Verify widths on a graph-replaying backend (generate_tokens' ``pow2`` rule): powers of two
+#: up to the backend's ``graph_max_rows`` (``graph_widths``).
+GRAPH_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def graph_widths(backend: object) -> tuple[int, ...]:
+    """The verify widths ``backend`` replays as graphs (GRAPH_WIDTHS up to its graph_max_rows)."""
+    top = getattr(backend, "graph_max_rows", 0)
+    return tuple(w for w in GRAPH_WIDTHS if w <= top)
+
+
 #: A prefill chunk this short runs as graph-width pieces (``prefill``): one or two 16-row
 #: replays cost less than one eager forward, which is host-bound (H200: SmolLM2 14 ms, Qwen
-#: 0.5B 7 ms, Qwen 1.5B 8 ms against 1.0, 1.3 and 2.7 ms a 16-row replay). Past 17 rows an
-#: unpadded chunk runs eagerly and captures nothing, so longer chunks stay whole.
+#: 0.5B 7 ms, Qwen 1.5B 8 ms against 1.0, 1.3 and 2.7 ms a 16-row replay). A chunk up to
+#: the widest graph is padded to the next width (``_graph_width``); past it a chunk runs
+#: eagerly and captures nothing, so longer chunks stay whole.
 SHORT_PREFILL = 32
 
 
@@ -180,11 +190,12 @@ def _graph_width(backend: object, cache: KVCache, n: int) -> int:
     them), rows never depend on how many share a pass (batch invariance), and the cache is
     cut back to the real rows, as a verify round's rejected drafts are.
     """
-    if n < 1 or n > GRAPH_WIDTHS[-1] or getattr(backend, "graph_max_rows", 0) < GRAPH_WIDTHS[-1]:
+    widths = graph_widths(backend)
+    if n < 1 or len(widths) < 5 or n > widths[-1]:  # at least 16-row graphs, or none of this
         return 0
     if cache.ring or os.environ.get("ECHOLINE_PREFILL_GRAPH_WIDTHS", "1") == "0":
         return 0
-    width = next(w for w in GRAPH_WIDTHS if w >= n)
+    width = next(w for w in widths if w >= n)
     # the pad rows must fit the cache as it is: growing it would replace its buffers
     return width if cache.length + width <= cache.capacity else 0
 
@@ -210,7 +221,7 @@ def prefill(
         # A short last chunk as verify-width pieces (SHORT_PREFILL says why).
         s0, end = spans[-1]
         if end - s0 <= SHORT_PREFILL:
-            w = GRAPH_WIDTHS[-1]
+            w = min(graph_widths(backend)[-1], SHORT_PREFILL)
             spans[-1:] = [(s, min(end, s + w)) for s in range(s0, end, w)]
     logits = None
     for start, end in spans:

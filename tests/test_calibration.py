@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from echoline.engine.backends.numpy_backend import NumpyBackend
 from echoline.engine.calibration import _sane, measure_verify_cost
 from echoline.engine.models.loader import load_model
@@ -181,13 +182,48 @@ def test_a_second_process_waits_for_the_calibration_under_way_and_reuses_it(tmp_
         fcntl.flock(h, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_the_curve_is_measured_as_wide_as_the_engine_drafts():
-    """The longest verify (MAX_DRAFT drafts + the pending token) is a measured row count, so the
-    controller never prices the verifies it picks most on copy traffic by extrapolation."""
+@pytest.mark.parametrize("verify_rows", [17, 64])
+def test_the_curve_is_measured_as_wide_as_the_engine_drafts(tmp_path, monkeypatch, verify_rows):
+    """The longest verify (the default max_draft drafts + the pending token) is a measured row
+    count, so the controller never prices the verifies it picks most on copy traffic by
+    extrapolation: 17 rows where the backend says nothing, 64 where it offers 64 (CUDA)."""
     from echoline.engine import calibration
-    from echoline.engine.api import MAX_DRAFT
+    from echoline.engine.api import default_max_draft
 
-    assert max(calibration.CAL_ROWS) >= MAX_DRAFT + 1
+    monkeypatch.delenv("ECHOLINE_MAX_DRAFT", raising=False)
+    backend = NumpyBackend()
+    backend.verify_max_rows = verify_rows
+    _, model = load_model(write_model(tmp_path / "m.gguf", "llama", context=1024), backend)
+    rows = calibration.cal_rows(model)
+    assert default_max_draft(backend) + 1 == verify_rows == max(rows)
+    assert rows[: len(calibration.CAL_ROWS)] == calibration.CAL_ROWS
+    cost = measure_verify_cost(model, None)
+    assert cost.rows == list(rows)
+    monkeypatch.setenv("ECHOLINE_MAX_DRAFT", "5")
+    assert default_max_draft(backend) == 5
+
+
+def test_a_cached_curve_of_other_rows_is_measured_again(tmp_path, monkeypatch):
+    """A curve cached for 17 rows is not used once the backend verifies 64 (and not the other
+    way round): its widest drafts would be priced by extrapolation."""
+    import json
+
+    from echoline.engine import calibration
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("ECHOLINE_CACHE_DIR", raising=False)
+    path = write_model(tmp_path / "m.gguf", "llama", context=1024)
+    backend = NumpyBackend()
+    backend.verify_max_rows = 64
+    _, model = load_model(path, backend)
+    lo, hi = calibration.CAL_CONTEXTS
+    table = {c: {r: 0.01 * r for r in calibration.CAL_ROWS} for c in (lo, hi)}
+    cache_file = calibration._cache_file(path, model.backend.variant)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    cache_file.write_text(json.dumps(table))
+    cost = measure_verify_cost(model, path, recheck=False)
+    assert cost.rows[-1] == 64
+    assert sorted(json.loads(cache_file.read_text())[str(lo)], key=int)[-1] == "64"
 
 
 def test_an_unwritable_cache_costs_a_measurement_not_the_request(tmp_path, monkeypatch):

@@ -44,12 +44,12 @@ def eng() -> Engine:
 def test_graph_forward_equals_eager_forward(eng):
     """Rows through captured graphs are bit-identical to the eager path, for every row count."""
     model, b = eng.model, eng.backend
-    ids = eng.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n" * 3)
+    ids = eng.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n" * 6)
     cache = model.new_cache(len(ids) + 64)
     model.forward(ids[:40], cache, all_logits=False)
     graph_rows = b.graph_max_rows
     try:
-        for k in (1, 2, 5, 16, 17):
+        for k in (1, 2, 5, 16, 17, 32, 40, 64):
             for _ in range(2):  # the first call captures, the second replays
                 cache.truncate(40)
                 got = b.to_host(model.forward(ids[40 : 40 + k], cache))

@@ -40,6 +40,12 @@ class Backend(ABC):
     #: ``Transformer.forward`` replays a captured graph (``run_graph``) for up to this many
     #: rows; 0: never.
     graph_max_rows: int = 0
+    #: The widest verify (pending token + drafts) worth offering the draft controller: the
+    #: engine's default ``max_draft`` is one less, and calibration measures up to it. Why
+    #: per backend: on a CPU a row costs nearly its share of the weights' bandwidth, so the
+    #: controller never picks long drafts there, while on a GPU 64 rows cost a few one-row
+    #: forwards and a draft copied from a file or an earlier reply often runs that long.
+    verify_max_rows: int = 17
     #: Plain decode steps can be queued back to back, each fed by the previous one's argmax
     #: on the device (``run_graph(fed=True)``, ``argmax_feed``, ``copy_to_host_async``):
     #: engine/step_chain.py. False: every step waits for its id on the host.

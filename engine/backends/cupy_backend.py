@@ -204,7 +204,9 @@ class CupyBackend(Backend):
     #: graphs bake buffer addresses: caches must be plain linear buffers (no window rings)
     linear_cache_only = True
     #: Transformer.forward replays a graph for up to this many rows (decode and verify)
-    graph_max_rows = 17
+    graph_max_rows = 64
+    #: verify up to 64 rows (63 drafts): ``Backend.verify_max_rows`` says why
+    verify_max_rows = 64
     #: decode steps can feed each other on the device (``argmax_feed``: engine/step_chain.py);
     #: not while graphs are captured late (ECHOLINE_GRAPH_AFTER), which runs steps eagerly
     graph_chain = GRAPH_AFTER == 1

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import statistics
 
-from echoline.engine.bench.common import load, print_table, row_costs
+from echoline.engine.bench.common import load, print_table, row_costs, verify_widths
 
-ROW_COUNTS = (1, 2, 4, 8, 16)
 PROMPT = "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
 
 
@@ -47,12 +46,13 @@ def run(args) -> dict:
         tok_s, stepwise = chained_vs_stepwise(engine, n_tokens, max(3, rounds))
     else:
         tok_s = plain_tok_s(engine, n_tokens, rounds)
-    times = row_costs(engine, context=128, ks=ROW_COUNTS, reps=max(3, args.rounds))
-    cost = {str(k): round(times[k] / times[1], 3) for k in ROW_COUNTS}
+    row_counts = verify_widths(engine)
+    times = row_costs(engine, context=128, ks=row_counts, reps=max(3, args.rounds))
+    cost = {str(k): round(times[k] / times[1], 3) for k in row_counts}
     print_table(
         f"bench decode: {engine.model_name} on {engine.backend_variant}: plain {tok_s:.1f} tok/s",
         ["rows", "forward ms", "cost vs 1 row"],
-        [[k, f"{times[k] * 1e3:.2f}", cost[str(k)]] for k in ROW_COUNTS],
+        [[k, f"{times[k] * 1e3:.2f}", cost[str(k)]] for k in row_counts],
     )
     if stepwise is not None:
         print_table("plain decode, steps chained on the device vs each waiting for its id",
@@ -65,5 +65,5 @@ def run(args) -> dict:
         "variant": engine.backend_variant,
         "plain_tok_s": round(tok_s, 2),
         "row_cost": cost,
-        "row_ms": {str(k): round(times[k] * 1e3, 3) for k in ROW_COUNTS},
+        "row_ms": {str(k): round(times[k] * 1e3, 3) for k in row_counts},
     }

@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from echoline.engine.bench import traffic
-from echoline.engine.bench.common import load, print_table, row_costs
+from echoline.engine.bench.common import load, print_table, row_costs, verify_widths
 from echoline.engine.bench.oracle import interpolated_ratios, oracle_ratio
 
-VERIFY_ROWS = (1, 2, 4, 8, 16)
 #: Timed forwards per row count for ``verify_cost`` where a forward takes about a millisecond
 #: (GPU): three samples left the 16-row ratio moving by ±0.04 between traffic kinds of one run
 #: (the same model and context); fifteen cost 0.2 s. On the CPU a 16-row forward takes
@@ -203,9 +202,10 @@ def run(args, requests: Callable[[Any, list[Path]], list[Request]] | None = None
     rounds_total = sum(s.rounds for s in stats)
     generated = sum(s.generated_tokens for s in stats)
     ctx = 1024 if kind != "chat" else 128
-    costs = row_costs(engine, context=ctx, ks=VERIFY_ROWS, reps=_verify_reps(engine, args))
-    verify_cost = {str(k): round(costs[k] / costs[1], 3) for k in VERIFY_ROWS}
-    limit = max((k) / (costs[k] / costs[1]) for k in VERIFY_ROWS)
+    verify_rows = verify_widths(engine)
+    costs = row_costs(engine, context=ctx, ks=verify_rows, reps=_verify_reps(engine, args))
+    verify_cost = {str(k): round(costs[k] / costs[1], 3) for k in verify_rows}
+    limit = max((k) / (costs[k] / costs[1]) for k in verify_rows)
     # The best any controller could do on these very replies with this drafter and cost.
     oracle = oracle_ratio(
         list(zip(prompts, replies["plain"], strict=True)),

@@ -2,13 +2,14 @@
 
 Two checks, token ids compared, nothing approximate:
 
-- batch invariance, which speculation rests on: the argmax of each of 16 rows verified in one
-  forward equals the argmax of those rows decoded one at a time on the same cache (and the
-  logits are equal bit for bit);
+- batch invariance, which speculation rests on: the argmax of each of 16 rows, and of the
+  widest verify the engine drafts for (64 rows on CUDA), verified in one forward equals the
+  argmax of those rows decoded one at a time on the same cache (and the logits are equal bit
+  for bit);
 - replies: for several prompts, speculative decoding (no earlier replies, then with the plain
   reply remembered, so whole drafts are accepted) writes the plain reply's ids.
 
-    python -m tools.cuda.exact_7b FILE.gguf [--tokens 48] [--json]
+    python -m tools.cuda.exact_7b FILE.gguf [--tokens 128] [--json]
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def run(path: Path, tokens: int) -> dict:
             code, EDIT_INSTRUCTIONS[0].format(name="width"))}]),
     ]
     out = {"model": str(path), "load_s": round(load_s, 1), "backend": engine.backend_variant,
-           "batch_invariance": batch_invariance(engine, prompts[2]), "replies": []}
+           "max_draft": engine.max_draft,
+           "batch_invariance": batch_invariance(engine, prompts[2]),
+           "batch_invariance_widest": batch_invariance(engine, prompts[2], engine.max_draft + 1),
+           "replies": []}
     for ids in prompts:
         engine.forget_replies()
         plain = engine.generate(ids, max_tokens=tokens, spec=False, stop=())
@@ -78,7 +82,7 @@ def run(path: Path, tokens: int) -> dict:
             "warm": {"tok_s": round(warm.stats.tokens_per_s, 1), "rounds": warm.stats.rounds,
                      "drafted": warm.stats.drafted, "accepted": warm.stats.accepted},
         })
-    out["all_exact"] = out["batch_invariance"]["argmax_equal"] and all(
+    out["all_exact"] = out["batch_invariance"]["argmax_equal"] and out["batch_invariance_widest"]["argmax_equal"] and all(
         r["cold_equal"] and r["warm_equal"] for r in out["replies"])
     return out
 
@@ -86,13 +90,14 @@ def run(path: Path, tokens: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
-    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     res = run(a.model, a.tokens)
-    bi = res["batch_invariance"]
-    print(f"{a.model.name}: load {res['load_s']} s; 16 rows == 1 at a time: argmax {bi['argmax_equal']}, "
-          f"logits {bi['logits_equal']}, finite {bi['finite']}", file=sys.stderr)
+    print(f"{a.model.name}: load {res['load_s']} s; max_draft {res['max_draft']}", file=sys.stderr)
+    for bi in (res["batch_invariance"], res["batch_invariance_widest"]):
+        print(f"  {bi['rows']} rows == 1 at a time: argmax {bi['argmax_equal']}, "
+              f"logits {bi['logits_equal']}, finite {bi['finite']}", file=sys.stderr)
     for r in res["replies"]:
         print(f"  prompt {r['prompt_tokens']:>4} tok: spec == plain cold {r['cold_equal']} warm {r['warm_equal']}; "
               f"plain {r['plain_tok_s']} tok/s, cold {r['cold']}, warm {r['warm']}", file=sys.stderr)

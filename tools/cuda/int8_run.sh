@@ -6,6 +6,9 @@
 #   bench : echoline bench decode on the 7B-shaped file, interleaved: f16, int8 (x quantized by
 #           every column tile), int8 with xprep8 (x quantized once per product), ROUNDS times;
 #           llama-bench tg128 on the same file; tools.cuda.exact_7b (the default: int8 here)
+#   spec  : draft length on the same file: tools.cuda.exact_7b with the default (63 drafts a
+#           round on CUDA) and with ECHOLINE_MAX_DRAFT=15 (the old cap), then versus_llamacpp
+#           (copy, edit; llama-server plain and ngram-mod) on it
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
 # llama-server) and the 7B-shaped Q4_K_M random file (tools/cuda/synth_gguf.py).
 # Carry: .whl, .lcpp, .mdl/qwen-tok.gguf (the tokenizer keys for the synthetic file).
@@ -24,7 +27,7 @@ start_background() {
     -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
-    && cmake --build build -j 6 --target llama-bench llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
+    && cmake --build build -j 12 --target llama-bench llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
     > /dev/null 2>&1 < /dev/null &
   setsid nohup bash -c "PYTHONPATH=$PYTHONPATH python3 -m tools.cuda.synth_gguf random --mix q4_k_m \
     --meta /tmp/models/qwen-tok.gguf $F > /tmp/synth.log 2>&1; echo rc=\$? >> /tmp/synth.log" \
@@ -94,6 +97,19 @@ bench)
   timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json > "$OUT/exact.json" 2> /tmp/exact.err
   stamp "exact rc=$?"; tail -8 /tmp/exact.err
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench"; exit 2 ;;
+spec)
+  start_background
+  wait_file
+  for md in 63 15; do
+    ECHOLINE_MAX_DRAFT=$md timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json > "$OUT/exact_md$md.json" 2> /tmp/exact_md$md.err
+    stamp "exact max_draft $md rc=$?"; tail -8 /tmp/exact_md$md.err
+  done
+  for _ in $(seq 1 $((${WAIT_S:-200} / 5))); do grep -q "rc=" /tmp/lcpp.log 2>/dev/null && break; sleep 5; done
+  stamp "build: $(tail -1 /tmp/lcpp.log)"
+  timeout ${VS_S:-300} python3 -m tools.versus_llamacpp --model $F --backend cuda --rounds ${ROUNDS:-3} \
+    --traffic copy,edit --llama-server $LB/llama-server --llama-args "-ngl 99" --json > "$OUT/versus_r7b.log" 2>&1
+  stamp "versus rc=$?"; tail -12 "$OUT/versus_r7b.log"
+  ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec"; exit 2 ;;
 esac
 stamp done
