@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from echoline.engine.api import Engine
+from echoline.engine.api import HISTORY_CONTEXT, Engine
 from echoline.engine.drafting.controller import DraftController, VerifyCost
 from echoline.engine.generate import graph_widths
 
@@ -32,7 +32,9 @@ class WideGraphNumpy(GraphNumpy):
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory) -> Path:
-    return write_model(tmp_path_factory.mktemp("w") / "qwen2.gguf", "qwen2", vocab=VOCAB, context=1024, seed=3)
+    return write_model(
+        tmp_path_factory.mktemp("w") / "qwen2.gguf", "qwen2", vocab=VOCAB, context=1024, seed=3
+    )
 
 
 def wide_engine(path: Path, monkeypatch) -> tuple[Engine, WideGraphNumpy]:
@@ -46,7 +48,9 @@ def wide_engine(path: Path, monkeypatch) -> tuple[Engine, WideGraphNumpy]:
 
 
 def verify_widths(backend: WideGraphNumpy) -> set[int]:
-    return {k[1] for graphs in backend.graphs.values() for k in graphs if k[0] == "forward" and k[2]}
+    return {
+        k[1] for graphs in backend.graphs.values() for k in graphs if k[0] == "forward" and k[2]
+    }
 
 
 def test_the_default_draft_follows_the_backend(path, monkeypatch):
@@ -88,3 +92,23 @@ def test_a_later_turn_on_the_reused_cache_equals_a_cold_one(path, monkeypatch):
     assert warm.stats.reused_tokens >= len(first)
     cold, _ = wide_engine(path, monkeypatch)
     assert warm.token_ids == cold.generate(second, max_tokens=80, spec=False).token_ids
+
+
+def test_a_stop_inside_a_long_accepted_draft(path, monkeypatch):
+    """The kept reply runs on past an end-of-generation id and a stop string, so a 63-token
+    draft carries them mid-run: speculation stops exactly where plain decoding does."""
+    engine, _ = wide_engine(path, monkeypatch)
+    prompt = buffer(120, 7)
+    full = engine.generate(prompt, max_tokens=150, spec=False).token_ids  # kept as a source
+    # an id, and a text, that first occur well inside the first 63-token draft
+    eos = next(full[i] for i in range(12, 60) if full[i] not in full[:i])
+    text = engine.tokenizer.decode(full)
+    stop = next(text[c : c + 3] for c in range(20, 60) if text[c : c + 3] not in text[: c + 2])
+    for kw in ({"stop_id_when": lambda t: t == eos}, {"stop": (stop,)}):
+        want = engine.generate(prompt, max_tokens=150, spec=False, **kw)
+        engine.forget_replies()
+        engine.remember_reply(list(full), before=prompt[-HISTORY_CONTEXT:])
+        got = engine.generate(prompt, max_tokens=150, spec=True, **kw)
+        assert got.token_ids == want.token_ids and got.text == want.text
+        n = len(want.token_ids)
+        assert 12 <= n < 64 and got.stats.accepted >= 0.8 * n, (n, got.stats.accepted)
