@@ -8,7 +8,7 @@
 #           llama-bench tg128 on the same file; tools.cuda.exact_7b (the default: int8 here)
 #   spec  : draft length on the same file: tools.cuda.exact_7b with the default (63 drafts a
 #           round on CUDA) and with ECHOLINE_MAX_DRAFT=15 (the old cap), then versus_llamacpp
-#           (copy, edit; llama-server plain and ngram-mod) on it
+#           (VS_TRAFFIC, default edit; llama-server plain and ngram-mod) on it, within the call
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
 # llama-server) and the 7B-shaped Q4_K_M random file (tools/cuda/synth_gguf.py).
 # Carry: .whl, .lcpp, .mdl/qwen-tok.gguf (the tokenizer keys for the synthetic file).
@@ -106,8 +106,8 @@ spec)
   done
   for _ in $(seq 1 $((${WAIT_S:-200} / 5))); do grep -q "rc=" /tmp/lcpp.log 2>/dev/null && break; sleep 5; done
   stamp "build: $(tail -1 /tmp/lcpp.log)"
-  timeout ${VS_S:-300} python3 -m tools.versus_llamacpp --model $F --backend cuda --rounds ${ROUNDS:-3} \
-    --traffic copy,edit --llama-server $LB/llama-server --llama-args "-ngl 99" --json > "$OUT/versus_r7b.log" 2>&1
+  timeout $((${CALL_S:-590} - $(date +%s) + t0)) python3 -m tools.versus_llamacpp --model $F --backend cuda --rounds ${ROUNDS:-3} \
+    --traffic ${VS_TRAFFIC:-edit} --llama-server $LB/llama-server --llama-args "-ngl 99" --json > "$OUT/versus_r7b.log" 2>&1
   stamp "versus rc=$?"; tail -12 "$OUT/versus_r7b.log"
   ;;
 *) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec"; exit 2 ;;
