@@ -352,7 +352,9 @@ class SpeculativeRounds:
             self.arm.plain_chained = bool(getattr(backend, "graph_chain", False)) and sampler is None
         self.observe_overhead = getattr(controller, "observe_overhead", None)
         # On a backend that replays a captured graph per (row count, cache), every new width on a
-        # new cache pays a capture (several ms): verify only 2, 4, 8 or 16 rows there.
+        # new cache pays a capture (several ms): verify only 2, 4, 8 … 64 rows there (a free
+        # choice rounded down: choosing among the widths instead did no better in
+        # tools/engine/draft_study.py --widths round,choose, docs/history/benchmarks-sessions.md).
         # ECHOLINE_DRAFT_WIDTHS=all / pow2 forces either way (A/B runs).
         widths = os.environ.get("ECHOLINE_DRAFT_WIDTHS", "")
         self.pow2 = self.speculate and (
@@ -409,7 +411,7 @@ class SpeculativeRounds:
         remaining = self.reply.rules.max_tokens - len(self.reply.ids)
         k = controller.choose(draft, self.cache.length, remaining) if draft.tokens else 0
         if self.pow2 and k:
-            k = (1 << (k + 1).bit_length() - 1) - 1  # rows 2, 4, 8 or 16: 4 graphs per cache
+            k = (1 << (k + 1).bit_length() - 1) - 1  # rows 2, 4, 8 … 64: a graph each per cache
         stats.lookups += 1
         lookup_s = time.perf_counter() - t_look
         stats.lookup_s += lookup_s

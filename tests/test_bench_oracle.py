@@ -102,6 +102,11 @@ def test_draft_study_controller_replay_is_bounded_by_its_oracle() -> None:
     pairs = [(prompt, list(range(100, 150)) + [7, 8] + list(range(120, 150)))]
     got, best = controller_replay(pairs, ratios, 16)
     assert 1.0 <= got <= best + 1e-9 and best > 2.0
+    slow, slow_best = controller_replay(pairs, ratios, 16, "free", overhead=0.5)
+    # a round's host time, paid by plain rounds too, dilutes the verify's extra cost
+    assert 1.0 <= slow <= slow_best + 1e-9 and slow_best > best
+    pow2, _ = controller_replay(pairs, ratios, 16, "round")  # widths 2, 4, 8, 16 only
+    assert 1.0 <= pow2 <= best + 1e-9
 
 
 def test_oracle_counts_extra_sources() -> None:

@@ -1,7 +1,8 @@
 """Offline studies of the drafter and the controller on recorded replies.
 
 Run: ``python -m tools.engine.draft_study --model NAME --traffic copy|edit
-[--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47] [--context 1300] [--excess-scale 1,0.8,0.7]``.
+[--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47] [--context 1300] [--excess-scale 1,0.8,0.7]
+[--widths free,round,choose] [--overhead 0,0.2] [--max-drafts 16,64]``.
 It records the plain replies of the `bench spec` requests, then replays them (no model
 involved):
 
@@ -35,7 +36,9 @@ MAX_N = 32  # the index's match-length cap
 RULES = ("recent", "oldest", "cursor", "vote", "cursor+vote", "hindsight")
 
 
-def candidates(prompt: Sequence[int], stream: Sequence[int], end: int, max_n: int = MAX_N) -> tuple[int, list[int]]:
+def candidates(
+    prompt: Sequence[int], stream: Sequence[int], end: int, max_n: int = MAX_N
+) -> tuple[int, list[int]]:
     """Longest match of ``stream[:end]``'s tail and every place it ends, as the index sees them.
 
     ``stream`` is prompt + reply. An end e means stream[e-L:e] equals the tail and stream[e]
@@ -59,7 +62,9 @@ def candidates(prompt: Sequence[int], stream: Sequence[int], end: int, max_n: in
     return best, out
 
 
-def _confirmed(prompt, stream, e: int, i: int, reply: Sequence[int], end: int, max_draft: int) -> int:
+def _confirmed(
+    prompt, stream, e: int, i: int, reply: Sequence[int], end: int, max_draft: int
+) -> int:
     """How many tokens of the continuation at e the reply confirms after its position i.
 
     A continuation in the prompt stops at the prompt's end; one in the reply repeats the
@@ -77,7 +82,9 @@ def _confirmed(prompt, stream, e: int, i: int, reply: Sequence[int], end: int, m
     return a
 
 
-def confirmed_by_rule(prompt: Sequence[int], reply: Sequence[int], rule: str, max_draft: int = 16) -> list[int]:
+def confirmed_by_rule(
+    prompt: Sequence[int], reply: Sequence[int], rule: str, max_draft: int = 16
+) -> list[int]:
     """Per reply position: draft tokens the reply confirms when ties are broken by ``rule``."""
     stream = list(prompt) + list(reply)
     out: list[int] = []
@@ -96,7 +103,10 @@ def confirmed_by_rule(prompt: Sequence[int], reply: Sequence[int], rule: str, ma
         elif rule == "vote":
             e = _most_voted(stream, ends, end)
         elif rule == "hindsight":
-            e = max(ends, key=lambda x, i=i, end=end: _confirmed(prompt, stream, x, i, reply, end, max_draft))
+            e = max(
+                ends,
+                key=lambda x, i=i, end=end: _confirmed(prompt, stream, x, i, reply, end, max_draft),
+            )
         elif rule in ("cursor", "cursor+vote"):
             want = cursor[0] + (i - cursor[1]) if cursor is not None else None
             if want in ends:
@@ -123,7 +133,9 @@ INDEX_MAX_N = 32
 LOOKUP_CONTEXT = DRAFT_CONTEXT
 
 
-def draft_records(prompt: Sequence[int], reply: Sequence[int], max_draft: int) -> list[tuple[Draft, int]]:
+def draft_records(
+    prompt: Sequence[int], reply: Sequence[int], max_draft: int
+) -> list[tuple[Draft, int]]:
     """Per reply position: the index's draft and how many of its tokens the reply confirms."""
     idx = NgramIndex(max_n=INDEX_MAX_N)
     idx.set_source("prompt", list(prompt))
@@ -141,9 +153,25 @@ def draft_records(prompt: Sequence[int], reply: Sequence[int], max_draft: int) -
     return out
 
 
-def controller_replay(pairs, ratios: Sequence[float], max_draft: int) -> tuple[float, float]:
-    """(controller ratio, oracle ratio) on recorded replies at a context-free cost curve."""
+#: How a replay fits k to a graph backend's verify widths (``--widths``): "free" (any k, as on
+#: the CPU), "round" (a free choice rounded down to width − 1, as the loop does on CUDA).
+WIDTH_MODES = ("free", "round")
+POW2 = (1, 2, 4, 8, 16, 32, 64)
+
+
+def controller_replay(
+    pairs, ratios: Sequence[float], max_draft: int, mode: str = "free", overhead: float = 0.0
+) -> tuple[float, float]:
+    """(controller ratio, oracle ratio) on recorded replies at a context-free cost curve.
+
+    ``mode``: WIDTH_MODES (with "round" the oracle may only verify those widths too).
+    ``overhead``: host time every round pays, in one-row forwards (the controller is told
+    it, as the loop measures it online); both ratios then count it."""
     ctl = DraftController(VerifyCost.from_ratios(list(ratios[1:])), max_draft=max_draft)
+    ctl.overhead_s = overhead  # T(1) is 1.0 in from_ratios' units
+    rounds = [r + overhead for r in ratios]
+    if mode == "round":
+        rounds = [r if i == 0 or i in POW2 else float("inf") for i, r in enumerate(rounds)]
     steps = cost = best = 0.0
     for prompt, reply in pairs:
         recs = draft_records(prompt, reply, max_draft)
@@ -154,13 +182,15 @@ def controller_replay(pairs, ratios: Sequence[float], max_draft: int) -> tuple[f
         while i < n:
             d, a = recs[i]
             k = ctl.choose(d, 1024, n - i + 1) if d.tokens else 0
+            if mode == "round" and k:
+                k = (1 << (k + 1).bit_length() - 1) - 1
             got = min(k, a)
-            cost += ratios[k + 1]
+            cost += ratios[k + 1] + overhead
             if k:
                 ctl.observe(d.source, d.match_len, k, got)
             i += got + 1
-        steps += n
-        best += oracle_cost([a for _, a in recs], ratios)
+        steps += n * (1.0 + overhead)
+        best += oracle_cost([a for _, a in recs], rounds)
     return steps / cost, steps / best
 
 
@@ -175,7 +205,7 @@ def scale_excess(curve: dict[int, float], scale: float) -> dict[int, float]:
 
 
 def parse_curve(text: str) -> dict[int, float]:
-    """"1:1,2:1.05,17:1.47" → {1: 1.0, 2: 1.05, 17: 1.47} (rows: T(rows)/T(1))."""
+    """ "1:1,2:1.05,17:1.47" → {1: 1.0, 2: 1.05, 17: 1.47} (rows: T(rows)/T(1))."""
     out = {}
     for part in text.split(","):
         rows, value = part.split(":")
@@ -210,33 +240,66 @@ def main() -> None:
     )
     ap.add_argument("--max-n", type=int, default=INDEX_MAX_N, help="the index's match cap (replay)")
     ap.add_argument(
-        "--draft-context", type=int, default=DRAFT_CONTEXT, help="tokens handed to the lookup (replay)"
+        "--draft-context",
+        type=int,
+        default=DRAFT_CONTEXT,
+        help="tokens handed to the lookup (replay)",
+    )
+    ap.add_argument(
+        "--widths", default="free", help=f"comma-separated, from {','.join(WIDTH_MODES)}"
+    )
+    ap.add_argument(
+        "--overhead", default="0", help="comma-separated round overheads, in one-row forwards"
+    )
+    ap.add_argument(
+        "--max-drafts",
+        default="16,32,64",
+        type=lambda t: [int(x) for x in t.split(",")],
+        help="comma-separated",
     )
     args = ap.parse_args()
     _set_lookup(args.max_n, args.draft_context)
     engine = Engine.load(args.model)
     prompts = _prompts(engine, args.traffic, traffic.source_paths([]))
-    pairs = [(p, engine.generate(p, max_tokens=args.max_tokens, spec=False).token_ids) for p in prompts]
+    pairs = [
+        (p, engine.generate(p, max_tokens=args.max_tokens, spec=False).token_ids) for p in prompts
+    ]
     rows = (1, 2, 4, 6, 8, 12, 17, 33, 65)  # up to the longest draft the replay tries
-    curve = parse_curve(args.curve) if args.curve else row_costs(engine, context=args.context, ks=rows, reps=3)
+    curve = (
+        parse_curve(args.curve)
+        if args.curve
+        else row_costs(engine, context=args.context, ks=rows, reps=3)
+    )
     scales = [float(x) for x in args.excess_scale.split(",")]
     by_scale = {s: interpolated_ratios(scale_excess(curve, s), 65) for s in scales}
     steps = sum(len(r) - 1 for _, r in pairs)
     print(
         f"{engine.model_name}, {args.traffic} traffic, {len(pairs)} replies, "
-        f"curve T(rows)/T(1) {({r: round(t / curve[1], 3) for r, t in sorted(curve.items())})} "
+        f"curve T(rows)/T(1) { ({r: round(t / curve[1], 3) for r, t in sorted(curve.items())}) } "
         f"(one row {curve[1] * 1e3:.2f} ms), "
         f"index max_n {INDEX_MAX_N}, lookup context {LOOKUP_CONTEXT}"
     )
-    print(f"tie-break rule -> oracle ratio (max draft 16, verify cost above one row x{scales[0]:g})")
+    print(
+        f"tie-break rule -> oracle ratio (max draft 16, verify cost above one row x{scales[0]:g})"
+    )
     for rule in RULES:
-        cost = sum(oracle_cost(confirmed_by_rule(p, r, rule), by_scale[scales[0]]) for p, r in pairs)
+        cost = sum(
+            oracle_cost(confirmed_by_rule(p, r, rule), by_scale[scales[0]]) for p, r in pairs
+        )
         print(f"  {rule:<12s} {steps / cost:.2f}x", flush=True)
     for scale, ratios in by_scale.items():
-        print(f"max draft -> controller replay / oracle (verify cost above one row x{scale:g})")
-        for kmax in (16, 32, 64):
-            got, best = controller_replay(pairs, ratios, kmax)
-            print(f"  {kmax:<3d} {got:.2f}x / {best:.2f}x ({got / best:.0%})", flush=True)
+        for overhead in [float(x) for x in args.overhead.split(",")]:
+            print(
+                f"max draft, widths -> controller replay / oracle (verify cost above one row "
+                f"x{scale:g}, round overhead {overhead:g} of a one-row forward)"
+            )
+            for kmax in args.max_drafts:
+                for mode in args.widths.split(","):
+                    got, best = controller_replay(pairs, ratios, kmax, mode, overhead)
+                    print(
+                        f"  {kmax:<3d} {mode:<6s} {got:.2f}x / {best:.2f}x ({got / best:.0%})",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
