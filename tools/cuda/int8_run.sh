@@ -45,6 +45,21 @@ build_modules() {  # NVRTC builds in parallel (CuPy's disk cache keeps them for 
   wait "${pids[@]}"; stamp "modules built"; grep -h -i -A5 error /tmp/build_*.log | head -40
 }
 
+build_7b_modules() {  # the 7B-shaped Q4_K_M file's types, in each form
+  build_modules "" q4_k q4_k@b5 q4_k@i1@b5 q6_k q6_k@b5 q6_k@i1@b5 q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
+}
+
+tensor_tests() {  # types ($1) built in each form, then the tests picked by $2 in $3 s, log $4
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+  start_background
+  local mods=""
+  for q in $1; do mods="$mods $q $q@b5 $q@i1@b5"; done
+  build_modules "" $mods q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
+  timeout "$3" python3 -m pytest -q -p no:cacheprovider --maxfail=5 -k "$2" tests/test_cuda_backend.py 2>&1 \
+    | tee "$OUT/$4" | tail -30
+  stamp "tests rc=$?"
+}
+
 decode() {  # one bench decode of the file in the form $1, round $2
   local env
   case $1 in
@@ -65,28 +80,18 @@ wait_file() {
 set -o pipefail
 case "$1" in
 quick)
-  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-  start_background
-  build_modules "" q4_k q4_k@b5 q4_k@i1@b5 q6_k q6_k@b5 q6_k@i1@b5 q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
-  timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
-    -k "(tensor or xprep) and (Q4_K or Q6_K or model or nan or two_type)" tests/test_cuda_backend.py 2>&1 \
-    | tee $OUT/tests_quick.log | tail -25
-  stamp "tests rc=$?"
+  tensor_tests "q4_k q6_k" "(tensor or xprep) and (Q4_K or Q6_K or model or nan or two_type)" \
+    ${TEST_S:-150} tests_quick.log
   wait_file
   for form in f16 int8 int8x; do decode $form 1; done
   ;;
 test)
-  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-  start_background
-  mods=""
-  for q in q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs; do mods="$mods $q $q@b5 $q@i1@b5"; done
-  build_modules "" $mods q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
-  timeout $((${CALL_S:-540} - $(date +%s) + t0)) python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
-    -k "tensor or xprep" tests/test_cuda_backend.py 2>&1 | tee $OUT/tests.log | tail -30
-  stamp "tests rc=$?"
+  tensor_tests "q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs" "tensor or xprep" \
+    $((${CALL_S:-540} - $(date +%s) + t0)) tests.log
   ;;
 bench)
   start_background
+  build_7b_modules
   wait_file
   for r in $(seq 1 ${ROUNDS:-3}); do for form in f16 int8 int8x; do decode $form $r; done; done
   for _ in $(seq 1 $((${WAIT_S:-120} / 5))); do grep -q "rc=" /tmp/lcpp.log 2>/dev/null && break; sleep 5; done
@@ -99,6 +104,7 @@ bench)
   ;;
 spec)
   start_background
+  build_7b_modules  # a cold NVRTC build inside exact_7b ran past its time on a fresh machine
   wait_file
   for md in 63 15; do
     ECHOLINE_MAX_DRAFT=$md timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json > "$OUT/exact_md$md.json" 2> /tmp/exact_md$md.err
