@@ -13,7 +13,7 @@ store evicts least-recently-used sessions so the reserved total never
 exceeds the budget.
 
 Graph-capturing backends (CUDA) capture one graph per row count on each cache's buffers:
-about an eager forward and a capture each, tens of milliseconds for the five widths a
+about an eager forward and a capture each, tens of milliseconds for the (up to seven) widths a
 speculative reply uses, which a new buffer's first request (and every new chat) paid again.
 So the store keeps one set of buffers per capacity "hot": the session about to run trades
 buffers with whichever cache holds them (``KVCache.exchange_buffers``: both keep their
