@@ -163,6 +163,12 @@ def run_rows(model: Transformer, cache: KVCache, rows: Sequence[int], all_logits
 GRAPH_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
+def width_drafts(k: int) -> int:
+    """The most drafts ≤ ``k`` that fill a graph width with the pending token (0, 1, 3, 7 … 63):
+    a graph backend verifies 2, 4, 8 … rows, never a new row count."""
+    return (1 << (k + 1).bit_length() - 1) - 1 if k > 0 else 0
+
+
 def graph_widths(backend: object) -> tuple[int, ...]:
     """The verify widths ``backend`` replays as graphs (GRAPH_WIDTHS up to its graph_max_rows)."""
     top = getattr(backend, "graph_max_rows", 0)
@@ -353,8 +359,8 @@ class SpeculativeRounds:
         self.observe_overhead = getattr(controller, "observe_overhead", None)
         # On a backend that replays a captured graph per (row count, cache), every new width on a
         # new cache pays a capture (several ms): verify only 2, 4, 8 … 64 rows there (a free
-        # choice rounded down: choosing among the widths instead did no better in
-        # tools/engine/draft_study.py --widths round,choose, docs/history/benchmarks-sessions.md).
+        # choice rounded down; choosing among the widths instead did no better in a replay:
+        # docs/history/benchmarks-sessions.md, 2026-12-07).
         # ECHOLINE_DRAFT_WIDTHS=all / pow2 forces either way (A/B runs).
         widths = os.environ.get("ECHOLINE_DRAFT_WIDTHS", "")
         self.pow2 = self.speculate and (
@@ -410,8 +416,8 @@ class SpeculativeRounds:
             draft = self.index.draft(self.context[-DRAFT_CONTEXT:], controller.max_draft)
         remaining = self.reply.rules.max_tokens - len(self.reply.ids)
         k = controller.choose(draft, self.cache.length, remaining) if draft.tokens else 0
-        if self.pow2 and k:
-            k = (1 << (k + 1).bit_length() - 1) - 1  # rows 2, 4, 8 … 64: a graph each per cache
+        if self.pow2:
+            k = width_drafts(k)  # rows 2, 4, 8 … 64: a graph each per cache
         stats.lookups += 1
         lookup_s = time.perf_counter() - t_look
         stats.lookup_s += lookup_s

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from echoline.engine.api import HISTORY_CONTEXT, Engine
 from echoline.engine.drafting.controller import DraftController, VerifyCost
-from echoline.engine.generate import graph_widths
+from echoline.engine.generate import graph_widths, width_drafts
 
 from tests.synth import write_model
 from tests.test_sessions import VOCAB, StandInTokenizer, buffer
@@ -57,6 +57,8 @@ def test_the_default_draft_follows_the_backend(path, monkeypatch):
     engine, backend = wide_engine(path, monkeypatch)
     assert engine.max_draft == 63
     assert graph_widths(backend) == (1, 2, 4, 8, 16, 32, 64)
+    ks = (0, 1, 2, 3, 14, 15, 16, 40, 62, 63)
+    assert [width_drafts(k) for k in ks] == [0, 1, 1, 3, 7, 15, 15, 31, 31, 63]
     monkeypatch.setenv("ECHOLINE_MAX_DRAFT", "15")
     assert Engine(path, backend=WideGraphNumpy(), tokenizer=StandInTokenizer()).max_draft == 15
 

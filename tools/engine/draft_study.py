@@ -30,7 +30,7 @@ import numpy as np
 from echoline.engine.bench.oracle import interpolated_ratios, oracle_cost
 from echoline.engine.drafting.controller import DraftController, VerifyCost
 from echoline.engine.drafting.ngram_index import Draft, NgramIndex
-from echoline.engine.generate import DRAFT_CONTEXT
+from echoline.engine.generate import DRAFT_CONTEXT, GRAPH_WIDTHS, width_drafts
 
 MAX_N = 32  # the index's match-length cap
 RULES = ("recent", "oldest", "cursor", "vote", "cursor+vote", "hindsight")
@@ -156,7 +156,6 @@ def draft_records(
 #: How a replay fits k to a graph backend's verify widths (``--widths``): "free" (any k, as on
 #: the CPU), "round" (a free choice rounded down to width − 1, as the loop does on CUDA).
 WIDTH_MODES = ("free", "round")
-POW2 = (1, 2, 4, 8, 16, 32, 64)
 
 
 def controller_replay(
@@ -171,7 +170,7 @@ def controller_replay(
     ctl.overhead_s = overhead  # T(1) is 1.0 in from_ratios' units
     rounds = [r + overhead for r in ratios]
     if mode == "round":
-        rounds = [r if i == 0 or i in POW2 else float("inf") for i, r in enumerate(rounds)]
+        rounds = [r if i == 0 or i in GRAPH_WIDTHS else float("inf") for i, r in enumerate(rounds)]
     steps = cost = best = 0.0
     for prompt, reply in pairs:
         recs = draft_records(prompt, reply, max_draft)
@@ -182,8 +181,8 @@ def controller_replay(
         while i < n:
             d, a = recs[i]
             k = ctl.choose(d, 1024, n - i + 1) if d.tokens else 0
-            if mode == "round" and k:
-                k = (1 << (k + 1).bit_length() - 1) - 1
+            if mode == "round":
+                k = width_drafts(k)
             got = min(k, a)
             cost += ratios[k + 1] + overhead
             if k:
