@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from echoline.engine.api import Engine
 from echoline.engine.calibration import row_times
+from echoline.engine.generate import GRAPH_WIDTHS
 
 
 def load(args) -> Engine:
@@ -21,14 +22,11 @@ def row_costs(engine: Engine, context: int, ks: Sequence[int], reps: int = 5) ->
     return row_times(engine.model, context, ks, reps)
 
 
-#: Row counts the benchmarks time (powers of two: the widths a GPU's verify rounds use).
-ROW_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
-
-
 def verify_widths(engine: Engine) -> tuple[int, ...]:
-    """ROW_WIDTHS up to the engine's widest verify (max_draft + the pending token): 1-16 rows
-    on the CPU, 1-64 where the backend verifies 64 (CUDA)."""
-    return tuple(k for k in ROW_WIDTHS if k <= engine.max_draft + 1)
+    """The row counts the benchmarks time: the graph widths (powers of two, what a GPU's
+    verify rounds use) up to the engine's widest verify (max_draft + the pending token):
+    1-16 rows on the CPU, 1-64 where the backend verifies 64 (CUDA)."""
+    return tuple(k for k in GRAPH_WIDTHS if k <= engine.max_draft + 1)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
