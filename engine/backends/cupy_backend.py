@@ -501,9 +501,10 @@ class CupyBackend(Backend):
         setting and shape only, so every row count of one weight computes alike."""
         return self.tensor_int8 or 0 < self.tensor_int8_min_dim <= min(w.in_features, w.out_features)
 
-    def _xprep_rows(self, w: CudaWeight) -> int:
-        """The row count from which mt_body's kernels read x prepared once per product."""
-        return self.tensor_int8_xprep_min_rows if self._int8(w) else self.tensor_xprep_min_rows
+    def _xprep_rows(self, int8: bool) -> int:
+        """The row count from which mt_body's kernels read x prepared once per product, for
+        a weight in the integer form (``int8``: ``_int8``) or the f16 form."""
+        return self.tensor_int8_xprep_min_rows if int8 else self.tensor_xprep_min_rows
 
     def _tensor_wide(self, w: CudaWeight) -> bool:
         """Whether ``w`` runs on the staged wide-weight kernels (kernels.cu mtw_body): by flag,
@@ -571,7 +572,7 @@ class CupyBackend(Backend):
         cluster = self._split_cluster(splits)
         units = 2 if self.tensor_split_units == 2 and kw == 4 else 1
         int8 = self._int8(w)
-        xp = self._xprep(x2, ldx, n, w.in_features, None, 0, self._xprep_rows(w), int8)
+        xp = self._xprep(x2, ldx, n, w.in_features, None, 0, self._xprep_rows(int8), int8)
         for seg in w.segments:
             tiles = (seg.rows + 15) // 16
             nt, gy = self._row_passes(n, tiles * splits * kw)
@@ -701,7 +702,7 @@ class CupyBackend(Backend):
         pair = len(w.segments) == 2 and not act and self.fuse_segment_pairs
         nt, gy = self._row_plan(w, n, mt, kw, xblocks, pair)
         int8 = self._int8(w)
-        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self._xprep_rows(w), int8)
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self._xprep_rows(int8), int8)
 
         if pair:
             a, b = w.segments
