@@ -1565,6 +1565,87 @@ def test_xprep_propagates_nan(xprep_keep, rng):
     assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
 
 
+# ---- the integer form's few-row products on the CUDA cores (kernels.cu mtv kernels) ----
+@pytest.fixture
+def mtv_on(tensor_on):
+    """The integer form only (the mtv kernels exist for it alone); counts the mtv launches so
+    a test can tell they ran. Restores ``tensor_int8_mv_rows``."""
+    cb = tensor_on
+    if not TC_FORM["int8"]:
+        pytest.skip("the mtv kernels are the integer form's")
+    keep, k = cb.tensor_int8_mv_rows, cb._k
+    seen: list[str] = []
+
+    def spy(name, *args, **kwargs):
+        if name.startswith("mtv_"):
+            seen.append(name)
+        return k(name, *args, **kwargs)
+
+    cb._k = spy
+    yield cb, seen
+    del cb._k
+    cb.tensor_int8_mv_rows = keep
+
+
+def assert_mtv_keeps_bits(cb, seen: list[str], ops: dict) -> None:
+    """Each op at 1-4 rows on the mtv kernels == on its tensor-core family, bit for bit, and
+    the mtv kernels ran (1, 2 and 4-row builds)."""
+    seen.clear()
+    assert_setting_keeps_bits(cb, ops, "tensor_int8_mv_rows", 0, 4, rows=(1, 2, 3, 4))
+    assert {n[-2:] for n in seen} == {"r1", "r2", "r4"}, seen
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("policy", ["m2w4", "m1w8-16", "m1w16"])
+@pytest.mark.parametrize("d", [512, 1280], ids=lambda d: f"K{d}")
+def test_mtv_equals_mt_body(mtv_on, tc_policy, rng, qtype, policy, d):
+    """mt_body's family (KW 4, 8, 16): plain, norm, gated, residual and two-type pair (bias,
+    residual) launches, units that do not divide evenly among the warps."""
+    cb, seen = mtv_on
+    tc_policy(policy)
+    assert_mtv_keeps_bits(cb, seen, _tensor_launch_ops(cb, rng, qtype, d))
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("variant", ["w4x4", "w2x8", "w4x4u2", "w4x8c"])
+def test_mtv_equals_split_k(split_on, mtv_on, monkeypatch, rng, qtype, variant):
+    """The split-K family (mts / mtc: K slots = warps x blocks): plain and residual."""
+    cb, seen = mtv_on
+    w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 4)
+    ops = {
+        "plain": lambda m: cb.matmul(x[:m], w),
+        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
+    }
+    assert_mtv_keeps_bits(cb, seen, ops)
+    assert counters_zero(cb)
+
+
+@pytest.mark.parametrize("warps", WIDE_WARPS, ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+def test_mtv_equals_wide(wide_on, mtv_on, rng, qtype, warps):
+    """The wide (head) family, 1, 2 or 4 warps a tile: plain, fused norm with a bias, residual."""
+    cb, seen = mtv_on
+    cb.tensor_wide_warps = warps
+    w, gd, bd, x, res = wide_case(cb, rng, qtype, 512, 200, 4)
+    ops = {
+        "plain": lambda m: cb.matmul(x[:m], w),
+        "norm+bias": lambda m: cb.norm_matmul(x[:m], gd, 1e-6, w, bd),
+        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
+    }
+    assert_mtv_keeps_bits(cb, seen, ops)
+
+
+def test_mtv_propagates_nan(mtv_on, rng):
+    """A NaN in x reaches its row's outputs, and only its row, on the mtv kernels."""
+    cb, seen = mtv_on
+    cb.tensor_int8_mv_rows = 4
+    w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[1, 77] = np.nan
+    got = cb.to_host(cb.matmul(cupy.asarray(x), w))
+    assert seen and np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+
+
 @pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
 def test_tensor_min_blocks_change_no_bits(tensor_on, rng, qtype):
     """Fewer registers for more resident blocks (tensor_min_blocks, kernels.cu MT_MINB): the

@@ -67,6 +67,12 @@ class CudaTuning:
     #: Env ``ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=N``).
     #: The 7B shape above: 209.8 tok/s with it at every row count, 187.4 without
     tensor_int8_xprep_min_rows: int = 1
+    #: ... and up to this many rows on the CUDA cores (kernels.cu mtv kernels: each group's
+    #: exact integer dot product by dp4a, then mt_body's float steps in its order: the same
+    #: bits as the weight's tensor-core family, so the row count may pick it; 0: never, at
+    #: most 4; Env ``ECHOLINE_CUDA_INT8_MV_ROWS=N``). At one row mt_body computes a whole
+    #: 8-row tile's mma and float epilogue to keep one row.
+    tensor_int8_mv_rows: int = 2
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
@@ -273,6 +279,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_ATTENTION_MIN_GROUP", "tensor_attention_min_group",
              tuple(str(i) for i in range(17))),
             ("ECHOLINE_CUDA_INT8", "tensor_int8", ("0", "1")),
+            ("ECHOLINE_CUDA_INT8_MV_ROWS", "tensor_int8_mv_rows", ("0", "1", "2", "3", "4")),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
         ):

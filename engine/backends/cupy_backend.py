@@ -435,6 +435,8 @@ class CupyBackend(Backend):
             else:
                 res, ldr = self._rows(residual, w.out_features)
         splits = 0 if act or norm is not None else self._tensor_splits(w)
+        if self._few_rows_product(w, splits, x2, ldx, n, out, width, norm, eps, res, ldr, act):
+            return out
         if splits:
             self._split_product(w, splits, x2, ldx, n, out, width, res, ldr)
             return out
@@ -484,6 +486,55 @@ class CupyBackend(Backend):
                 ),
             )
         return out
+
+    def _few_rows_product(
+        self, w: CudaWeight, splits: int, x2: Any, ldx: int, n: int, out: Any, width: int,
+        norm: Any, eps: float, res: Any, ldr: int, act: int,
+    ) -> bool:  # fmt: skip
+        """The integer form's few-row products on the CUDA cores (kernels.cu mtv kernels),
+        where ``n`` is at most ``tensor_int8_mv_rows``; False where they do not apply.
+
+        They give the bits of the tensor-core family ``w`` takes at every row count (mt,
+        mts / mtc or mtw): ``kwg``, that family's warps sharing a row's units, fixes the order
+        of the sums, so choosing them by row count keeps decode == verify."""
+        if not (0 < n <= self.tensor_int8_mv_rows <= 4 and self._int8(w)):
+            return False
+        kw_norm = 0  # the norm's sum-of-squares order (xprep8's kwg)
+        if splits:
+            kwg = splits * self.tensor_split_warps
+        elif not act and self._tensor_wide(w):
+            kwg = kw_norm = self._wide_warps()
+        elif self._tensor(w):
+            kwg = kw_norm = self._tensor_shape(w, act)[1]
+        else:
+            return False
+        rows = 1 if n == 1 else 2 if n == 2 else 4
+        smem = rows * (w.in_features // 16) * 4  # x's group sums (kernels.cu mtv_body)
+        if kwg > 128 or 128 % kwg or smem > 40960:
+            return False
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw_norm, 1, True)
+        per_block = 128 // kwg
+        segs = w.segments
+        groups = [segs] if len(segs) == 2 and not act else [[seg] for seg in segs]
+        for group in groups:
+            a, b = group[0], group[-1]
+            cols_a = a.rows // 2 if act else a.rows
+            nblk_a = -(-cols_a // per_block)
+            nblk = nblk_a + (-(-b.rows // per_block) if len(group) == 2 else 0)
+            name = "_".join(seg.kernel for seg in group)
+            self._k(f"mtv_{name}_r{rows}", "+".join(seg.kernel for seg in group), int8=True)(
+                (nblk,),
+                (128,),
+                (
+                    a.data, np.int64(a.row_bytes), _i32(cols_a), _i32(nblk_a),
+                    b.data, np.int64(b.row_bytes), _i32(b.rows if len(group) == 2 else 0),
+                    _i32(w.in_features), _i32(kwg), _i32(n), *xp, np.float32(eps),
+                    out[:, a.col_offset :], out[:, b.col_offset :], _i32(width),
+                    _seg_res(res, a), _seg_res(res, b), _i32(ldr), _i32(act), _i32(cols_a),
+                ),  # fmt: skip
+                shared_mem=smem,
+            )
+        return True
 
     def _tensor(self, w: CudaWeight) -> bool:
         """Whether ``w`` runs on the tensor-core kernels: by flag, quant types and shape

@@ -42,8 +42,10 @@ def kernel_source(qtype: str | None = None) -> str:
     asked of the register allocator; "@aN" (alone: the common module) the attention with N
     resident blocks per SM; "@p1" every kernel releasing its programmatic dependents at its
     start (speed choices: the same bits); "@i1" the tensor-core products in their integer form
-    (other bits: kernels.cu MT_INT8)."""
+    (other bits: kernels.cu MT_INT8), with the few-row CUDA-core products that give the same
+    bits (kernels.cu mtv kernels)."""
     prefix = ""
+    int8 = False
     if qtype is not None and "@" in qtype:  # "q4_k@u2@b5": MT_UNITS 2, MT_MINB 5; "@a8"
         qtype, *opts = qtype.split("@")
         for opt in opts:
@@ -51,6 +53,7 @@ def kernel_source(qtype: str | None = None) -> str:
                 "u": "MT_UNITS", "b": "MT_MINB", "a": "ATTN_MINB", "p": "PDL_EARLY", "i": "MT_INT8",
             }[opt[0]]
             prefix += f"#define {macro} {int(opt[1:])}\n"
+            int8 = int8 or (opt[0] == "i" and int(opt[1:]) != 0)
         qtype = qtype or None  # "@a8": the common kernels
     src = prefix + (HERE / "kernels.cu").read_text()
     header = (HERE / "quant.cuh").read_text()
@@ -61,6 +64,8 @@ def kernel_source(qtype: str | None = None) -> str:
         a, b = qtype.split("+")
         qa, qb = QUANT_TYPES[a], QUANT_TYPES[b]
         tensor = f"MT2_ALL({a}, {qa}, {b}, {qb})\n" if a in TENSOR and b in TENSOR else ""
+        if tensor and int8:  # the few-row CUDA-core products of the integer form
+            tensor += f"MTV2_ALL({a}, {qa}, {b}, {qb})\n"
         return (
             src
             + f"\nMM2_ALL_R({a}, {qa}, {b}, {qb}, false, )\nMM2_ALL_R({a}, {qa}, {b}, {qb}, true, _f)\n"
@@ -69,6 +74,7 @@ def kernel_source(qtype: str | None = None) -> str:
     qt = QUANT_TYPES[qtype]
     extra = f"MM_ALL_RF({qtype}, {qt})\n" if qtype in FACTORED else ""
     extra += f"MT_ALL({qtype}, {qt})\nMTW_ALL({qtype}, {qt})\nMTS_ALL({qtype}, {qt})\n" if qtype in TENSOR else ""
+    extra += f"MTV_ALL({qtype}, {qt})\n" if qtype in TENSOR and int8 else ""
     return src + f"\nMM_ALL_R({qtype}, {qt})\n{extra}EMBED_KERNEL({qtype}, {qt})\n"
 
 

@@ -1242,6 +1242,169 @@ __device__ __forceinline__ void mtw_body(const u8* __restrict__ W, long long row
     MTW_KERNEL(NAME, QT, NT, 1, 4)
 #define MTW_ALL(NAME, QT) MTW_ALL_NT(NAME, QT, 1) MTW_ALL_NT(NAME, QT, 2) MTW_ALL_NT(NAME, QT, 4)
 
+// ---- few-row products of the integer form on the CUDA cores (mtv kernels, "@i1") ----
+// At one row mt_body still computes whole 8-row tiles: mma and a float epilogue for eight
+// rows to keep one. In the integer form each 32-weight group's dot product D is an exact
+// integer, so any order of its multiply-adds gives the same D. Here a thread owns one
+// (column, K slot gw) of a product whose family splits K over kwg warps (mt: KW; mts / mtc:
+// splits * KW; mtw: KW), takes that slot's units in the family's order (gw, gw + kwg, ...),
+// computes each group's D with dp4a over the very code words tc_unit gives mt_body, and then
+// runs mt_i8_step's float steps for that (row, column) one after another; the block adds
+// the kwg slots in order 0..kwg-1 and applies mt_body's epilogue (norm, gated activation,
+// residual). Every row's bits equal the family kernel's, so the backend may choose this
+// kernel by row count (one to R rows). x comes prepared by xprep8 (Xh codes, Xs scales, Xss
+// the norm's sums of squares or null); the group sums S of x (an mma with A = 1 in mt_body)
+// are taken once per block into shared memory, per 16-element half (dynamic: R * K / 16 ints).
+// Blocks of 128 threads: 128 / kwg columns each (kwg a power of two, at most 128); a
+// two-segment weight's blocks [0, nblk_a) run segment a, the rest segment b.
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) {  // u8 codes . s8 x codes + c
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+__device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {  // s8 . s8 + c
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// One unit u of one column (wrow) for rows 0..n-1 (n <= R): mt_i8_step's steps per group.
+template <int QT, int R>
+__device__ __forceinline__ void mtv_unit(const u8* __restrict__ wrow, int u, int nunits, int n,
+                                         const u32* __restrict__ Xh, const float* __restrict__ Xs,
+                                         const int* S, int nh, float (&acc)[R]) {
+    using T = TcTraits<QT>;
+    constexpr bool sums = T::has_min || T::off != 0;
+    u32 w[4][2][2];
+    float s0[2], s1[2], mn[2];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {  // lane t's words of mt_body; a group's scales are every lane's
+        float a0[2], a1[2], am[2];
+        tc_unit<QT>(wrow, u, t, w[t], a0, a1, am);
+        if (t == 0) {
+            s0[0] = a0[0]; s0[1] = a0[1]; s1[0] = a1[0]; s1[1] = a1[1]; mn[0] = am[0]; mn[1] = am[1];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r >= n) break;
+        long long at = (long long)r * nunits + u;
+        const uint4* bp = reinterpret_cast<const uint4*>(Xh + at * 16);
+        uint4 b[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) b[t] = __ldg(bp + t);  // lane t's b8[0][0], [0][1], [1][0], [1][1]
+        float2 xd = __ldg(reinterpret_cast<const float2*>(Xs + at * 2));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            int d0 = 0, d1 = 0;
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                d0 = dp4a_us(w[t][i][0], i ? b[t].z : b[t].x, d0);
+                d1 = dp4a_us(w[t][i][1], i ? b[t].w : b[t].y, d1);
+            }
+            const int* sh = S + r * nh + 4 * u + 2 * i;
+            int sx0 = sums ? sh[0] : 0, sx1 = sums ? sh[1] : 0;
+            float p = i ? xd.y : xd.x;
+            if constexpr (T::split) {
+                int e0 = d0 - T::off * sx0, e1 = d1 - T::off * sx1;
+                float y = fmaf(__fmul_rn(s0[i], p), __int2float_rn(e0), acc[r]);
+                acc[r] = fmaf(__fmul_rn(s1[i], p), __int2float_rn(e1), y);
+            } else {
+                int sx = sx0 + sx1;
+                float y = fmaf(__fmul_rn(s0[i], p), __int2float_rn(d0 + d1 - T::off * sx), acc[r]);
+                if constexpr (T::has_min) y = fmaf(__fmul_rn(mn[i], p), __int2float_rn(sx), y);
+                acc[r] = y;
+            }
+        }
+    }
+}
+
+template <int QT, int R>
+__device__ __forceinline__ void mtv_body(int bid, const u8* __restrict__ W, long long row_bytes,
+                                         int cols, int K, int kwg, int n,
+                                         const u32* __restrict__ Xh, const float* __restrict__ Xs,
+                                         const float* __restrict__ Xss, float eps,
+                                         float* __restrict__ Y, int ldy,
+                                         const float* __restrict__ Res, int ldr, int act, int half,
+                                         int* S, float* red) {
+    int nunits = K >> 6, nh = 4 * nunits, tid = threadIdx.x;
+    // S: each (row, 16-element half) sum of x codes, exact (as mt_body's mma with A = 1)
+    for (int e = tid; e < n * nh; e += blockDim.x) {
+        int r = e / nh, h = e - r * nh;
+        const u32* words = Xh + ((long long)r * nunits + (h >> 2)) * 16 + (h & 3);
+        int s = 0;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) s = dp4a_ss(__ldg(words + 4 * t), 0x01010101u, s);
+        S[e] = s;
+    }
+    __syncthreads();
+    int cpb = (int)blockDim.x / kwg, cl = tid / kwg, gw = tid - cl * kwg;
+    int col = bid * cpb + cl;
+    float acc[2][R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[0][r] = acc[1][r] = 0.0f;
+    if (col < cols) {
+        const u8* w0 = W + (long long)col * row_bytes;
+        const u8* w1 = W + (long long)(half + col) * row_bytes;  // act: the up column
+#pragma unroll 2
+        for (int u = gw; u < nunits; u += kwg) {
+            mtv_unit<QT, R>(w0, u, nunits, n, Xh, Xs, S, nh, acc[0]);
+            if (act) mtv_unit<QT, R>(w1, u, nunits, n, Xh, Xs, S, nh, acc[1]);
+        }
+    }
+    // red[(cl * kwg + gw) * R + r][2]: every slot's sums, then added in slot order
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        red[(tid * R + r) * 2] = acc[0][r];
+        red[(tid * R + r) * 2 + 1] = acc[1][r];
+    }
+    __syncthreads();
+    for (int e = tid; e < cpb * n; e += blockDim.x) {
+        int c = e / n, r = e - c * n;
+        int oc = bid * cpb + c;
+        if (oc >= cols) continue;
+        float v[2];
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+            const float* p = red + ((c * kwg) * R + r) * 2 + a;
+            float s = p[0];
+            for (int g = 1; g < kwg; ++g) s = __fadd_rn(s, p[g * R * 2]);
+            v[a] = s;
+        }
+        if (Xss) {
+            float ms = __fdiv_rn(Xss[r], (float)K);
+            float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+            v[0] = __fmul_rn(v[0], inv);
+            v[1] = __fmul_rn(v[1], inv);
+        }
+        float y = act ? act_glu(act, v[0], v[1]) : v[0];
+        if (Res) y = __fadd_rn(Res[(long long)r * ldr + oc], y);
+        Y[(long long)r * ldy + oc] = y;
+    }
+}
+
+#define MTV_KERNEL(NAME, QA, QB, R)                                                             \
+    extern "C" __global__ void __launch_bounds__(128)                                           \
+        mtv_##NAME##_r##R(const u8* Wa, long long rba, int cols_a, int nblk_a, const u8* Wb,    \
+                          long long rbb, int cols_b, int K, int kwg, int n, const u32* Xh,      \
+                          const float* Xs, const float* Xss, float eps, float* Ya, float* Yb,   \
+                          int ldy, const float* Ra, const float* Rb, int ldr, int act, int half) { \
+        grid_dependency();                                                                      \
+        extern __shared__ int mtv_sums[];                                                       \
+        __shared__ float red[128 * R * 2];                                                      \
+        if ((int)blockIdx.x < nblk_a)                                                           \
+            mtv_body<QA, R>(blockIdx.x, Wa, rba, cols_a, K, kwg, n, Xh, Xs, Xss, eps, Ya, ldy,  \
+                            Ra, ldr, act, half, mtv_sums, red);                                 \
+        else                                                                                    \
+            mtv_body<QB, R>(blockIdx.x - nblk_a, Wb, rbb, cols_b, K, kwg, n, Xh, Xs, Xss, eps,  \
+                            Yb, ldy, Rb, ldr, 0, 0, mtv_sums, red);                             \
+    }
+// One type (mtv_<q>_r<R>) or a pair (mtv_<a>_<b>_r<R>): up to 1, 2 or 4 rows.
+#define MTV_ALL(NAME, QT) MTV_KERNEL(NAME, QT, QT, 1) MTV_KERNEL(NAME, QT, QT, 2) MTV_KERNEL(NAME, QT, QT, 4)
+#define MTV2_ALL(NA, QA, NB, QB)                                                                \
+    MTV_KERNEL(NA##_##NB, QA, QB, 1) MTV_KERNEL(NA##_##NB, QA, QB, 2) MTV_KERNEL(NA##_##NB, QA, QB, 4)
+
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>
 __device__ __forceinline__ void embed_body(const u8* table, long long row_bytes, int K, const int* ids,

@@ -6,6 +6,9 @@
 #   bench : echoline bench decode on the 7B-shaped file, interleaved: f16, int8 (x quantized by
 #           every column tile), int8 with xprep8 (x quantized once per product), ROUNDS times;
 #           llama-bench tg128 on the same file; tools.cuda.exact_7b (the default: int8 here)
+#   mtv   : the integer form's few-row CUDA-core products (kernels.cu mtv): their tests, then
+#           tools.cuda.exact_7b (one row at a time now runs them), then bench decode with them
+#           off (ECHOLINE_CUDA_INT8_MV_ROWS=0) and on, ROUNDS (default 1) interleaved rounds
 #   spec  : draft length on the same file: tools.cuda.exact_7b with the default (63 drafts a
 #           round on CUDA) and with ECHOLINE_MAX_DRAFT=15 (the old cap), then versus_llamacpp
 #           (VS_TRAFFIC, default edit; llama-server plain and ngram-mod) on it, within the call
@@ -66,6 +69,7 @@ decode() {  # one bench decode of the file in the form $1, round $2
     f16) env="ECHOLINE_CUDA_INT8=0 ECHOLINE_CUDA_INT8_MIN_DIM=0" ;;
     int8) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=0" ;;
     int8x) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1" ;;
+    int8x_mv0) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_INT8_MV_ROWS=0" ;;
   esac
   env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
     > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
@@ -86,7 +90,7 @@ quick)
   for form in f16 int8 int8x; do decode $form 1; done
   ;;
 test)
-  tensor_tests "q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs" "tensor or xprep" \
+  tensor_tests "q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs" "tensor or xprep or mtv" \
     $((${CALL_S:-540} - $(date +%s) + t0)) tests.log
   ;;
 bench)
@@ -116,6 +120,18 @@ spec)
     --traffic ${VS_TRAFFIC:-edit} --llama-server $LB/llama-server --llama-args "-ngl 99" --json > "$OUT/versus_r7b.log" 2>&1
   stamp "versus rc=$?"; tail -12 "$OUT/versus_r7b.log"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec"; exit 2 ;;
+mtv)
+  start_background
+  build_modules "" q4_k@i1@b5 q6_k@i1@b5 q4_k+q6_k@i1@b5 q4_k q6_k q4_k+q6_k \
+    q4_0@i1@b5 q4_1@i1@b5 q5_0@i1@b5 q5_1@i1@b5 q8_0@i1@b5 q5_k@i1@b5 iq4_nl@i1@b5 iq4_xs@i1@b5
+  timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider --maxfail=5 -k "mtv" tests/test_cuda_backend.py 2>&1 \
+    | tee "$OUT/tests_mtv.log" | tail -15
+  stamp "mtv tests rc=$?"
+  wait_file
+  timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json > "$OUT/exact_mtv.json" 2> /tmp/exact.err
+  stamp "exact rc=$?"; tail -8 /tmp/exact.err
+  for r in $(seq 1 ${ROUNDS:-1}); do for form in int8x_mv0 int8x; do decode $form $r; done; done
+  ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv"; exit 2 ;;
 esac
 stamp done
