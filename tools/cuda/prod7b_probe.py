@@ -29,6 +29,7 @@ POLICIES = {
     "no_split": {"tensor_split": False},
     "no_wide": {"tensor_wide": False},
     "split_cluster0": {"tensor_split_cluster": False},
+    "mv0": {"tensor_int8_mv_rows": 0},  # the integer form's few-row products off (mtv)
 }
 
 
