@@ -1269,6 +1269,48 @@ __device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {  // s8 . s8 + c
     return d;
 }
 
+// One unit's code words for all four of mt_body's lanes (w[t] = tc_unit's w for lane t) and
+// the group scales. Q4_K, the bulk of a Q4_K_M file: the 32 code bytes in two 16-byte loads
+// (a block is 16-aligned; a misaligned row falls back), the scales as tc_unit computes them.
+template <int QT>
+__device__ __forceinline__ void mtv_words(const u8* __restrict__ row, int u, u32 (&w)[4][2][2],
+                                          float (&s0)[2], float (&s1)[2], float (&mn)[2]) {
+    if constexpr (QT == QT_Q4_K) {
+        const u8* blk = row + (long long)(u >> 2) * 144;
+        if ((reinterpret_cast<unsigned long long>(blk) & 15ull) == 0) {
+            int j = u & 3;
+            uint4 a = *reinterpret_cast<const uint4*>(blk + 16 + 32 * j);
+            uint4 b = *reinterpret_cast<const uint4*>(blk + 32 + 32 * j);
+            u32 v0[4] = {a.x, a.y, a.z, a.w}, v1[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                w[t][0][0] = v0[t] & 0x0F0F0F0Fu;
+                w[t][0][1] = v1[t] & 0x0F0F0F0Fu;
+                w[t][1][0] = (v0[t] >> 4) & 0x0F0F0F0Fu;
+                w[t][1][1] = (v1[t] >> 4) & 0x0F0F0F0Fu;
+            }
+            u32 dd = *reinterpret_cast<const u32*>(blk);
+            float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                int sc, m;
+                scale_min_k4(2 * j + i, blk + 4, sc, m);
+                s0[i] = s1[i] = __fmul_rn(d, small_f((u32)sc));
+                mn[i] = -__fmul_rn(dmin, small_f((u32)m));
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {  // lane t's words of mt_body; a group's scales are every lane's
+        float a0[2], a1[2], am[2];
+        tc_unit<QT>(row, u, t, w[t], a0, a1, am);
+        if (t == 0) {
+            s0[0] = a0[0]; s0[1] = a0[1]; s1[0] = a1[0]; s1[1] = a1[1]; mn[0] = am[0]; mn[1] = am[1];
+        }
+    }
+}
+
 // One unit u of one column (wrow) for rows 0..n-1 (n <= R): mt_i8_step's steps per group.
 template <int QT, int R>
 __device__ __forceinline__ void mtv_unit(const u8* __restrict__ wrow, int u, int nunits, int n,
@@ -1278,14 +1320,7 @@ __device__ __forceinline__ void mtv_unit(const u8* __restrict__ wrow, int u, int
     constexpr bool sums = T::has_min || T::off != 0;
     u32 w[4][2][2];
     float s0[2], s1[2], mn[2];
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {  // lane t's words of mt_body; a group's scales are every lane's
-        float a0[2], a1[2], am[2];
-        tc_unit<QT>(wrow, u, t, w[t], a0, a1, am);
-        if (t == 0) {
-            s0[0] = a0[0]; s0[1] = a0[1]; s1[0] = a1[0]; s1[1] = a1[1]; mn[0] = am[0]; mn[1] = am[1];
-        }
-    }
+    mtv_words<QT>(wrow, u, w, s0, s1, mn);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (r >= n) break;
