@@ -8,7 +8,8 @@
 #           llama-bench tg128 on the same file; tools.cuda.exact_7b (the default: int8 here)
 #   mtv   : the integer form's few-row CUDA-core products (kernels.cu mtv): their tests, then
 #           tools.cuda.exact_7b (one row at a time now runs them), then bench decode with them
-#           off (ECHOLINE_CUDA_INT8_MV_ROWS=0) and on, ROUNDS (default 1) interleaved rounds
+#           off (ECHOLINE_CUDA_INT8_MV_ROWS=0), at the default (2 rows) and up to 4 rows,
+#           ROUNDS (default 1) interleaved rounds (MTV_FORMS: other forms)
 #   spec  : draft length on the same file: tools.cuda.exact_7b with the default (63 drafts a
 #           round on CUDA) and with ECHOLINE_MAX_DRAFT=15 (the old cap), then versus_llamacpp
 #           (VS_TRAFFIC, default edit; llama-server plain and ngram-mod) on it, within the call
@@ -70,6 +71,7 @@ decode() {  # one bench decode of the file in the form $1, round $2
     int8) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=0" ;;
     int8x) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1" ;;
     int8x_mv0) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_INT8_MV_ROWS=0" ;;
+    int8x_mv4) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_INT8_MV_ROWS=4" ;;
   esac
   env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
     > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
@@ -130,7 +132,7 @@ mtv)
   wait_file
   timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json > "$OUT/exact_mtv.json" 2> /tmp/exact.err
   stamp "exact rc=$?"; tail -8 /tmp/exact.err
-  for r in $(seq 1 ${ROUNDS:-1}); do for form in int8x_mv0 int8x; do decode $form $r; done; done
+  for r in $(seq 1 ${ROUNDS:-1}); do for form in ${MTV_FORMS:-int8x_mv0 int8x int8x_mv4}; do decode $form $r; done; done
   ;;
 *) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv"; exit 2 ;;
 esac
