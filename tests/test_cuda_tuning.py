@@ -146,3 +146,14 @@ def test_int8_form_override() -> None:
     for odd in ("yes", "2", "", "-1"):
         assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8": odd}) == CudaTuning()
         assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_MIN_DIM": odd + "x"}) == CudaTuning()
+
+
+def test_int8_few_row_products_override() -> None:
+    """The integer form's CUDA-core products (kernels.cu mtv) take one row by default (two
+    and four measured no faster); 0 turns them off; only 0-4 are taken."""
+    assert CudaTuning().tensor_int8_mv_rows == 1
+    for rows in ("0", "2", "4"):
+        got = CudaTuning.from_env({"ECHOLINE_CUDA_INT8_MV_ROWS": rows})
+        assert got.tensor_int8_mv_rows == int(rows)
+    for odd in ("5", "-1", "one", ""):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_MV_ROWS": odd}) == CudaTuning()

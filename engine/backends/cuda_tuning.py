@@ -71,8 +71,11 @@ class CudaTuning:
     #: exact integer dot product by dp4a, then mt_body's float steps in its order: the same
     #: bits as the weight's tensor-core family, so the row count may pick it; 0: never, at
     #: most 4; Env ``ECHOLINE_CUDA_INT8_MV_ROWS=N``). At one row mt_body computes a whole
-    #: 8-row tile's mma and float epilogue to keep one row.
-    tensor_int8_mv_rows: int = 2
+    #: 8-row tile's mma and float epilogue to keep one row. H100, 7B-shaped Q4_K_M file,
+    #: ``bench decode`` (2026-12-07): one row 4.33-4.51 ms against 4.81-4.96 (234.6-236.0
+    #: tok/s against 210.7-211.0); two rows 4.90-5.09 against 4.92-5.06 ms (no gain), four
+    #: rows 7.29 against 5.10-5.22 ms (a loss): so one row only
+    tensor_int8_mv_rows: int = 1
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).

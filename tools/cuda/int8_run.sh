@@ -8,7 +8,7 @@
 #           llama-bench tg128 on the same file; tools.cuda.exact_7b (the default: int8 here)
 #   mtv   : the integer form's few-row CUDA-core products (kernels.cu mtv): their tests, then
 #           tools.cuda.exact_7b (one row at a time now runs them), then bench decode with them
-#           off (ECHOLINE_CUDA_INT8_MV_ROWS=0), at the default (2 rows) and up to 4 rows,
+#           off (ECHOLINE_CUDA_INT8_MV_ROWS=0), at the default (one row) and up to 4 rows,
 #           ROUNDS (default 1) interleaved rounds (MTV_FORMS: other forms)
 #   spec  : draft length on the same file: tools.cuda.exact_7b with the default (63 drafts a
 #           round on CUDA) and with ECHOLINE_MAX_DRAFT=15 (the old cap), then versus_llamacpp
