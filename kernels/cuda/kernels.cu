@@ -1283,21 +1283,8 @@ __device__ __forceinline__ void mtv_words(const u8* __restrict__ row, int u, u32
             uint4 b = *reinterpret_cast<const uint4*>(blk + 32 + 32 * j);
             u32 v0[4] = {a.x, a.y, a.z, a.w}, v1[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                w[t][0][0] = v0[t] & 0x0F0F0F0Fu;
-                w[t][0][1] = v1[t] & 0x0F0F0F0Fu;
-                w[t][1][0] = (v0[t] >> 4) & 0x0F0F0F0Fu;
-                w[t][1][1] = (v1[t] >> 4) & 0x0F0F0F0Fu;
-            }
-            u32 dd = *reinterpret_cast<const u32*>(blk);
-            float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                int sc, m;
-                scale_min_k4(2 * j + i, blk + 4, sc, m);
-                s0[i] = s1[i] = __fmul_rn(d, small_f((u32)sc));
-                mn[i] = -__fmul_rn(dmin, small_f((u32)m));
-            }
+            for (int t = 0; t < 4; ++t) q4k_words(v0[t], v1[t], w[t]);
+            q4k_unit_scales(blk, *reinterpret_cast<const u32*>(blk), j, s0, s1, mn);
             return;
         }
     }

@@ -491,18 +491,19 @@ __device__ __forceinline__ void tc_unit<QT_Q8_0>(const u8* row, int u, int t, u3
     }
 }
 
-template <>
-__device__ __forceinline__ void tc_unit<QT_Q4_K>(const u8* row, int u, int t, u32 w[2][2],
-                                                 float s0[2], float s1[2], float mn[2]) {
-    const u8* blk = row + (long long)(u >> 2) * 144;  // 16-aligned
-    int j = u & 3;  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles) of 32 bytes
-    u32 dd = *reinterpret_cast<const u32*>(blk);
-    const u8* qs = blk + 16 + 32 * j + 4 * t;
-    u32 v0 = *reinterpret_cast<const u32*>(qs), v1 = *reinterpret_cast<const u32*>(qs + 16);
+// A Q4_K / Q5_K unit's nibble words: v0, v1 (bytes 4t.. and 16 + 4t.. of sub-block pair j's 32
+// bytes) hold sub-block 2j's codes in their low nibbles and 2j + 1's in their high ones.
+__device__ __forceinline__ void q4k_words(u32 v0, u32 v1, u32 w[2][2]) {
     w[0][0] = v0 & 0x0F0F0F0Fu;
     w[0][1] = v1 & 0x0F0F0F0Fu;
     w[1][0] = (v0 >> 4) & 0x0F0F0F0Fu;
     w[1][1] = (v1 >> 4) & 0x0F0F0F0Fu;
+}
+
+// The scales and mins of sub-blocks 2j and 2j + 1 of a Q4_K / Q5_K block (dd: its first word,
+// d | dmin << 16; the 12 scale bytes follow it): w = s * code + mn.
+__device__ __forceinline__ void q4k_unit_scales(const u8* blk, u32 dd, int j, float s0[2],
+                                                float s1[2], float mn[2]) {
     float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -511,6 +512,17 @@ __device__ __forceinline__ void tc_unit<QT_Q4_K>(const u8* row, int u, int t, u3
         s0[i] = s1[i] = __fmul_rn(d, small_f((u32)sc));
         mn[i] = -__fmul_rn(dmin, small_f((u32)m));
     }
+}
+
+template <>
+__device__ __forceinline__ void tc_unit<QT_Q4_K>(const u8* row, int u, int t, u32 w[2][2],
+                                                 float s0[2], float s1[2], float mn[2]) {
+    const u8* blk = row + (long long)(u >> 2) * 144;  // 16-aligned
+    int j = u & 3;  // sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles) of 32 bytes
+    u32 dd = *reinterpret_cast<const u32*>(blk);
+    const u8* qs = blk + 16 + 32 * j + 4 * t;
+    q4k_words(*reinterpret_cast<const u32*>(qs), *reinterpret_cast<const u32*>(qs + 16), w);
+    q4k_unit_scales(blk, dd, j, s0, s1, mn);
 }
 
 // Q5_K (176-byte blocks: d, dmin, 12 scale bytes, qh[32], qs[128]): Q4_K's nibbles and
@@ -530,14 +542,7 @@ __device__ __forceinline__ void tc_unit<QT_Q5_K>(const u8* row, int u, int t, u3
     w[0][1] = (v1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4);
     w[1][0] = ((v0 >> 4) & 0x0F0F0F0Fu) | (((h0 >> 1) & 0x01010101u) << 4);
     w[1][1] = ((v1 >> 4) & 0x0F0F0F0Fu) | (((h1 >> 1) & 0x01010101u) << 4);
-    float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        int sc, m;
-        scale_min_k4(2 * j + i, blk + 4, sc, m);
-        s0[i] = s1[i] = __fmul_rn(d, small_f((u32)sc));
-        mn[i] = -__fmul_rn(dmin, small_f((u32)m));
-    }
+    q4k_unit_scales(blk, dd, j, s0, s1, mn);
 }
 
 template <>
