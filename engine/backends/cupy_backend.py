@@ -509,8 +509,10 @@ class CupyBackend(Backend):
         else:
             return False
         rows = 1 if n == 1 else 2 if n == 2 else 4
-        smem = rows * (w.in_features // 16) * 4  # x's group sums (kernels.cu mtv_body)
-        if kwg > 128 or 128 % kwg or smem > 40960:
+        smem = rows * (w.in_features // 16) * 4  # x's half-group sums (kernels.cu mtv_body)
+        # a block of 128 threads, 128 / kwg columns; its sums and the slots' partial sums
+        # (``red``: 128 * rows * 2 floats) within the 48 KiB a block gets without opting in
+        if kwg > 128 or 128 % kwg or smem + 128 * rows * 2 * 4 > 48 * 1024:
             return False
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw_norm, 1, True)
         per_block = 128 // kwg
