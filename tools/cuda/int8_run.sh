@@ -53,12 +53,13 @@ build_7b_modules() {  # the 7B-shaped Q4_K_M file's types, in each form
   build_modules "" q4_k q4_k@b5 q4_k@i1@b5 q6_k q6_k@b5 q6_k@i1@b5 q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
 }
 
-tensor_tests() {  # types ($1) built in each form, then the tests picked by $2 in $3 s, log $4
+tensor_tests() {  # types ($1) built in the forms $5 ("-": the bare build; default: all three),
+  # then the tests picked by $2 in $3 s, log $4
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
   start_background
   local mods=""
-  for q in $1; do mods="$mods $q $q@b5 $q@i1@b5"; done
-  build_modules "" $mods q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
+  for q in $1 q4_k+q6_k; do for f in ${5:-- @b5 @i1@b5}; do mods="$mods $q${f#-}"; done; done
+  build_modules "" $mods
   timeout "$3" python3 -m pytest -q -p no:cacheprovider --maxfail=5 -k "$2" tests/test_cuda_backend.py 2>&1 \
     | tee "$OUT/$4" | tail -30
   stamp "tests rc=$?"
@@ -123,12 +124,10 @@ spec)
   stamp "versus rc=$?"; tail -12 "$OUT/versus_r7b.log"
   ;;
 mtv)
-  start_background
-  build_modules "" q4_k@i1@b5 q6_k@i1@b5 q4_k+q6_k@i1@b5 q4_k q6_k q4_k+q6_k \
-    q4_0@i1@b5 q4_1@i1@b5 q5_0@i1@b5 q5_1@i1@b5 q8_0@i1@b5 q5_k@i1@b5 iq4_nl@i1@b5 iq4_xs@i1@b5
-  timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider --maxfail=5 -k "mtv" tests/test_cuda_backend.py 2>&1 \
-    | tee "$OUT/tests_mtv.log" | tail -15
-  stamp "mtv tests rc=$?"
+  # the integer form of every type, and the bare builds the 7B file's embedding reads
+  tensor_tests "q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs" "mtv" ${TEST_S:-200} \
+    tests_mtv.log @i1@b5
+  build_modules "" q4_k q6_k q4_k+q6_k
   wait_file
   timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json > "$OUT/exact_mtv.json" 2> /tmp/exact.err
   stamp "exact rc=$?"; tail -8 /tmp/exact.err
