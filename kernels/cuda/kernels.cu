@@ -1269,31 +1269,100 @@ __device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) {  // s8 . s8 + c
     return d;
 }
 
+// N 32-bit words from a 2-aligned address p: aligned loads from the 4-byte boundary at or
+// before p (one more when p is not 4-aligned), each word a funnel shift of two of them by 0
+// or 16 bits. Reads [p & ~3, p + 4N): at most 2 bytes before p, inside any 4-aligned tensor.
+template <int N>
+__device__ __forceinline__ void ld_words_a2(const u8* p, u32 (&v)[N]) {
+    unsigned long long a = reinterpret_cast<unsigned long long>(p);
+    const u32* q = reinterpret_cast<const u32*>(a & ~3ull);
+    u32 sh = (u32)(a & 2) * 8, r[N + 1];
+#pragma unroll
+    for (int k = 0; k < N; ++k) r[k] = __ldg(q + k);
+    r[N] = sh ? __ldg(q + N) : 0u;
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = __funnelshift_r(r[k], r[k + 1], sh);
+}
+
 // One unit's code words for all four of mt_body's lanes (w[t] = tc_unit's w for lane t) and
 // the group scales. Q4_K, the bulk of a Q4_K_M file: the 32 code bytes in two 16-byte loads
-// (a block is 16-aligned; a misaligned row falls back), the scales as tc_unit computes them.
+// (a block is 16-aligned; a misaligned row falls back), the scales as tc_unit computes them;
+// Q5_K likewise; Q6_K (a Q4_K_M file's head and half its down projections) and Q8_0, whose
+// blocks are only 2-aligned, from aligned 32-bit loads.
 template <int QT>
 __device__ __forceinline__ void mtv_words(const u8* __restrict__ row, int u, u32 (&w)[4][2][2],
                                           float (&s0)[2], float (&s1)[2], float (&mn)[2]) {
-    if constexpr (QT == QT_Q4_K) {
-        const u8* blk = row + (long long)(u >> 2) * 144;
-        if ((reinterpret_cast<unsigned long long>(blk) & 15ull) == 0) {
-            int j = u & 3;
-            uint4 a = *reinterpret_cast<const uint4*>(blk + 16 + 32 * j);
-            uint4 b = *reinterpret_cast<const uint4*>(blk + 32 + 32 * j);
-            u32 v0[4] = {a.x, a.y, a.z, a.w}, v1[4] = {b.x, b.y, b.z, b.w};
+    if constexpr (QT == QT_Q6_K) {
+        // 210-byte blocks are only 2-aligned: the half's 64 ql and 32 qh bytes as aligned words
+        // (17 and 9 loads instead of 48 16-bit ones).
+        const u8* blk = row + (long long)(u >> 2) * 210;
+        int half = (u >> 1) & 1, q0 = 2 * (u & 1), lshift = 4 * (u & 1);
+        u32 l[16], h[8];
+        ld_words_a2(blk + 64 * half, l);
+        ld_words_a2(blk + 128 + 32 * half, h);
 #pragma unroll
-            for (int t = 0; t < 4; ++t) q4k_words(v0[t], v1[t], w[t]);
-            q4k_unit_scales(blk, *reinterpret_cast<const u32*>(blk), j, s0, s1, mn);
-            return;
+        for (int t = 0; t < 4; ++t) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {  // quarter q0 + i: ql bytes 32 i + 4 t and + 16
+                int hshift = 2 * (q0 + i);
+                w[t][i][0] = q6k_word(l[8 * i + t], h[t], lshift, hshift);
+                w[t][i][1] = q6k_word(l[8 * i + 4 + t], h[4 + t], lshift, hshift);
+            }
         }
-    }
+        u32 sb = ld32u(blk + 192 + 8 * half + 2 * q0) ^ 0x80808080u;  // as tc_unit
+        float d = ldh(blk + 208);
+        q6k_scales(d, sb, 0, s0, s1, mn);
+        q6k_scales(d, sb, 1, s0, s1, mn);
+    } else if constexpr (QT == QT_Q8_0) {
+        // 34-byte blocks, codes 2-aligned: each block's 32 code bytes as aligned words
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {  // lane t's words of mt_body; a group's scales are every lane's
-        float a0[2], a1[2], am[2];
-        tc_unit<QT>(row, u, t, w[t], a0, a1, am);
-        if (t == 0) {
-            s0[0] = a0[0]; s0[1] = a0[1]; s1[0] = a1[0]; s1[1] = a1[1]; mn[0] = am[0]; mn[1] = am[1];
+        for (int i = 0; i < 2; ++i) {
+            const u8* blk = row + (long long)(2 * u + i) * 34;
+            u32 c[8];
+            ld_words_a2(blk + 2, c);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                w[t][i][0] = c[t] ^ 0x80808080u;  // signed codes + 128, as tc_unit
+                w[t][i][1] = c[4 + t] ^ 0x80808080u;
+            }
+            s0[i] = s1[i] = ldh(blk);
+            mn[i] = 0.0f;
+        }
+    } else if constexpr (QT == QT_Q5_K) {
+        // 176-byte blocks, 16-aligned: sub-block pair j's 32 code bytes and the 32 high-bit
+        // bytes in four 16-byte loads
+        const u8* blk = row + (long long)(u >> 2) * 176;
+        int j = u & 3;
+        uint4 a = *reinterpret_cast<const uint4*>(blk + 48 + 32 * j);
+        uint4 b = *reinterpret_cast<const uint4*>(blk + 64 + 32 * j);
+        uint4 c = *reinterpret_cast<const uint4*>(blk + 16);
+        uint4 e = *reinterpret_cast<const uint4*>(blk + 32);
+        u32 v0[4] = {a.x, a.y, a.z, a.w}, v1[4] = {b.x, b.y, b.z, b.w};
+        u32 h0[4] = {c.x, c.y, c.z, c.w}, h1[4] = {e.x, e.y, e.z, e.w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) q5k_words(v0[t], v1[t], h0[t], h1[t], j, w[t]);
+        q4k_unit_scales(blk, *reinterpret_cast<const u32*>(blk), j, s0, s1, mn);
+    } else {
+        if constexpr (QT == QT_Q4_K) {
+            const u8* blk = row + (long long)(u >> 2) * 144;
+            if ((reinterpret_cast<unsigned long long>(blk) & 15ull) == 0) {
+                int j = u & 3;
+                uint4 a = *reinterpret_cast<const uint4*>(blk + 16 + 32 * j);
+                uint4 b = *reinterpret_cast<const uint4*>(blk + 32 + 32 * j);
+                u32 v0[4] = {a.x, a.y, a.z, a.w}, v1[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int t = 0; t < 4; ++t) q4k_words(v0[t], v1[t], w[t]);
+                q4k_unit_scales(blk, *reinterpret_cast<const u32*>(blk), j, s0, s1, mn);
+                return;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {  // lane t's words of mt_body; a group's scales are every lane's
+            float a0[2], a1[2], am[2];
+            tc_unit<QT>(row, u, t, w[t], a0, a1, am);
+            if (t == 0) {
+                s0[0] = a0[0]; s0[1] = a0[1]; s1[0] = a1[0]; s1[1] = a1[1]; mn[0] = am[0]; mn[1] = am[1];
+            }
         }
     }
 }

@@ -525,6 +525,17 @@ __device__ __forceinline__ void tc_unit<QT_Q4_K>(const u8* row, int u, int t, u3
     q4k_unit_scales(blk, dd, j, s0, s1, mn);
 }
 
+// A Q5_K unit's code words: q4k_words' nibbles (v0, v1) with bit 2j + h of the high-bit
+// bytes (h0, h1: bytes 4t.. and 16 + 4t.. of qh) as bit 4 of sub-block 2j + h's codes.
+__device__ __forceinline__ void q5k_words(u32 v0, u32 v1, u32 h0, u32 h1, int j, u32 w[2][2]) {
+    h0 >>= 2 * j;
+    h1 >>= 2 * j;
+    w[0][0] = (v0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4);
+    w[0][1] = (v1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4);
+    w[1][0] = ((v0 >> 4) & 0x0F0F0F0Fu) | (((h0 >> 1) & 0x01010101u) << 4);
+    w[1][1] = ((v1 >> 4) & 0x0F0F0F0Fu) | (((h1 >> 1) & 0x01010101u) << 4);
+}
+
 // Q5_K (176-byte blocks: d, dmin, 12 scale bytes, qh[32], qs[128]): Q4_K's nibbles and
 // scales, plus bit 2j + h of qh[l] as bit 4 of sub-block 2j + h's element l.
 template <>
@@ -535,14 +546,23 @@ __device__ __forceinline__ void tc_unit<QT_Q5_K>(const u8* row, int u, int t, u3
     u32 dd = *reinterpret_cast<const u32*>(blk);
     const u8* qs = blk + 48 + 32 * j + 4 * t;
     const u8* qh = blk + 16 + 4 * t;
-    u32 v0 = *reinterpret_cast<const u32*>(qs), v1 = *reinterpret_cast<const u32*>(qs + 16);
-    u32 h0 = *reinterpret_cast<const u32*>(qh) >> (2 * j);
-    u32 h1 = *reinterpret_cast<const u32*>(qh + 16) >> (2 * j);
-    w[0][0] = (v0 & 0x0F0F0F0Fu) | ((h0 & 0x01010101u) << 4);
-    w[0][1] = (v1 & 0x0F0F0F0Fu) | ((h1 & 0x01010101u) << 4);
-    w[1][0] = ((v0 >> 4) & 0x0F0F0F0Fu) | (((h0 >> 1) & 0x01010101u) << 4);
-    w[1][1] = ((v1 >> 4) & 0x0F0F0F0Fu) | (((h1 >> 1) & 0x01010101u) << 4);
+    q5k_words(*reinterpret_cast<const u32*>(qs), *reinterpret_cast<const u32*>(qs + 16),
+              *reinterpret_cast<const u32*>(qh), *reinterpret_cast<const u32*>(qh + 16), j, w);
     q4k_unit_scales(blk, dd, j, s0, s1, mn);
+}
+
+// A Q6_K code word: four low nibbles (v >> lshift) with their two high bits (h >> hshift).
+__device__ __forceinline__ u32 q6k_word(u32 v, u32 h, int lshift, int hshift) {
+    return ((v >> lshift) & 0x0F0F0F0Fu) | (((h >> hshift) & 0x03030303u) << 4);
+}
+
+// Quarter q0 + i's two scales (s0 its first 16 weights, s1 the last) from the block's d and
+// the half's four signed scale bytes + 128 (sb); Q6_K has no min.
+__device__ __forceinline__ void q6k_scales(float d, u32 sb, int i, float s0[2], float s1[2],
+                                           float mn[2]) {
+    s0[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i)) & 0xFF)), MAGIC + 128.0f));
+    s1[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i + 8)) & 0xFF)), MAGIC + 128.0f));
+    mn[i] = 0.0f;
 }
 
 template <>
@@ -560,11 +580,9 @@ __device__ __forceinline__ void tc_unit<QT_Q6_K>(const u8* row, int u, int t, u3
     for (int i = 0; i < 2; ++i) {
         int q = q0 + i, hshift = 2 * q;
         const u8* l = ql + ((q & 1) ? 32 : 0);
-        w[i][0] = ((ld32u(l) >> lshift) & 0x0F0F0F0Fu) | (((h0 >> hshift) & 0x03030303u) << 4);
-        w[i][1] = ((ld32u(l + 16) >> lshift) & 0x0F0F0F0Fu) | (((h1 >> hshift) & 0x03030303u) << 4);
-        s0[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i)) & 0xFF)), MAGIC + 128.0f));
-        s1[i] = __fmul_rn(d, __fsub_rn(__int_as_float(0x4B000000u | ((sb >> (16 * i + 8)) & 0xFF)), MAGIC + 128.0f));
-        mn[i] = 0.0f;
+        w[i][0] = q6k_word(ld32u(l), h0, lshift, hshift);
+        w[i][1] = q6k_word(ld32u(l + 16), h1, lshift, hshift);
+        q6k_scales(d, sb, i, s0, s1, mn);
     }
 }
 
