@@ -123,9 +123,14 @@ class CudaTuning:
     #: 60.2 vs 69.1 us at one row on the Qwen head.
     #: Env ``ECHOLINE_CUDA_TENSOR_WIDE_PERSISTENT=0|1``
     tensor_wide_persistent: bool = False
-    #: ... shared memory one block may stage (stages x 16 rows of blocks); wider rows keep
-    #: the other kernels (48 KiB needs no opt-in)
-    tensor_wide_max_smem: int = 48 * 1024
+    #: ... shared memory one block may use (stages x 16 rows of blocks plus the kernel's
+    #: reduction array; capped by the device's opt-in limit); wider rows keep the other
+    #: kernels. Past 48 KiB the kernel opts in to more. At 48 KiB the Coder-7B's Q6_K head
+    #: (2940-byte rows: 47,040 staged bytes + 2,304 of reduction with 2 warps) missed by 192
+    #: bytes and ran on the CUDA cores: 1,370 / 5,760 us at 16 / 64 rows (H100), a quarter
+    #: of a 64-row verify. It is a shape rule (which family a weight runs on, so its bits),
+    #: never a row-count one. Env ``ECHOLINE_CUDA_TENSOR_WIDE_MAX_SMEM_KIB=48..227``
+    tensor_wide_max_smem: int = 96 * 1024
     #: ... warps per block splitting each staged tile's 64-weight units (1, 2 or 4; kernels.cu
     #: mtw_body's KW). It sets the order of a row's sums, so it is fixed per weight (this
     #: setting), never by the row count. Why more than one: ncu of the Qwen head (H200, 2026-12-03)
@@ -307,6 +312,9 @@ class CudaTuning:
             value = env.get(name, "")
             if value.isdigit() and int(value) <= 4096:
                 setattr(tuning, field, int(value))
+        kib = env.get("ECHOLINE_CUDA_TENSOR_WIDE_MAX_SMEM_KIB", "")
+        if kib.isdigit() and 48 <= int(kib) <= 227:
+            tuning.tensor_wide_max_smem = int(kib) * 1024
         units = env.get("ECHOLINE_CUDA_TENSOR_UNITS")
         if units in ("1", "2"):
             tuning.tensor_units = int(units)

@@ -230,6 +230,7 @@ class CupyBackend(Backend):
         # resident blocks of the wide-weight kernels: shared memory per SM and per block
         self._smem_per_sm = int(props.get("sharedMemPerMultiprocessor", 233472))
         self._smem_reserved = int(props.get("reservedSharedMemPerBlock", 1024))
+        self._smem_optin = int(props.get("sharedMemPerBlockOptin", 48 * 1024))  # one block's most
         self._resident_fit: dict[tuple[int, int], int] = {}
         # split-K tensor products: one arrival counter per (x, y) block of a launch, zero
         # between launches (each tile's last block resets its own); launches in one stream
@@ -571,10 +572,11 @@ class CupyBackend(Backend):
             and w.in_features % 64 == 0
             and w.out_features >= self.tensor_wide_min_cols
             # the staged tiles plus the kernel's static reduction array (kernels.cu
-            # MT_SMEM(NT, 1, 1) floats, at most NT = 4: 128 bytes) share the 48 KiB a block
-            # gets without opting in; the largest NT is counted so the choice stays shape-only
+            # MT_SMEM(NT, 1, KW) floats at the largest NT, so the choice stays shape-only)
+            # within the setting and the device's opt-in limit (_wide_product opts in past
+            # the 48 KiB a block gets without it)
             and self.tensor_wide_stages * 16 * seg.row_bytes + _wide_static_smem(self._wide_warps())
-            <= self.tensor_wide_max_smem
+            <= min(self.tensor_wide_max_smem, self._smem_optin)
             and seg.data.data.ptr % 16 == 0  # 16-byte copies (every upload is aligned)
         )
 
@@ -675,6 +677,8 @@ class CupyBackend(Backend):
         smem = stages * 16 * seg.row_bytes
         int8 = self._int8(w)
         fn = self._k(f"mtw_{seg.kernel}_n{nt}_s{stages}_w{kw}", seg.kernel, int8=int8)
+        if smem + _wide_static_smem(kw) > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+            fn.max_dynamic_shared_size_bytes = smem  # the opt-in past 48 KiB (_tensor_wide)
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw, self.tensor_xprep_wide_min_rows, int8)
         items = (seg.rows + 15) // 16 * groups
         grid = min(items, self._resident_blocks(fn, smem, kw)) if self.tensor_wide_persistent else items

@@ -1,9 +1,9 @@
-"""Attention kernels alone at SmolLM2 / Qwen2.5-1.5B / Qwen2.5-0.5B shapes (for ncu).
+"""Attention kernels alone at SmolLM2 / Qwen2.5-1.5B / 0.5B / Coder-7B shapes (for ncu).
 
     ncu --clock-control none --kernel-name regex:attn_ python3 -m tools.cuda.attn_probe \
         [--shapes smollm2,qwen1.5b,qwen0.5b] [--context 2048]
 
-``--time``: each pass inside CUDA graphs instead (µs a call at 1 / 8 / 16 rows): the whole
+``--time``: each pass inside CUDA graphs instead (µs a call at ``--rows``, default 1 / 8 / 16): the whole
 attention, pass 1 alone, the combine alone, the tensor-core pass 1 (as chosen; on 4 warps, on 8, two tiles a block), the whole attention with
 the other kernel family than the shape's default, for a cache of ``context + 64`` rows and for one
 of the next power of two (the session store's graph capacities), and items per block.
@@ -20,7 +20,9 @@ from echoline.engine.backends.cupy_backend import CupyBackend
 from tools.cuda.bench_device import graph_op_time
 
 #: name -> (query heads, KV heads, head dim)
-SHAPES = {"smollm2": (9, 3, 64), "qwen1.5b": (12, 2, 128), "qwen0.5b": (14, 2, 64)}
+SHAPES = {
+    "smollm2": (9, 3, 64), "qwen1.5b": (12, 2, 128), "qwen0.5b": (14, 2, 64), "qwen7b": (28, 4, 128),
+}
 
 
 def main() -> None:
@@ -28,11 +30,12 @@ def main() -> None:
     ap.add_argument("--shapes", default="smollm2,qwen1.5b")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--time", action="store_true", help="time each pass inside graphs")
+    ap.add_argument("--rows", default="1,8,16", help="row counts for --time")
     args = ap.parse_args()
     b = CupyBackend()
     if args.time:
         for name in args.shapes.split(","):
-            for line in time_passes(b, name, args.context):
+            for line in time_passes(b, name, args.context, [int(r) for r in args.rows.split(",")]):
                 print(line, flush=True)
         return
     rng = np.random.default_rng(0)
@@ -50,7 +53,7 @@ def main() -> None:
     b.synchronize()
 
 
-def time_passes(b: CupyBackend, name: str, ctx: int) -> list[str]:
+def time_passes(b: CupyBackend, name: str, ctx: int, rows: list[int]) -> list[str]:
     """µs a call inside graphs of the attention's passes (see the module docstring)."""
     heads, kvh, hd = SHAPES[name]
     rng = np.random.default_rng(0)
@@ -58,7 +61,7 @@ def time_passes(b: CupyBackend, name: str, ctx: int) -> list[str]:
     for cap in (ctx + 64, 1 << (ctx + 63).bit_length()):
         kc = cupy.asarray(rng.standard_normal((cap, kvh, hd)).astype(np.float32))
         vc = cupy.asarray(rng.standard_normal((cap, kvh, hd)).astype(np.float32))
-        for n in (1, 8, 16):
+        for n in rows:
             q = cupy.asarray(rng.standard_normal((n, heads, hd)).astype(np.float32))
             pos = b.device_ints(np.arange(ctx - n, ctx))
             call, out = b._attention_call(q, kc, vc, pos, 0, 0.125)

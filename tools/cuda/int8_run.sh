@@ -13,6 +13,8 @@
 #   spec  : draft length on the same file: tools.cuda.exact_7b with the default (63 drafts a
 #           round on CUDA) and with ECHOLINE_MAX_DRAFT=15 (the old cap), then versus_llamacpp
 #           (VS_TRAFFIC, default edit; llama-server plain and ngram-mod) on it, within the call
+#   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
+#           shapes, eager) and tools.cuda.attn_probe --time (qwen7b, in graphs) at 1-64 rows
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
 # llama-server) and the 7B-shaped Q4_K_M random file (tools/cuda/synth_gguf.py).
 # Carry: .whl, .lcpp, .mdl/qwen-tok.gguf (the tokenizer keys for the synthetic file).
@@ -73,6 +75,7 @@ decode() {  # one bench decode of the file in the form $1, round $2
     int8x) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1" ;;
     int8x_mv0) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_INT8_MV_ROWS=0" ;;
     int8x_mv4) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_INT8_MV_ROWS=4" ;;
+    int8x_w48) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_TENSOR_WIDE_MAX_SMEM_KIB=48" ;;
   esac
   env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
     > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
@@ -133,6 +136,15 @@ mtv)
   stamp "exact rc=$?"; tail -8 /tmp/exact.err
   for r in $(seq 1 ${ROUNDS:-1}); do for form in ${MTV_FORMS:-int8x_mv0 int8x int8x_mv4}; do decode $form $r; done; done
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv"; exit 2 ;;
+rows)
+  build_7b_modules
+  timeout ${PROBE_S:-200} python3 -m tools.cuda.prod7b_probe --policies default --rows ${ROWS_LIST:-1,16,32,64} \
+    --iters 20 2>&1 | tee "$OUT/prod7b_rows.txt" | tail -8
+  stamp "products rc=$?"
+  timeout ${PROBE_S:-200} python3 -m tools.cuda.attn_probe --time --shapes qwen7b --context ${CTX:-1024} \
+    --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
+  stamp "attention rc=$?"
+  ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|rows"; exit 2 ;;
 esac
 stamp done

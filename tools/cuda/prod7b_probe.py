@@ -30,6 +30,8 @@ POLICIES = {
     "no_wide": {"tensor_wide": False},
     "split_cluster0": {"tensor_split_cluster": False},
     "mv0": {"tensor_int8_mv_rows": 0},  # the integer form's few-row products off (mtv)
+    "wide_groups2": {"tensor_wide_row_groups": 2},  # the head's rows in 2 / 4 groups (same bits)
+    "wide_groups4": {"tensor_wide_row_groups": 4},
 }
 
 

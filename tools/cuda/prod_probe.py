@@ -21,10 +21,12 @@ from tools.cuda.bench_device import random_blocks
 Q = gguf.GGMLQuantizationType
 VOCAB = 151936
 #: shape -> (hidden, feed-forward, k and v width each, types of (q|k, o, gate|up), v, down, head);
-#: the 0.5B's Q5_0 / Q8_0 / Q4_K mix (half its down projections are Q6_K) and the 1.5B's Q4_K_M
+#: the 0.5B's Q5_0 / Q8_0 / Q4_K mix (half its down projections are Q6_K), the 1.5B's and the
+#: Coder-7B's Q4_K_M
 SHAPES = {
     "1.5b": (1536, 8960, 256, (Q.Q4_K, Q.Q6_K, Q.Q6_K, Q.Q6_K)),
     "0.5b": (896, 4864, 128, (Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q8_0)),
+    "7b": (3584, 18944, 512, (Q.Q4_K, Q.Q6_K, Q.Q6_K, Q.Q6_K)),
 }
 
 
