@@ -72,9 +72,9 @@ class CudaTuning:
     #: bits as the weight's tensor-core family, so the row count may pick it; 0: never, at
     #: most 4; Env ``ECHOLINE_CUDA_INT8_MV_ROWS=N``). At one row mt_body computes a whole
     #: 8-row tile's mma and float epilogue to keep one row. H100, 7B-shaped Q4_K_M file,
-    #: ``bench decode`` (2026-12-07): one row 4.33-4.51 ms against 4.81-4.96 (234.6-236.0
-    #: tok/s against 210.7-211.0); two rows 4.90-5.09 against 4.92-5.06 ms (no gain), four
-    #: rows 7.29 against 5.10-5.22 ms (a loss): so one row only
+    #: ``bench decode`` (2026-12-07, with the wide code loads): 254.5-255.8 tok/s against
+    #: 209.7-209.8 off; before those loads two rows took 4.90-5.09 ms against 4.92-5.06 on
+    #: the tile (no gain) and four 7.29 against 5.10-5.22 (a loss): so one row only
     tensor_int8_mv_rows: int = 1
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
