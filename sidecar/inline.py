@@ -219,6 +219,14 @@ def choose_head(engine: EngineLike, long: InlinePrompt, short_of: Callable[[], I
                         long_ids=long.ids, head_len=short.head_len)
 
 
+def suffix_budget(engine: EngineLike, suffix_tokens: int | None, auto_suffix: bool) -> int | None:
+    """The most suffix tokens an inline prompt carries: the setting (``suffix_tokens``), else
+    with ``auto_suffix`` the engine's budget (``auto_suffix_tokens``: measured once per
+    process, so it can differ between two processes on one machine), else None
+    (characters only). Reported with each prompt, so a caller can rebuild the same one."""
+    return suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
+
+
 def _prompt(
     engine: EngineLike, healed: str, suffix: str, uri: str, suffix_tokens: int | None, auto_suffix: bool,
     anchor: int, starts: HeadStarts | None, record: bool, edits: int | None,
@@ -232,7 +240,7 @@ def _prompt(
     from text that an edit has since replaced is not kept. ``short_head``: ask with the
     short head while the long one is not cached (``choose_head``, for ``session``); the
     long head's start is what is kept either way."""
-    budget = suffix_tokens if suffix_tokens is not None or not auto_suffix else auto_suffix_tokens(engine)
+    budget = suffix_budget(engine, suffix_tokens, auto_suffix)
     keep, now = starts.read(uri, healed) if starts is not None else (None, 0)
     prompt = inline_prompt(engine, healed, suffix, suffix_tokens=budget, anchor=anchor, keep_start=keep)
     if starts is not None and record:
@@ -378,6 +386,7 @@ def warm_job(
             long = run_ids(engine, prompt.long_ids, inline_long_session(uri), cancel, None,
                            reserve_tokens=len(prompt.long_ids) + max_tokens)
             report = {**long, "short": {"tokens": report["tokens"], "cached": report["cached"]}}
-        return {**report, "mode": prompt.mode, "head": prompt.head}
+        return {**report, "mode": prompt.mode, "head": prompt.head,
+                "suffix_tokens": suffix_budget(engine, suffix_tokens, auto_suffix)}
 
     return job

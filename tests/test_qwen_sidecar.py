@@ -123,8 +123,11 @@ async def test_cursor_warm_up_then_completion_equals_a_cold_one(lsp: LanguageCli
     offset = sum(len(line) + 1 for line in lines[:row]) + pos.character
     # the warmed cursor's prompt has the long head (cached); a cold engine would ask with the
     # short one (sidecar.inline.choose_head), so the reference asks with the long head too
+    # and with the server's suffix budget: it is measured once per process (a cold engine in
+    # this process may measure another power of two on a busy machine), so the warm-up
+    # reports the one it used
     cold = inline_job(text[:offset], text[offset:], lines[row][: pos.character], "file:///cold.py", 24, False,
-                      short_head=False)(Engine.load(MODEL), threading.Event())
+                      detail["suffix_tokens"], auto_suffix=False, short_head=False)(Engine.load(MODEL), threading.Event())
     assert cold.text, "the cold request completes something there"
     assert isinstance(res, types.InlineCompletionList)
     assert len(res.items) == 1 and res.items[0].insert_text == cold.text, (res.items, cold.text)
