@@ -1056,6 +1056,67 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
         cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave = keep
 
 
+#: (tensor_max_row_tiles, tensor_min_blocks_rows): speed choices past 16 rows, the default first
+ROW_PASS_BUILDS = ((4, 0), (4, 3), (8, 2), (8, 0))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("policy", ["m2w4", "m1w8-16", "m1w16"])
+def test_tensor_row_pass_builds_change_no_bits(tensor_on, tc_policy, rng, monkeypatch, qtype, policy):
+    """Launches past 32 rows with eight 8-row tiles per pass (NT 8: kernels ``_n8_``, modules
+    "@t8") where the kernel is built for it (KW 4 and 8; KW 16 keeps NT 4), or four, and the
+    kernels past 16 rows under another register bound (``tensor_min_blocks_rows``, modules
+    "@rN"): the same bits for plain, norm, gated, residual and two-type launches, and each
+    row equals its one-row call."""
+    cb = tensor_on
+    tc_policy(policy)
+    d, n_ff, n = 512, 72, 64
+    gate_up = cb.prepare_matrix([make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")])
+    pair = cb.prepare_matrix([make_tensor(rng, 96, d, Q.Q4_K, "qk"), make_tensor(rng, 40, d, Q.Q6_K, "v")])
+    assert cb._tensor(gate_up) and cb._tensor(pair)
+    gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
+    x = cupy.asarray(wide_range_x(rng, n, d))
+    res = cupy.asarray(rng.standard_normal((n, 2 * n_ff)).astype(np.float32))
+    res2 = cupy.asarray(rng.standard_normal((n, 136)).astype(np.float32))
+    ops = {
+        "plain": lambda m: cb.matmul(x[:m], gate_up),
+        "norm": lambda m: cb.norm_matmul(x[:m], gd, 1e-5, gate_up),
+        "glu": lambda m: cb.norm_matmul_glu(x[:m], gd, 1e-5, gate_up, n_ff, False),
+        "add": lambda m: cb.matmul_add(x[:m], gate_up, res[:m]),
+        "pair+res": lambda m: cb.matmul_add(x[:m], pair, res2[:m]),
+    }
+    launched: list[str] = []
+    k = cb._k
+
+    def spy(name, *args, **kwargs):
+        launched.append(name)
+        return k(name, *args, **kwargs)
+
+    monkeypatch.setattr(cb, "_k", spy)
+    keep = cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows
+    rows = (24, 33, 40, n)
+    try:
+        for name, op in ops.items():
+            got = {}
+            for tiles, minb in ROW_PASS_BUILDS:
+                cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows = tiles, minb
+                launched.clear()
+                poison()
+                got[tiles, minb] = {m: cb.to_host(op(m)) for m in rows}
+                mt_names = [f for f in launched if f.startswith(("mt_", "mt2_"))]
+                assert mt_names, f"{name}: no tensor-core launch"
+                want = "_n4_" if tiles == 4 or policy == "m1w16" else "_n8_"
+                assert all(want in f for f in mt_names[1:]), (name, tiles, mt_names)  # [0]: 24 rows
+                for m in rows:
+                    assert np.array_equal(got[tiles, minb][m], got[ROW_PASS_BUILDS[0]][m]), (
+                        f"{name}: {m} rows, NT {tiles} / bound {minb} against the default")
+                    assert np.array_equal(got[tiles, minb][n][:m], got[tiles, minb][m]), f"{name}: {m} rows against {n}"
+            one = cb.to_host(op(1))
+            assert np.array_equal(one[0], got[ROW_PASS_BUILDS[0]][n][0]), f"{name}: row 0 alone"
+    finally:
+        cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows = keep
+
+
 def test_tensor_row_split_only_in_one_wave(tensor_on, rng, monkeypatch):
     """A row split whose grid would not fit in one wave of resident blocks runs its passes
     in one block instead (``tensor_row_split_one_wave``), with the same bits as the split."""

@@ -170,3 +170,31 @@ def test_int8_few_row_products_override() -> None:
         assert got.tensor_int8_mv_rows == int(rows)
     for odd in ("5", "-1", "one", ""):
         assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_MV_ROWS": odd}) == CudaTuning()
+
+
+def test_row_pass_settings_from_env() -> None:
+    """The kernels past 16 rows: their register bound takes 1-8 and their tiles per pass 4 or
+    8, nothing else; both off by default (the modules as before)."""
+    t = CudaTuning.from_env(
+        {"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS": "3", "ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES": "8"}
+    )
+    assert (t.tensor_min_blocks_rows, t.tensor_max_row_tiles) == (3, 8)
+    for bad in ("0", "9", "2.5", "x"):
+        t = CudaTuning.from_env(
+            {"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS": bad, "ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES": bad}
+        )
+        assert t == CudaTuning()
+    assert (CudaTuning().tensor_min_blocks_rows, CudaTuning().tensor_max_row_tiles) == (0, 4)
+
+
+def test_row_pass_module_suffixes() -> None:
+    """"@t8" and "@rN" reach the kernel source as MT_ROW_TILES8 and MT_MINB_ROWS (defined
+    before the file's defaults, which they override); a module without them defines neither."""
+    from echoline.kernels.cuda import kernel_source
+
+    src = kernel_source("q4_k@i1@b5@r3@t8")
+    head = src[: src.index("#ifndef MT_UNITS")]
+    assert "#define MT_ROW_TILES8 8" in head and "#define MT_MINB_ROWS 3" in head and "#define MT_MINB 5" in head
+    plain = kernel_source("q4_k@i1@b5")
+    assert "#define MT_ROW_TILES8 8" not in plain and "#define MT_MINB_ROWS 3" not in plain
+    assert "#define MT_ROW_TILES8 0" in plain and "#define MT_MINB_ROWS 0" in plain  # the defaults

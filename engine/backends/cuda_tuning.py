@@ -101,6 +101,16 @@ class CudaTuning:
     #: per SM, so Qwen 0.5B's 72-tile q|k|v split in two (144 blocks) ran a second wave on
     #: 12 SMs. The same bits either way. Env ``ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE=0|1``
     tensor_row_split_one_wave: bool = True
+    #: the most 8-row tiles a tensor-core block computes per pass over its weights (NT) in
+    #: launches past 32 rows. 8 (modules "@t8", kernels.cu MT_ROW_TILES8) would run a 64-row
+    #: verify (or prefill chunk) in one pass instead of two, each weight unit read and unpacked
+    #: once; kernels with 16 warps splitting K stay at 4 (their reduction array would pass
+    #: 48 KiB), and so do the wide (head) kernels, whose tiles are staged in shared memory. The
+    #: same bits either way (rows never share arithmetic). 4 until measured on a device
+    #: (``bash tools/cuda/int8_run.sh nt8`` and ``nt8bench``): written and compiled
+    #: (nvcc, sm_90) on 2026-12-07 with no device time left. Env
+    #: ``ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=4|8``
+    tensor_max_row_tiles: int = 4
     #: very wide weights (the output heads: at least ``tensor_wide_min_cols`` output columns,
     #: one quant type) on the tensor cores through the staged kernels (kernels.cu mtw_body):
     #: one-warp blocks stage whole 16-column tiles (16 consecutive rows of blocks)
@@ -180,6 +190,14 @@ class CudaTuning:
     #: 1.5B 427.6 / **494.3** / 477.8 / 425.5 (3.166 / **3.054** / 3.240 / 3.616).
     #: Env ``ECHOLINE_CUDA_TENSOR_MIN_BLOCKS=1..8``
     tensor_min_blocks: int = 5
+    #: ... the same for the products of 4 or 8 eight-row tiles per pass (launches past 16
+    #: rows: long verify rounds, prefill chunks); 0: ``tensor_min_blocks``. Why apart: at 5
+    #: (96 registers) ptxas spills the accumulators of the two-tile (MT 2) kernels there
+    #: (nvcc 13.0, sm_90, integer form: the 7B's gate|up ``mt_q4_k_n4_m2_w4`` stores 252
+    #: bytes and loads 444; 168 registers unbounded, so 3 would fit it; NT 8 needs 204, so 2).
+    #: 0 until measured on a device (``bash tools/cuda/int8_run.sh nt8``). A speed choice,
+    #: the same bits. Env ``ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=1..8``
+    tensor_min_blocks_rows: int = 0
     #: x converted to the tensor cores' f16 form once per product (kernels.cu xprep) instead
     #: of once per column tile, for products of at least this many rows on mt_body's kernels
     #: (mt, mt2, mts, mtc); 0: never. The same bits either way (one conversion routine, the
@@ -279,6 +297,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_TENSOR_SPLIT_CLUSTER", "tensor_split_cluster", ("0", "1")),
             ("ECHOLINE_CUDA_TENSOR_MIN_UNITS_PER_WARP", "tensor_min_units_per_warp", ("1", "2")),
             ("ECHOLINE_CUDA_TENSOR_ROW_SPLIT_ONE_WAVE", "tensor_row_split_one_wave", ("0", "1")),
+            ("ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES", "tensor_max_row_tiles", ("4", "8")),
             ("ECHOLINE_CUDA_ATTN_ITEMS_PER_WARP", "attn_items_per_warp", ("1", "2", "4")),
             ("ECHOLINE_CUDA_TENSOR_ATTENTION_W8_MAX_TILES", "tensor_attention_w8_max_tiles",
              tuple(str(i) for i in range(9))),
@@ -297,6 +316,7 @@ class CudaTuning:
                 setattr(tuning, field, value == "1" if kind is bool else int(value))
         for name, field in (
             ("ECHOLINE_CUDA_TENSOR_MIN_BLOCKS", "tensor_min_blocks"),
+            ("ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS", "tensor_min_blocks_rows"),
             ("ECHOLINE_CUDA_ATTN_MIN_BLOCKS", "attn_min_blocks"),
             ("ECHOLINE_CUDA_ATTN_GROUP_MIN_BLOCKS", "attn_group_min_blocks"),
         ):

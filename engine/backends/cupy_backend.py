@@ -259,7 +259,10 @@ class CupyBackend(Backend):
         ``int8``: a tensor-core product's integer form (``_int8``)."""
         pdl = self.programmatic_launch and self._pdl_ok
         early = pdl and self.programmatic_early
-        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, int8, attn_blocks, pdl, early)
+        tiles8 = self.tensor_max_row_tiles == 8
+        rows_minb = self.tensor_min_blocks_rows
+        key = (name, qtype, self.tensor_units, self.tensor_min_blocks, int8, attn_blocks, pdl, early, tiles8,
+               rows_minb)  # fmt: skip
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # module builds of the products
@@ -269,6 +272,10 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@u{self.tensor_units}"
                 if self.tensor_min_blocks != 1:  # fewer registers, more blocks per SM
                     qtype = f"{qtype}@b{self.tensor_min_blocks}"
+                if rows_minb:  # the register bound of the kernels past 16 rows
+                    qtype = f"{qtype}@r{rows_minb}"
+                if tiles8:  # also the kernels of eight 8-row tiles per pass
+                    qtype = f"{qtype}@t8"
             if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
                 qtype = f"@a{attn_blocks}"
             if early:  # every module: each kernel releases the next one at its start
@@ -630,7 +637,7 @@ class CupyBackend(Backend):
         xp = self._xprep(x2, ldx, n, w.in_features, None, 0, self._xprep_rows(int8), int8)
         for seg in w.segments:
             tiles = (seg.rows + 15) // 16
-            nt, gy = self._row_passes(n, tiles * splits * kw)
+            nt, gy = self._row_passes(n, tiles * splits * kw, kw)
             if cluster:  # one cluster per tile: no scratch planes, no counters
                 self._k(f"mtc_{seg.kernel}_n{nt}_w4_s{splits}", seg.kernel, int8=int8)(
                     (tiles, gy, splits),
@@ -729,20 +736,30 @@ class CupyBackend(Backend):
                 return 1, kw
         return 1, 16
 
-    def _row_passes(self, n: int, warps: int) -> tuple[int, int]:
+    def _row_passes(self, n: int, warps: int, kw: int = 4) -> tuple[int, int]:
         """(NT, grid y) of a tensor-core launch of ``n`` rows whose column blocks hold
-        ``warps`` warps in all.
+        ``warps`` warps in all, ``kw`` warps a block.
 
         Up to 8 rows: one pass. 9-17 rows: one 8-row pass per block row (grid y) while the
-        launch stays within ``tensor_row_split_warps_per_sm``, else NT = 2 or 4 passes in
-        one block. Neither choice changes a value (rows never share arithmetic)."""
+        launch stays within ``tensor_row_split_warps_per_sm``, else 8-row tiles per pass
+        (``_row_tiles``). Neither choice changes a value (rows never share arithmetic)."""
         if n <= 8:
             return 1, 1
         rows8 = (n + 7) // 8
         cap = self.tensor_row_split_warps_per_sm * self._sm_count
         if n <= 17 and warps * rows8 <= cap:
             return 1, rows8
-        return (2 if n <= 16 else 4), 1
+        return self._row_tiles(n, kw), 1
+
+    def _row_tiles(self, n: int, kw: int) -> int:
+        """NT of a one-block-row launch of ``n`` (> 8) rows: 2 up to 16 rows, 4 up to 32,
+        past that ``tensor_max_row_tiles`` where the kernel is built for it (KW at most 8:
+        kernels.cu MT_NT8)."""
+        if n <= 16:
+            return 2
+        if n <= 32 or kw > 8:
+            return 4
+        return self.tensor_max_row_tiles
 
     def _tensor_product(
         self, w: CudaWeight, x2: Any, ldx: int, n: int, out: Any, width: int,
@@ -790,11 +807,11 @@ class CupyBackend(Backend):
         """``_row_passes``, and a split only while its grid fits in one wave of resident
         blocks (``tensor_row_split_one_wave``): a second wave of whole blocks costs more than
         the passes the split spreads. Neither choice changes a value."""
-        nt, gy = self._row_passes(n, xblocks * kw)
+        nt, gy = self._row_passes(n, xblocks * kw, kw)
         if gy > 1 and self.tensor_row_split_one_wave:
             fn = self._tensor_kernel(w, 1, mt, kw, pair)
             if xblocks * gy > self._resident_blocks(fn, 0, kw):
-                return (2 if n <= 16 else 4), 1
+                return self._row_tiles(n, kw), 1
         return nt, gy
 
     def _tensor_kernel(self, w: CudaWeight, nt: int, mt: int, kw: int, pair: bool) -> Any:

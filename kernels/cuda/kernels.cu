@@ -33,7 +33,17 @@
 #ifndef MT_INT8
 #define MT_INT8 0
 #endif
-#define MT_BOUNDS(KW) __launch_bounds__((KW) * 32, (MT_MINB * 4 / (KW)) > 0 ? (MT_MINB * 4 / (KW)) : 1)
+// The same for the kernels of 4 or 8 eight-row tiles per pass (NT >= 4: launches past 16
+// rows), where set (module suffix "@rN", backend setting tensor_min_blocks_rows; 0: MT_MINB).
+// Why apart: their accumulators need more registers, and at MT_MINB 5 (96 registers) ptxas
+// spills some of them (nvcc 13.0, sm_90, integer form: mt_q4_k_n4_m2_w4, the 7B's gate|up
+// at 17-32 rows, 252 bytes stored and 444 loaded; 168 registers without a bound).
+#ifndef MT_MINB_ROWS
+#define MT_MINB_ROWS 0
+#endif
+#define MT_MINB_FOR(NT) (((NT) >= 4 && MT_MINB_ROWS > 0) ? MT_MINB_ROWS : MT_MINB)
+#define MT_BOUNDS(KW, NT)                                                                       \
+    __launch_bounds__((KW) * 32, (MT_MINB_FOR(NT) * 4 / (KW)) > 0 ? (MT_MINB_FOR(NT) * 4 / (KW)) : 1)
 
 #define MM_WARPS 4
 
@@ -1026,7 +1036,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 }
 
 #define MT_KERNEL(NAME, QT, NT, MT, KW)                                                         \
-    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
+    extern "C" __global__ void MT_BOUNDS(KW, NT)                                              \
         mt_##NAME##_n##NT##_m##MT##_w##KW(const u8* W, long long row_bytes, int out_rows, int K, \
                                           const float* X, int ldx, int n, float* Y, int ldy,   \
                                           const float* G, float eps, const float* Res, int ldr, \
@@ -1048,7 +1058,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 // order (mts_finish). The bits equal mt_body's with KW = gridDim.z * KW. part: gridDim.z *
 // KW planes of n * out_rows floats; cnt: one zeroed int per (x, y) block.
 #define MTS_KERNEL(NAME, QT, NT, KW, UN)                                                        \
-    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
+    extern "C" __global__ void MT_BOUNDS(KW, NT)                                              \
         mts_##NAME##_n##NT##_w##KW##_u##UN(const u8* W, long long row_bytes, int out_rows, int K,      \
                                    const float* X, int ldx, int n, float* Y, int ldy,          \
                                    const float* Res, int ldr, float* part, int* cnt,           \
@@ -1068,7 +1078,7 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
 // The cluster form (sm_90+): gridDim.z == CS, one cluster per tile; no scratch, no counters.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MTC_KERNEL(NAME, QT, NT, KW, CS)                                                        \
-    extern "C" __global__ void __cluster_dims__(1, 1, CS) MT_BOUNDS(KW)                       \
+    extern "C" __global__ void __cluster_dims__(1, 1, CS) MT_BOUNDS(KW, NT)                   \
         mtc_##NAME##_n##NT##_w##KW##_s##CS(const u8* W, long long row_bytes, int out_rows,     \
                                            int K, const float* X, int ldx, int n, float* Y,    \
                                            int ldy, const float* Res, int ldr, const u32* Xh,  \
@@ -1090,12 +1100,36 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
     MTS_KERNEL(NAME, QT, 1, 4, 1) MTS_KERNEL(NAME, QT, 2, 4, 1) MTS_KERNEL(NAME, QT, 4, 4, 1)   \
     MTS_KERNEL(NAME, QT, 1, 4, 2) MTS_KERNEL(NAME, QT, 2, 4, 2) MTS_KERNEL(NAME, QT, 4, 4, 2)   \
     MTC_KERNEL(NAME, QT, 1, 4, 4) MTC_KERNEL(NAME, QT, 2, 4, 4) MTC_KERNEL(NAME, QT, 4, 4, 4)   \
-    MTC_KERNEL(NAME, QT, 1, 4, 8) MTC_KERNEL(NAME, QT, 2, 4, 8) MTC_KERNEL(NAME, QT, 4, 4, 8)
+    MTC_KERNEL(NAME, QT, 1, 4, 8) MTC_KERNEL(NAME, QT, 2, 4, 8) MTC_KERNEL(NAME, QT, 4, 4, 8)   \
+    MTS_NT8(NAME, QT)
+
+// Eight 8-row tiles per pass (module suffix "@t8", backend setting tensor_max_row_tiles): a
+// 64-row verify or prefill chunk in one pass over the weights instead of two, each unit read
+// and unpacked once. A speed choice (rows never share arithmetic: the same bits). Built only
+// where the block's reduction array fits the 48 KiB of static shared memory (KW 4 and 8,
+// not 16), and only on request, so the default modules compile no more kernels.
+#ifndef MT_ROW_TILES8
+#define MT_ROW_TILES8 0
+#endif
+#if MT_ROW_TILES8
+#define MT_NT8(NAME, QT)                                                                        \
+    MT_KERNEL(NAME, QT, 8, 1, 4) MT_KERNEL(NAME, QT, 8, 2, 4) MT_KERNEL(NAME, QT, 8, 1, 8)
+#define MT2_NT8(NA, QA, NB, QB)                                                                 \
+    MT2_KERNEL(NA, QA, NB, QB, 8, 1, 4) MT2_KERNEL(NA, QA, NB, QB, 8, 2, 4)                     \
+    MT2_KERNEL(NA, QA, NB, QB, 8, 1, 8)
+#define MTS_NT8(NAME, QT)                                                                       \
+    MTS_KERNEL(NAME, QT, 8, 2, 1) MTS_KERNEL(NAME, QT, 8, 4, 1) MTS_KERNEL(NAME, QT, 8, 4, 2)   \
+    MTC_KERNEL(NAME, QT, 8, 4, 4) MTC_KERNEL(NAME, QT, 8, 4, 8)
+#else
+#define MT_NT8(NAME, QT)
+#define MT2_NT8(NA, QA, NB, QB)
+#define MTS_NT8(NAME, QT)
+#endif
 
 // Two segments of one fused weight in one launch (as MM2_KERNEL): blocks [0, nblk_a) run
 // segment a's columns with a's mt_body, the rest segment b's.
 #define MT2_KERNEL(NA, QA, NB, QB, NT, MT, KW)                                                  \
-    extern "C" __global__ void MT_BOUNDS(KW)                                                  \
+    extern "C" __global__ void MT_BOUNDS(KW, NT)                                              \
         mt2_##NA##_##NB##_n##NT##_m##MT##_w##KW(                                                \
             const u8* Wa, long long rba, int rows_a, int nblk_a, const u8* Wb, long long rbb,  \
             int rows_b, int K, const float* X, int ldx, int n, float* Ya, float* Yb, int ldy,  \
@@ -1120,17 +1154,19 @@ __device__ __forceinline__ bool mt_rows(int& n, int& row0) {
     }
 
 // KW (warps splitting K) 4 with one or two 16-column tiles per warp; 8 and 16 (narrow
-// weights with long rows) with one tile. NT 1, 2, 4 eight-row tiles per pass.
+// weights with long rows) with one tile. NT 1, 2, 4 eight-row tiles per pass; with
+// MT_ROW_TILES8 also NT 8 (MT_NT8 below).
 #define MT_ALL_NT(K_, NAME, QT, NT)                                                             \
     K_(NAME, QT, NT, 1, 4) K_(NAME, QT, NT, 2, 4) K_(NAME, QT, NT, 1, 8) K_(NAME, QT, NT, 1, 16)
 #define MT_ALL(NAME, QT)                                                                        \
     MT_ALL_NT(MT_KERNEL, NAME, QT, 1) MT_ALL_NT(MT_KERNEL, NAME, QT, 2)                          \
-    MT_ALL_NT(MT_KERNEL, NAME, QT, 4)
+    MT_ALL_NT(MT_KERNEL, NAME, QT, 4) MT_NT8(NAME, QT)
 #define MT2_ALL_NT(NA, QA, NB, QB, NT)                                                          \
     MT2_KERNEL(NA, QA, NB, QB, NT, 1, 4) MT2_KERNEL(NA, QA, NB, QB, NT, 2, 4)                   \
     MT2_KERNEL(NA, QA, NB, QB, NT, 1, 8) MT2_KERNEL(NA, QA, NB, QB, NT, 1, 16)
 #define MT2_ALL(NA, QA, NB, QB)                                                                 \
-    MT2_ALL_NT(NA, QA, NB, QB, 1) MT2_ALL_NT(NA, QA, NB, QB, 2) MT2_ALL_NT(NA, QA, NB, QB, 4)
+    MT2_ALL_NT(NA, QA, NB, QB, 1) MT2_ALL_NT(NA, QA, NB, QB, 2) MT2_ALL_NT(NA, QA, NB, QB, 4)     \
+    MT2_NT8(NA, QA, NB, QB)
 
 // ---- tensor-core products of very wide weights (the output head) ----
 // mt_body reads its weights with 2- and 4-byte loads straight from global memory; on a

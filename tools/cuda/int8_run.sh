@@ -13,6 +13,12 @@
 #   spec  : draft length on the same file: tools.cuda.exact_7b with the default (63 drafts a
 #           round on CUDA) and with ECHOLINE_MAX_DRAFT=15 (the old cap), then versus_llamacpp
 #           (VS_TRAFFIC, default edit; llama-server plain and ngram-mod) on it, within the call
+#   nt8   : launches past 16 rows: the register bound of their kernels (tensor_min_blocks_rows,
+#           modules "@rN") and eight 8-row tiles per pass past 32 rows (tensor_max_row_tiles,
+#           modules "@t8"): the tests that compare them (Q4_K, Q6_K, Q8_0, both forms), then
+#           tools.cuda.prod7b_probe at 16-64 rows under each
+#   nt8bench: bench decode (its verify rows 1-64) under each, ROUNDS (default 2) interleaved
+#           rounds, then tools.cuda.exact_7b by default and with the bound EXACT_MINB (3)
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
 #           shapes, eager) and tools.cuda.attn_probe --time (qwen7b, in graphs) at 1-64 rows
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
@@ -76,6 +82,9 @@ decode() {  # one bench decode of the file in the form $1, round $2
     int8x_mv0) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_INT8_MV_ROWS=0" ;;
     int8x_mv4) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_INT8_MV_ROWS=4" ;;
     int8x_w48) env="ECHOLINE_CUDA_INT8=1 ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS=1 ECHOLINE_CUDA_TENSOR_WIDE_MAX_SMEM_KIB=48" ;;
+    r3) env="ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=3" ;;
+    nt8r2) env="ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=8 ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=2" ;;
+    nt8) env="ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=8" ;;
   esac
   env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
     > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
@@ -136,6 +145,25 @@ mtv)
   stamp "exact rc=$?"; tail -8 /tmp/exact.err
   for r in $(seq 1 ${ROUNDS:-1}); do for form in ${MTV_FORMS:-int8x_mv0 int8x int8x_mv4}; do decode $form $r; done; done
   ;;
+nt8)
+  tensor_tests "q8_0 q4_k q6_k" "(row_pass or batch_invariant or row_split) and (Q4_K or Q6_K or Q8_0)" \
+    ${TEST_S:-240} tests_nt8.log "- @b5 @i1@b5 @b5@r3 @i1@b5@r3 @b5@r2@t8 @i1@b5@r2@t8 @b5@t8 @i1@b5@t8"
+  build_7b_modules
+  timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --policies default,rows_minb3,nt8,nt8_minb2 \
+    --rows 16,32,64 --iters 20 2>&1 | tee "$OUT/prod7b_nt8.txt" | tail -12
+  stamp "products rc=$?"
+  ;;
+nt8bench)
+  build_7b_modules
+  build_modules q4_k@i1@b5@r3 q6_k@i1@b5@r3 q4_k+q6_k@i1@b5@r3 q4_k@i1@b5@r2@t8 q6_k@i1@b5@r2@t8 \
+    q4_k+q6_k@i1@b5@r2@t8
+  wait_file
+  for r in $(seq 1 ${ROUNDS:-2}); do for form in int8x r3 nt8r2; do decode $form $r; done; done
+  for form in "" "ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=${EXACT_MINB:-3}"; do
+    env $form timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json > "$OUT/exact_rows${form##*=}.json" 2> /tmp/exact.err
+    stamp "exact ${form:-default} rc=$?"; tail -8 /tmp/exact.err
+  done
+  ;;
 rows)
   build_7b_modules
   timeout ${PROBE_S:-200} python3 -m tools.cuda.prod7b_probe --policies default --rows ${ROWS_LIST:-1,16,32,64} \
@@ -145,6 +173,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|rows"; exit 2 ;;
 esac
 stamp done

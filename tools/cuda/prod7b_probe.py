@@ -32,6 +32,11 @@ POLICIES = {
     "mv0": {"tensor_int8_mv_rows": 0},  # the integer form's few-row products off (mtv)
     "wide_groups2": {"tensor_wide_row_groups": 2},  # the head's rows in 2 / 4 groups (same bits)
     "wide_groups4": {"tensor_wide_row_groups": 4},
+    # past 16 rows: the register bound of NT 4 / 8 kernels (no spills at 3 / 2: kernels.cu
+    # MT_MINB_ROWS), and eight 8-row tiles per pass past 32 rows (MT_ROW_TILES8)
+    "rows_minb3": {"tensor_min_blocks_rows": 3},
+    "nt8": {"tensor_max_row_tiles": 8},
+    "nt8_minb2": {"tensor_max_row_tiles": 8, "tensor_min_blocks_rows": 2},
 }
 
 
