@@ -1070,7 +1070,9 @@ def test_tensor_row_pass_builds_change_no_bits(tensor_on, tc_policy, rng, monkey
     row equals its one-row call."""
     cb = tensor_on
     tc_policy(policy)
-    d, n_ff, n = 512, 72, 64
+    # KW by shape (_tensor_shape): 4 warps with two tiles, 8 where K has fewer than 8 units, else 16
+    d, kw_want = {"m2w4": (512, 4), "m1w8-16": (256, 8), "m1w16": (512, 16)}[policy]
+    n_ff, n = 72, 64
     gate_up = cb.prepare_matrix([make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")])
     pair = cb.prepare_matrix([make_tensor(rng, 96, d, Q.Q4_K, "qk"), make_tensor(rng, 40, d, Q.Q6_K, "v")])
     assert cb._tensor(gate_up) and cb._tensor(pair)
@@ -1104,9 +1106,10 @@ def test_tensor_row_pass_builds_change_no_bits(tensor_on, tc_policy, rng, monkey
                 poison()
                 got[tiles, minb] = {m: cb.to_host(op(m)) for m in rows}
                 mt_names = [f for f in launched if f.startswith(("mt_", "mt2_"))]
-                assert mt_names, f"{name}: no tensor-core launch"
-                want = "_n4_" if tiles == 4 or policy == "m1w16" else "_n8_"
-                assert all(want in f for f in mt_names[1:]), (name, tiles, mt_names)  # [0]: 24 rows
+                assert len(mt_names) == len(rows), (name, launched)  # one product launch a row count
+                assert all(f.endswith(f"_w{kw_want}") for f in mt_names), (name, kw_want, mt_names)
+                want = "_n8_" if tiles == 8 and kw_want <= 8 else "_n4_"
+                assert "_n4_" in mt_names[0] and all(want in f for f in mt_names[1:]), (name, tiles, mt_names)
                 for m in rows:
                     assert np.array_equal(got[tiles, minb][m], got[ROW_PASS_BUILDS[0]][m]), (
                         f"{name}: {m} rows, NT {tiles} / bound {minb} against the default")
@@ -1502,6 +1505,40 @@ def test_tensor_split_batch_invariant(split_on, monkeypatch, rng, qtype, variant
     }
     assert_rows_invariant(cb, ops)
     assert counters_zero(cb)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("variant", ["w2x8", "w4x4u2", "w4x8c"])
+def test_tensor_split_row_pass_builds_change_no_bits(split_on, monkeypatch, rng, qtype, variant):
+    """Split-K products past 32 rows with eight 8-row tiles per pass (mts / mtc ``_n8_``) and
+    under another register bound (``ROW_PASS_BUILDS``): the same bits as the default build,
+    plain and with a residual, at 24, 33, 40 and 64 rows."""
+    cb = split_on
+    w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 64)
+    launched: list[str] = []
+    k = cb._k
+
+    def spy(name, *args, **kwargs):
+        launched.append(name)
+        return k(name, *args, **kwargs)
+
+    monkeypatch.setattr(cb, "_k", spy)
+    keep = cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows
+    try:
+        for op in (lambda m: cb.matmul(x[:m], w), lambda m: cb.matmul_add(x[:m], w, res[:m])):
+            got = {}
+            for tiles, minb in ROW_PASS_BUILDS:
+                cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows = tiles, minb
+                launched.clear()
+                poison()
+                got[tiles, minb] = [cb.to_host(op(m)) for m in (24, 33, 40, 64)]
+                split = [f for f in launched if f.startswith(("mts_", "mtc_"))]
+                assert len(split) == 4 and all(f"_n{tiles}_" in f for f in split[1:]), (tiles, split)
+                assert counters_zero(cb)
+                for a, b in zip(got[tiles, minb], got[ROW_PASS_BUILDS[0]], strict=True):
+                    assert np.array_equal(a, b), (variant, tiles, minb, a.shape)
+    finally:
+        cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows = keep
 
 
 def test_tensor_split_default_takes_the_long_rows(tensor_on, ref, rng):
