@@ -415,9 +415,9 @@ class SpeculativeRounds:
         else:
             draft = self.index.draft(self.context[-DRAFT_CONTEXT:], controller.max_draft)
         remaining = self.reply.rules.max_tokens - len(self.reply.ids)
-        k = controller.choose(draft, self.cache.length, remaining) if draft.tokens else 0
+        k = controller.choose(draft, self.cache.length, remaining, pow2=self.pow2) if draft.tokens else 0
         if self.pow2:
-            k = width_drafts(k)  # rows 2, 4, 8 … 64: a graph each per cache
+            k = width_drafts(k)  # rows 2, 4, 8 … 64: a graph each per cache (chosen so; remaining may cut it)
         stats.lookups += 1
         lookup_s = time.perf_counter() - t_look
         stats.lookup_s += lookup_s

@@ -105,8 +105,24 @@ def test_draft_study_controller_replay_is_bounded_by_its_oracle() -> None:
     slow, slow_best = controller_replay(pairs, ratios, 16, "free", overhead=0.5)
     # a round's host time, paid by plain rounds too, dilutes the verify's extra cost
     assert 1.0 <= slow <= slow_best + 1e-9 and slow_best > best
-    pow2, _ = controller_replay(pairs, ratios, 16, "round")  # widths 2, 4, 8, 16 only
-    assert 1.0 <= pow2 <= best + 1e-9
+    pow2, pow2_best = controller_replay(pairs, ratios, 16, "round")  # widths 2, 4, 8, 16 only
+    assert 1.0 <= pow2 <= pow2_best + 1e-9 <= best + 2e-9
+    chosen, chosen_best = controller_replay(pairs, ratios, 16, "choose")  # weighed among those widths
+    assert 1.0 <= chosen <= chosen_best + 1e-9 and chosen_best == pow2_best
+
+
+def test_long_copy_replay_streak_and_widths() -> None:
+    """``tools.engine.long_copy_replay``: on the 7B's H100 curve, a long copy whose drafts
+    are all accepted runs rounds of at most 15 drafts without the copy streak, and rounds of
+    63 with it once learned; the controller's choices are graph widths in both."""
+    from tools.engine.long_copy_replay import H100_7B, replay
+
+    curve = {int(a): float(b) for a, b in (p.split(":") for p in H100_7B.split(","))}
+    old = replay(curve, 16, 128, 4, 4.0, 0.8, streak=False, mode="round")
+    new = replay(curve, 16, 128, 4, 4.0, 0.8, streak=True, mode="choose")
+    assert all((k + 1) & k == 0 for ks, _ in old + new for k in ks)
+    assert max(old[-1][0]) <= 15 and max(new[-1][0]) == 63
+    assert new[-1][1] > 1.2 * old[-1][1]
 
 
 def test_oracle_counts_extra_sources() -> None:

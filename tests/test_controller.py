@@ -93,7 +93,7 @@ def test_match_length_raises_acceptance_prior() -> None:
     m = AcceptanceModel()
     ps = [m.p("file:/new", L) for L in (1, 2, 4, 8, 16, 32)]
     assert ps == sorted(ps) and ps[0] < 0.3 and ps[-1] > 0.8
-    assert match_bucket(1) == 0 and match_bucket(500) == match_bucket(32)
+    assert match_bucket(1) == 0 and match_bucket(500) == match_bucket(128) > match_bucket(32)
     # positions further into a draft are judged at a longer effective match
     assert m.position_probs("prompt", 1, 4) == sorted(m.position_probs("prompt", 1, 4))
 
@@ -252,3 +252,77 @@ def test_round_overhead_dilutes_the_verify_cost() -> None:
         loaded.observe_overhead(0.0)
     assert loaded.overhead_s < 1e-5
     assert loaded.choose(d, 100) == 0
+
+
+def test_copy_streak_lengthens_the_match_judged() -> None:
+    """A draft that continues the last round's source where its accepted tokens ended, with
+    nothing written between, is judged at the streak's length (past the index's 32); a
+    rejection, another position, another source or a skipped step ends the streak."""
+    c = DraftController(linear_cost(0.05), max_draft=63)
+
+    def at(pos: int, source: str = "reply", match: int = 32) -> Draft:
+        return Draft(list(range(63)), source, match, pos)
+
+    ctx, pos = 400, 10
+    k = c.choose(at(pos), ctx, 1000)
+    assert k > 0 and c.effective_match(at(pos), ctx) == 32
+    c.observe("reply", 32, k, k)  # all accepted: k drafts and the round's own token
+    ctx, pos = ctx + k + 1, pos + k + 1
+    assert c.effective_match(at(pos), ctx) == 32 + k + 1
+    assert c.effective_match(at(pos + 1), ctx) == 32  # another occurrence
+    assert c.effective_match(at(pos), ctx + 3) == 32  # plain steps ran between
+    assert c.effective_match(at(pos, "prompt"), ctx) == 32  # another source
+    assert c.effective_match(at(pos, match=5), ctx) == 32 + k + 1  # the streak proves the rest
+    k2 = c.choose(at(pos), ctx, 1000)
+    assert k2 > 0
+    c.observe("reply", 32, k2, k2 - 2)  # a rejection
+    assert c.effective_match(at(pos + k2 - 1), ctx + k2 - 1) == 32
+    # a plain step (k = 0) that continues the copy keeps the streak going
+    c2 = DraftController(linear_cost(1.0))  # drafting never pays: every choice is 0
+    c2._run = ("reply", 7, 40, 100)
+    assert c2.choose(at(7), 100, 1000) == 0
+    assert c2.effective_match(at(8), 101) == 41
+
+
+def test_copy_streak_drafts_longer_on_a_long_copy() -> None:
+    """A reply that re-copies a remembered passage round after round: with the streak, the
+    controller goes to longer rounds than the 32-token match alone supports, on a cost curve
+    like a GPU's (64 rows 5.3 one-row steps, 16 rows 1.7)."""
+    rows = [1, 2, 4, 8, 16, 32, 64]
+    ratios = [1.0, 1.24, 1.29, 1.34, 1.71, 2.72, 5.29]
+    cost = VerifyCost(rows, [0], [[0.004 * r] for r in ratios])
+
+    def rounds(streak: bool) -> list[int]:
+        c = DraftController(cost, max_draft=63)
+        ks = []
+        for _ in range(6):  # requests, each 128 tokens of one long copy, all accepted
+            done, ctx, pos = 0, 500, 0
+            while done < 128:
+                d = Draft(list(range(63)), "reply", 16, pos)  # the index's match: 16 tokens
+                if not streak:
+                    c._run = None
+                k = c.choose(d, ctx, 128 - done, pow2=True)
+                if k:
+                    c.observe("reply", 16, k, k)
+                ks.append(k)
+                done, ctx, pos = done + k + 1, ctx + k + 1, pos + k + 1
+        return ks[-8:]
+
+    with_streak, without = rounds(True), rounds(False)
+    assert all((k + 1) & k == 0 for k in with_streak + without)  # graph widths only
+    assert max(with_streak) > max(without), (with_streak, without)
+    assert len([k for k in with_streak if k]) <= len([k for k in without if k])
+
+
+def test_graph_widths_choose_among_powers_of_two() -> None:
+    """With ``pow2`` the controller weighs only k + 1 = 2, 4, 8 … rows (the widths a graph
+    backend verifies) instead of judging k = 40 and verifying 31."""
+    c = DraftController(linear_cost(0.02, rows=64), max_draft=63)
+    for _ in range(20):
+        c.observe("prompt", 32, 40, 40)
+    k = c.choose(Draft(list(range(63)), "prompt", 32, 3), 100, 1000, pow2=True)
+    widths = [1, 3, 7, 15, 31, 63]
+    speeds = {j: c.expected_speedup(j, "prompt", 32, 100) for j in widths}
+    assert k in widths and speeds[k] == max(speeds.values())
+    free = c.choose(Draft(list(range(63)), "prompt", 32, 3), 100, 1000)
+    assert c.expected_speedup(free, "prompt", 32, 100) >= speeds[k]  # any k: at least as good

@@ -69,7 +69,7 @@ class FixedController:
         self.max_draft = k
         self.cost = self
 
-    def choose(self, draft, context_len: int, remaining: int) -> int:
+    def choose(self, draft, context_len: int, remaining: int, pow2: bool = False) -> int:
         return min(len(draft.tokens), self.max_draft)
 
     def observe(self, *args) -> None:

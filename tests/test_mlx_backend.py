@@ -287,7 +287,7 @@ class _Fixed:
     def __init__(self, k: int) -> None:
         self.max_draft, self.cost = k, self
 
-    def choose(self, draft, context_len: int, remaining: int) -> int:
+    def choose(self, draft, context_len: int, remaining: int, pow2: bool = False) -> int:
         return min(len(draft.tokens), self.max_draft)
 
     def observe(self, *args) -> None:

@@ -9,7 +9,13 @@ step's cost decides everything). Per round we maximise
 with T measured on this machine (whole-forward times, updated online) and p_j the chance
 that draft position j is accepted given the earlier ones were. p_j is tracked per source and
 per *effective match length* (the match length plus the j-1 tokens accepted before it),
-because a longer match predicts a longer copy. k = 0 unless the best speedup clears a
+because a longer match predicts a longer copy. The index reports a match of at most its
+``max_n`` (32) tokens, so the controller also follows the *copy streak*: when this round's
+draft continues the same source exactly where the last round's accepted tokens left it, the
+text just written matches that source for the whole streak, and the match length counted is
+the streak's (buckets up to 128). Why: a reply that re-copies a long passage (a repeated
+request, an edit of code it wrote before) was judged like any 32-token match, so drafts
+stayed short where whole rounds were being accepted. k = 0 unless the best speedup clears a
 small margin. When drafts keep failing, p falls and k goes to 0 within a round or two; an
 exploration budget (a fraction of plain-decode time, 1% by default) pays for occasional
 probes so that a source that starts matching later is noticed.
@@ -18,6 +24,7 @@ probes so that a source that starts matching later is noticed.
 from __future__ import annotations
 
 import bisect
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from statistics import median
@@ -27,11 +34,17 @@ from echoline.engine.drafting.plain_arm import PlainArm, plain_arm_enabled
 
 # Match-length buckets (lower bounds) and the prior acceptance for each: a brand-new
 # source with a long match is worth trying; a 1-token match rarely is.
-MATCH_BUCKETS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-PRIOR_ACCEPT: tuple[float, ...] = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.72, 0.8, 0.85, 0.9)
+# Past 32 (the index's longest match) only a copy streak reaches them.
+MATCH_BUCKETS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+PRIOR_ACCEPT: tuple[float, ...] = (0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.72, 0.8, 0.85, 0.9, 0.92, 0.94, 0.96)
 
 
 _MAX_CREDIT = 1.0  # at most one plain step's worth of exploration is banked
+
+
+def copy_streak_enabled() -> bool:
+    """``ECHOLINE_DRAFT_STREAK=0`` judges every draft at the index's match alone: for A/B runs."""
+    return os.environ.get("ECHOLINE_DRAFT_STREAK", "1") != "0"
 
 
 def match_bucket(match_len: int) -> int:
@@ -372,6 +385,35 @@ class DraftController:
         # verify cost: (T(k+1) + o) / (T(1) + o). On a GPU step of ~1 ms it is a fifth of
         # the round; ignoring it kept drafts too short there. Measured online (EMA).
         self.overhead_s = 0.0
+        # The copy streak (see the module docstring): (source, the position its next draft
+        # would start at, the match length there, the context length then), or None; and
+        # the last choice's (source, position, match length, context length).
+        self._run: tuple[str, int, int, int] | None = None
+        self._chosen: tuple[str, int, int, int] | None = None
+        self.streak = copy_streak_enabled()
+
+    def effective_match(self, draft: Draft, context_len: int) -> int:
+        """The match length ``draft`` is judged at: its own, or the copy streak's when it
+        continues the last round's source right where that round's tokens ended, with
+        nothing written in between (the draft's match, which includes the last token
+        written, then proves every earlier one)."""
+        run = self._run
+        if not self.streak or run is None or draft.match_len <= 0:
+            return draft.match_len
+        if run == (draft.source, draft.position, run[2], context_len):
+            return max(draft.match_len, run[2])
+        return draft.match_len
+
+    def _follow(self, chosen: tuple[str, int, int, int], verified: int, accepted: int) -> None:
+        """After a round that verified ``verified`` drafts of ``chosen``: the streak goes on
+        while all were accepted (the next draft's position proves the round's last token),
+        else it ends."""
+        source, position, match, context_len = chosen
+        if position >= 0 and match > 0 and accepted >= verified:
+            grown = verified + 1
+            self._run = (source, position + grown, match + grown, context_len + grown)
+        else:
+            self._run = None
 
     def _limit(self, draft: Draft, remaining: int | None) -> int:
         k = min(len(draft.tokens), self.max_draft)
@@ -389,10 +431,14 @@ class DraftController:
         return self.expected_tokens(k, source, match_len) / self.cost.ratio(k + 1, context_len)
 
     @staticmethod
-    def _best(probs: Sequence[float], ratios: Sequence[float], share: float = 0.0) -> tuple[int, float]:
+    def _best(
+        probs: Sequence[float], ratios: Sequence[float], share: float = 0.0, pow2: bool = False
+    ) -> tuple[int, float]:
         """argmax_k E[tokens | k] / (T(k+1)/T(1)); (0, 1.0) when nothing beats plain decode.
         ``share``: the round's overhead share of a plain round, which every round pays (the
-        ratios become r × (1 − share) + share, computed only as far as the scan goes)."""
+        ratios become r × (1 − share) + share, computed only as far as the scan goes).
+        ``pow2``: only k whose k + 1 rows are a power of two (a graph backend verifies those
+        widths alone, cutting any other k down: judging k = 40 and verifying 31 is no choice)."""
         best_k, best_s = 0, 1.0
         run = acc = 1.0
         k = 1
@@ -400,16 +446,28 @@ class DraftController:
         for p in probs:
             run *= p
             acc += run
-            s = acc / (ratios[k + 1] * keep + share)
-            if s > best_s:
-                best_k, best_s = k, s
-            elif run < 1e-3:  # later positions add almost nothing and cost more
-                break
+            if not pow2 or (k + 1) & k == 0:
+                s = acc / (ratios[k + 1] * keep + share)
+                if s > best_s:
+                    best_k, best_s = k, s
+                elif run < 1e-3:  # later positions add almost nothing and cost more
+                    break
             k += 1
         return best_k, best_s
 
-    def choose(self, draft: Draft, context_len: int, remaining: int | None = None) -> int:
-        """How many of ``draft.tokens`` to verify now (0 … min(len, max_draft, remaining-1))."""
+    def choose(self, draft: Draft, context_len: int, remaining: int | None = None, pow2: bool = False) -> int:
+        """How many of ``draft.tokens`` to verify now (0 … min(len, max_draft, remaining-1));
+        ``pow2``: a graph backend's widths only (k + 1 a power of two)."""
+        k = self._choose(draft, context_len, remaining, pow2)
+        chosen = (draft.source, draft.position, self.effective_match(draft, context_len), context_len)
+        if k > 0:
+            self._chosen = chosen
+        else:  # a plain step: the streak goes on if its token continues the copy
+            self._chosen = None
+            self._follow(chosen, 0, 0)
+        return k
+
+    def _choose(self, draft: Draft, context_len: int, remaining: int | None, pow2: bool) -> int:
         self.rounds += 1
         kmax = self._limit(draft, remaining)
         if kmax == 0 or draft.match_len <= 0:
@@ -420,8 +478,9 @@ class DraftController:
         if self.overhead_s > 0.0:
             t1 = self.cost.t1(context_len)
             share = self.overhead_s / (t1 + self.overhead_s)
-        probs = self.acceptance.position_probs(draft.source, draft.match_len, kmax)
-        k, s = self._best(probs, ratios, share)
+        match = self.effective_match(draft, context_len)
+        probs = self.acceptance.position_probs(draft.source, match, kmax)
+        k, s = self._best(probs, ratios, share, pow2)
         if k > 0 and s > 1.0 + self.min_gain:
             self.last_speedup = s
             return k
@@ -434,9 +493,9 @@ class DraftController:
         if self._credit < extra(2):  # not even a 1-token probe is affordable yet
             self.last_speedup = 1.0
             return 0
-        pk, ps = self._best(self.acceptance.prior_probs(draft.match_len, kmax), ratios, share)
+        pk, ps = self._best(self.acceptance.prior_probs(match, kmax), ratios, share, pow2)
         while pk > 1 and extra(pk + 1) > _MAX_CREDIT:  # keep a probe affordable
-            pk -= 1
+            pk = (pk + 1) // 2 - 1 if pow2 else pk - 1
         if pk > 0 and ps > 1.0 + self.min_gain:
             price = max(extra(pk + 1), 1e-3)
             if self._credit >= price:
@@ -448,7 +507,14 @@ class DraftController:
         return 0
 
     def observe(self, source: str, match_len: int, drafted: int, accepted: int) -> None:
-        """After a verify round: how many of the ``drafted`` tokens the model accepted."""
+        """After a verify round: how many of the ``drafted`` tokens the model accepted (of
+        the draft last chosen, whose copy streak it judged at, and now follows)."""
+        chosen, self._chosen = self._chosen, None
+        if chosen is not None and chosen[0] == source:
+            match_len = max(match_len, chosen[2])
+            self._follow(chosen, drafted, accepted)
+        else:
+            self._run = None
         self.acceptance.observe(source, match_len, drafted, accepted)
 
     def observe_overhead(self, seconds: float, weight: float = 0.05) -> None:

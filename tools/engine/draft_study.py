@@ -154,8 +154,9 @@ def draft_records(
 
 
 #: How a replay fits k to a graph backend's verify widths (``--widths``): "free" (any k, as on
-#: the CPU), "round" (a free choice rounded down to width − 1, as the loop does on CUDA).
-WIDTH_MODES = ("free", "round")
+#: the CPU), "round" (a free choice rounded down to width − 1, as the loop did on CUDA before
+#: 2026-12-07), "choose" (the controller weighs the widths alone, as the loop does now).
+WIDTH_MODES = ("free", "round", "choose")
 
 
 def controller_replay(
@@ -169,7 +170,8 @@ def controller_replay(
     ctl = DraftController(VerifyCost.from_ratios(list(ratios[1:])), max_draft=max_draft)
     ctl.overhead_s = overhead  # T(1) is 1.0 in from_ratios' units
     rounds = [r + overhead for r in ratios]
-    if mode == "round":
+    widths = mode in ("round", "choose")
+    if widths:
         rounds = [r if i == 0 or i in GRAPH_WIDTHS else float("inf") for i, r in enumerate(rounds)]
     steps = cost = best = 0.0
     for prompt, reply in pairs:
@@ -180,8 +182,10 @@ def controller_replay(
         i = 0
         while i < n:
             d, a = recs[i]
-            k = ctl.choose(d, 1024, n - i + 1) if d.tokens else 0
-            if mode == "round":
+            # the context grows with the reply, as the loop's cache does (the copy streak
+            # follows a source only while nothing else was written)
+            k = ctl.choose(d, 1024 + i, n - i + 1, pow2=mode == "choose") if d.tokens else 0
+            if widths:
                 k = width_drafts(k)
             got = min(k, a)
             cost += ratios[k + 1] + overhead
