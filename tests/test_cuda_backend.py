@@ -1056,6 +1056,20 @@ def test_tensor_row_split_changes_no_bits(tensor_on, rng, qtype):
         cb.tensor_row_split_warps_per_sm, cb.tensor_row_split_one_wave = keep
 
 
+def spy_kernels(cb, monkeypatch) -> list[str]:
+    """The names of the kernels ``cb`` looks up from now on (``_k``), in order, until the
+    test ends."""
+    launched: list[str] = []
+    k = cb._k
+
+    def spy(name, *args, **kwargs):
+        launched.append(name)
+        return k(name, *args, **kwargs)
+
+    monkeypatch.setattr(cb, "_k", spy)
+    return launched
+
+
 #: (tensor_max_row_tiles, tensor_min_blocks_rows): speed choices past 16 rows, the default first
 ROW_PASS_BUILDS = ((4, 0), (4, 3), (8, 2), (8, 0))
 
@@ -1087,14 +1101,7 @@ def test_tensor_row_pass_builds_change_no_bits(tensor_on, tc_policy, rng, monkey
         "add": lambda m: cb.matmul_add(x[:m], gate_up, res[:m]),
         "pair+res": lambda m: cb.matmul_add(x[:m], pair, res2[:m]),
     }
-    launched: list[str] = []
-    k = cb._k
-
-    def spy(name, *args, **kwargs):
-        launched.append(name)
-        return k(name, *args, **kwargs)
-
-    monkeypatch.setattr(cb, "_k", spy)
+    launched = spy_kernels(cb, monkeypatch)
     keep = cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows
     rows = (24, 33, 40, n)
     try:
@@ -1515,14 +1522,7 @@ def test_tensor_split_row_pass_builds_change_no_bits(split_on, monkeypatch, rng,
     plain and with a residual, at 24, 33, 40 and 64 rows."""
     cb = split_on
     w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 64)
-    launched: list[str] = []
-    k = cb._k
-
-    def spy(name, *args, **kwargs):
-        launched.append(name)
-        return k(name, *args, **kwargs)
-
-    monkeypatch.setattr(cb, "_k", spy)
+    launched = spy_kernels(cb, monkeypatch)
     keep = cb.tensor_max_row_tiles, cb.tensor_min_blocks_rows
     try:
         for op in (lambda m: cb.matmul(x[:m], w), lambda m: cb.matmul_add(x[:m], w, res[:m])):
