@@ -1,6 +1,6 @@
 """Offline studies of the drafter and the controller on recorded replies.
 
-Run: ``python -m tools.engine.draft_study --model NAME --traffic copy|edit
+Run: ``python -m tools.engine.draft_study --model NAME --traffic copy|edit|rewrite
 [--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47] [--context 1300] [--excess-scale 1,0.8,0.7]
 [--widths free,round,choose] [--overhead 0,0.2] [--max-drafts 16,64]``.
 It records the plain replies of the `bench spec` requests, then replays them (no model
@@ -232,7 +232,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--traffic", choices=("copy", "edit"), default="copy")
+    ap.add_argument("--traffic", choices=("copy", "edit", "rewrite"), default="copy",
+                    help="rewrite: the editor's rewrite command (the sidecar's prompts, its stop string)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--curve", help="rows:T(rows)/T(1),… instead of this machine's curve")
     ap.add_argument("--context", type=int, default=1024, help="context of the measured curve")
@@ -263,9 +264,15 @@ def main() -> None:
     args = ap.parse_args()
     _set_lookup(args.max_n, args.draft_context)
     engine = Engine.load(args.model)
-    prompts = _prompts(engine, args.traffic, traffic.source_paths([]))
+    if args.traffic == "rewrite":
+        from echoline.sidecar.bench.rewrite_traffic import rewrite_requests
+
+        requests = rewrite_requests(engine, traffic.source_paths([]), args.max_tokens)
+    else:
+        requests = [(p, ()) for p in _prompts(engine, args.traffic, traffic.source_paths([]))]
     pairs = [
-        (p, engine.generate(p, max_tokens=args.max_tokens, spec=False).token_ids) for p in prompts
+        (p, engine.generate(p, max_tokens=args.max_tokens, stop=tuple(stop), spec=False).token_ids)
+        for p, stop in requests
     ]
     rows = (1, 2, 4, 6, 8, 12, 17, 33, 65)  # up to the longest draft the replay tries
     curve = (
