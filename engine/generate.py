@@ -417,7 +417,7 @@ class SpeculativeRounds:
         remaining = self.reply.rules.max_tokens - len(self.reply.ids)
         k = controller.choose(draft, self.cache.length, remaining, pow2=self.pow2) if draft.tokens else 0
         if self.pow2:
-            k = width_drafts(k)  # rows 2, 4, 8 … 64: a graph each per cache (chosen so; remaining may cut it)
+            k = width_drafts(k)  # rows 2, 4, 8 … 64: a graph each per cache (the controller picks those; any other keeps to them too)
         stats.lookups += 1
         lookup_s = time.perf_counter() - t_look
         stats.lookup_s += lookup_s

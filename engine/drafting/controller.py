@@ -400,8 +400,9 @@ class DraftController:
         run = self._run
         if not self.streak or run is None or draft.match_len <= 0:
             return draft.match_len
-        if run == (draft.source, draft.position, run[2], context_len):
-            return max(draft.match_len, run[2])
+        source, position, match, at = run
+        if (source, position, at) == (draft.source, draft.position, context_len):
+            return max(draft.match_len, match)
         return draft.match_len
 
     def _follow(self, chosen: tuple[str, int, int, int], verified: int, accepted: int) -> None:
@@ -458,8 +459,9 @@ class DraftController:
     def choose(self, draft: Draft, context_len: int, remaining: int | None = None, pow2: bool = False) -> int:
         """How many of ``draft.tokens`` to verify now (0 … min(len, max_draft, remaining-1));
         ``pow2``: a graph backend's widths only (k + 1 a power of two)."""
-        k = self._choose(draft, context_len, remaining, pow2)
-        chosen = (draft.source, draft.position, self.effective_match(draft, context_len), context_len)
+        match = self.effective_match(draft, context_len)
+        k = self._choose(draft, match, context_len, remaining, pow2)
+        chosen = (draft.source, draft.position, match, context_len)
         if k > 0:
             self._chosen = chosen
         else:  # a plain step: the streak goes on if its token continues the copy
@@ -467,7 +469,8 @@ class DraftController:
             self._follow(chosen, 0, 0)
         return k
 
-    def _choose(self, draft: Draft, context_len: int, remaining: int | None, pow2: bool) -> int:
+    def _choose(self, draft: Draft, match: int, context_len: int, remaining: int | None, pow2: bool) -> int:
+        """``choose`` for a draft judged at match length ``match`` (``effective_match``)."""
         self.rounds += 1
         kmax = self._limit(draft, remaining)
         if kmax == 0 or draft.match_len <= 0:
@@ -478,7 +481,6 @@ class DraftController:
         if self.overhead_s > 0.0:
             t1 = self.cost.t1(context_len)
             share = self.overhead_s / (t1 + self.overhead_s)
-        match = self.effective_match(draft, context_len)
         probs = self.acceptance.position_probs(draft.source, match, kmax)
         k, s = self._best(probs, ratios, share, pow2)
         if k > 0 and s > 1.0 + self.min_gain:
