@@ -367,8 +367,8 @@ def warm_job(
         if not healed.strip():
             return {"state": "skipped", "reason": "nothing before the cursor", "tokens": 0}
         session = inline_session(uri)
-        prompt = _prompt(engine, healed, suffix, uri, suffix_tokens, auto_suffix, anchor, starts, False, None,
-                         session, short_head)
+        budget = suffix_budget(engine, suffix_tokens, auto_suffix)  # reported with the prompt
+        prompt = _prompt(engine, healed, suffix, uri, budget, False, anchor, starts, False, None, session, short_head)
         ids = prompt.ids
         if len(ids) < 2:
             return {"state": "skipped", "reason": "nothing to run", "tokens": len(ids)}
@@ -387,6 +387,6 @@ def warm_job(
                            reserve_tokens=len(prompt.long_ids) + max_tokens)
             report = {**long, "short": {"tokens": report["tokens"], "cached": report["cached"]}}
         return {**report, "mode": prompt.mode, "head": prompt.head,
-                "suffix_tokens": suffix_budget(engine, suffix_tokens, auto_suffix)}
+                "suffix_tokens": budget}
 
     return job
