@@ -198,3 +198,22 @@ def test_row_pass_module_suffixes() -> None:
     plain = kernel_source("q4_k@i1@b5")
     assert "#define MT_ROW_TILES8 8" not in plain and "#define MT_MINB_ROWS 3" not in plain
     assert "#define MT_ROW_TILES8 0" in plain and "#define MT_MINB_ROWS 0" in plain  # the defaults
+
+
+def test_ptxas_register_report_of_the_row_pass_builds() -> None:
+    """``tools.cuda.ptxas_regs`` (where nvcc is installed): the two-tile kernel of four 8-row
+    tiles a pass spills at the default bound and not under "@r3", and "@t8" adds the
+    eight-tile kernels."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc")
+    from tools.cuda.ptxas_regs import kernel_registers
+
+    default = kernel_registers("q4_k@i1@b5")
+    bounded = kernel_registers("q4_k@i1@b5@r3@t8")
+    assert default["mt_q4_k_n4_m2_w4"][1] > 0 and bounded["mt_q4_k_n4_m2_w4"][1] == 0
+    assert "mt_q4_k_n8_m2_w4" in bounded and "mt_q4_k_n8_m2_w4" not in default
+    assert default["mt_q4_k_n1_m1_w4"] == bounded["mt_q4_k_n1_m1_w4"]  # NT 1: the same bound
