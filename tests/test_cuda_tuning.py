@@ -55,17 +55,19 @@ def test_wide_max_smem_from_env() -> None:
         assert CudaTuning.from_env({key: bad}).tensor_wide_max_smem == CudaTuning().tensor_wide_max_smem
 
 
+def assert_env_pair(keys: tuple[str, str], fields: tuple[str, str], good: tuple[str, str], bad: tuple[str, ...]) -> None:
+    """Two settings read from the environment: ``good`` values set both fields, each of ``bad``
+    (given to both) leaves every setting at its default."""
+    t = CudaTuning.from_env(dict(zip(keys, good, strict=True)))
+    assert tuple(getattr(t, f) for f in fields) == tuple(int(v) for v in good)
+    for value in bad:
+        assert CudaTuning.from_env(dict.fromkeys(keys, value)) == CudaTuning()
+
+
 def test_wide_warps_and_row_groups_from_env() -> None:
     """The wide kernel's warps per tile and row groups take 1, 2 or 4 and nothing else."""
-    t = CudaTuning.from_env(
-        {"ECHOLINE_CUDA_TENSOR_WIDE_WARPS": "2", "ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS": "4"}
-    )
-    assert (t.tensor_wide_warps, t.tensor_wide_row_groups) == (2, 4)
-    for bad in ("3", "8", "0", "two"):
-        t = CudaTuning.from_env(
-            {"ECHOLINE_CUDA_TENSOR_WIDE_WARPS": bad, "ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS": bad}
-        )
-        assert t == CudaTuning()
+    assert_env_pair(("ECHOLINE_CUDA_TENSOR_WIDE_WARPS", "ECHOLINE_CUDA_TENSOR_WIDE_ROW_GROUPS"),
+                    ("tensor_wide_warps", "tensor_wide_row_groups"), ("2", "4"), ("3", "8", "0", "two"))
     assert CudaTuning().tensor_wide_warps in (1, 2, 4) and CudaTuning().tensor_wide_row_groups in (1, 2, 4)
 
 
@@ -175,15 +177,8 @@ def test_int8_few_row_products_override() -> None:
 def test_row_pass_settings_from_env() -> None:
     """The kernels past 16 rows: their register bound takes 1-8 and their tiles per pass 4 or
     8, nothing else; both off by default (the modules as before)."""
-    t = CudaTuning.from_env(
-        {"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS": "3", "ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES": "8"}
-    )
-    assert (t.tensor_min_blocks_rows, t.tensor_max_row_tiles) == (3, 8)
-    for bad in ("0", "9", "2.5", "x"):
-        t = CudaTuning.from_env(
-            {"ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS": bad, "ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES": bad}
-        )
-        assert t == CudaTuning()
+    assert_env_pair(("ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS", "ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES"),
+                    ("tensor_min_blocks_rows", "tensor_max_row_tiles"), ("3", "8"), ("0", "9", "2.5", "x"))
     assert (CudaTuning().tensor_min_blocks_rows, CudaTuning().tensor_max_row_tiles) == (0, 4)
 
 
