@@ -1350,7 +1350,29 @@ __device__ __forceinline__ void mtv_words(const u8* __restrict__ row, int u, u32
         q6k_scales(d, sb, 0, s0, s1, mn);
         q6k_scales(d, sb, 1, s0, s1, mn);
     } else if constexpr (QT == QT_Q8_0) {
-        // 34-byte blocks, codes 2-aligned: each block's 32 code bytes as aligned words
+        // 34-byte blocks: a unit is two, 68 bytes that start 4-aligned wherever the row does
+        // (rows of K / 32 blocks, K a multiple of 64), so 17 aligned words hold both scales
+        // and all 64 codes: block 0's codes are bytes 2-33 (words shifted by 16 bits), block
+        // 1's are bytes 36-67 (words 9-16 as loaded). A row that is not 4-aligned falls back.
+        const u8* unit = row + (long long)u * 68;
+        if ((reinterpret_cast<unsigned long long>(unit) & 3ull) == 0) {
+            const u32* q = reinterpret_cast<const u32*>(unit);
+            u32 v[17];
+#pragma unroll
+            for (int k = 0; k < 17; ++k) v[k] = __ldg(q + k);
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                w[t][0][0] = __funnelshift_r(v[t], v[t + 1], 16) ^ 0x80808080u;
+                w[t][0][1] = __funnelshift_r(v[4 + t], v[5 + t], 16) ^ 0x80808080u;
+                w[t][1][0] = v[9 + t] ^ 0x80808080u;
+                w[t][1][1] = v[13 + t] ^ 0x80808080u;
+            }
+            s0[0] = s1[0] = h2f((u16)(v[0] & 0xffffu));
+            s0[1] = s1[1] = h2f((u16)(v[8] >> 16));
+            mn[0] = mn[1] = 0.0f;
+            return;
+        }
+        // each block's 32 code bytes as aligned words
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const u8* blk = row + (long long)(2 * u + i) * 34;

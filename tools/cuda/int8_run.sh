@@ -16,7 +16,8 @@
 #   nt8   : launches past 16 rows: the register bound of their kernels (tensor_min_blocks_rows,
 #           modules "@rN") and eight 8-row tiles per pass past 32 rows (tensor_max_row_tiles,
 #           modules "@t8"): the tests that compare them (Q4_K, Q6_K, Q8_0, both forms), then
-#           tools.cuda.prod7b_probe at 16-64 rows under each
+#           tools.cuda.prod7b_probe at 16-64 rows under each; also the Q8_0 mtv tests (its
+#           one-unit load of 17 aligned words)
 #   nt8bench: bench decode (its verify rows 1-64) under each, ROUNDS (default 2) interleaved
 #           rounds, then tools.cuda.exact_7b by default and with the bound EXACT_MINB (3)
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
@@ -146,7 +147,7 @@ mtv)
   for r in $(seq 1 ${ROUNDS:-1}); do for form in ${MTV_FORMS:-int8x_mv0 int8x int8x_mv4}; do decode $form $r; done; done
   ;;
 nt8)
-  tensor_tests "q8_0 q4_k q6_k" "(row_pass or batch_invariant or row_split) and (Q4_K or Q6_K or Q8_0)" \
+  tensor_tests "q8_0 q4_k q6_k" "((row_pass or batch_invariant or row_split) and (Q4_K or Q6_K or Q8_0)) or (mtv and Q8_0)" \
     ${TEST_S:-240} tests_nt8.log "- @b5 @i1@b5 @b5@r3 @i1@b5@r3 @b5@r2@t8 @i1@b5@r2@t8 @b5@t8 @i1@b5@t8"
   build_7b_modules
   timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --policies default,rows_minb3,nt8,nt8_minb2 \
