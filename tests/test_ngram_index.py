@@ -318,3 +318,27 @@ def test_a_repeating_reply_is_drafted_past_its_end() -> None:
     # A reply that does not end with the context's tail is not the text being written.
     idx.set_source("reply", reply + [4])
     assert idx.draft(reply, 10).tokens == [4]
+
+
+def test_a_prompt_that_repeats_a_block_drafts_into_the_reply_and_past_it() -> None:
+    """A prompt whose last block repeats an earlier one matches near its own end; the
+    continuation is then the reply written after it, and past the reply's end the loop again
+    (the prompt followed by the reply is the text being written)."""
+    block = [5, 6, 7, 8]
+    prompt = [1] + block * 3
+    idx = NgramIndex(max_n=6)
+    idx.set_source("prompt", prompt)
+    idx.set_source("reply", [])
+    d = idx.draft(prompt, 10)  # nothing written yet: the loop from the prompt's end
+    assert d.source == "prompt" and d.match_len == 6
+    assert d.tokens == (block * 3)[:10]
+    idx.set_source("reply", [5, 6])
+    d = idx.draft(prompt + [5, 6], 10)
+    assert d.source == "prompt" and d.tokens == [7, 8] + (block * 3)[:8]
+    # a reply that broke the loop: the prompt's continuation, then the reply as written
+    idx.set_source("reply", [9])
+    assert idx.draft(prompt[:-1], 10).tokens == [8, 9]
+    # without a reply source (another caller's index) the prompt stops at its end
+    other = NgramIndex(max_n=6)
+    other.set_source("prompt", prompt)
+    assert other.draft(prompt, 10).tokens == block

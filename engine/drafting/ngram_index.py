@@ -440,8 +440,14 @@ class NgramIndex:
                 return Draft()
             src_toks = best_src.toks
             toks = src_toks[best_end : best_end + max_len].tolist()
-            if len(toks) < max_len and best_src.sid == REPLY and best_end + len(toks) == len(src_toks):
-                toks = _repeat_if_current(toks, src_toks, q, max_len)
+            if len(toks) < max_len and best_end + len(toks) == len(src_toks):
+                if best_src.sid == PROMPT and REPLY in self._sources:
+                    reply = self._sources[REPLY].toks
+                    toks += reply[: max_len - len(toks)].tolist()
+                    if len(toks) < max_len:
+                        toks = _repeat_if_current(toks, _stream_end(src_toks, reply, qlen), q, max_len)
+                elif best_src.sid == REPLY:
+                    toks = _repeat_if_current(toks, src_toks[-qlen:], q, max_len)
             return Draft(toks, best_src.sid, best_len, best_end)
 
     # ----- internals -----
@@ -499,16 +505,24 @@ class NgramIndex:
                 self.on_evict(v.sid)
 
 
-def _repeat_if_current(toks: list[int], src_toks: Sequence[int], q: Sequence[int], max_len: int) -> list[int]:
-    """A continuation that ran into the end of the reply, repeated up to ``max_len``.
+def _stream_end(prompt: Sequence[int], reply: Sequence[int], n: int) -> list[int]:
+    """The last ``n`` tokens of the prompt followed by the reply (the text being written)."""
+    return (list(prompt[-n:]) + list(reply[-n:]))[-n:]
 
-    Why: when the reply is the text being written (its last tokens are the context's
-    tail, ``q`` reversed), a match P tokens back means the text is repeating with period P,
-    and the best guess past the reply's end is more of the same. Without this, a model
-    caught in a loop (small models often are) drafted at most P tokens a round.
+
+def _repeat_if_current(toks: list[int], end_toks: Sequence[int], q: Sequence[int], max_len: int) -> list[int]:
+    """A continuation that ran into the end of the text being written, repeated up to ``max_len``.
+
+    Why: when the continuation's source ends where the writing is (``end_toks``, the source's
+    last tokens, equal the context's tail, ``q`` reversed), a match P tokens back means the
+    text is repeating with period P, and the best guess past its end is more of the same.
+    Without this, a model caught in a loop (small models often are) drafted at most P tokens
+    a round. The source is the reply, or the prompt followed by the reply: a prompt that
+    repeats a block (a file of similar functions, a list of cases) matches near its own end,
+    and its continuation is the reply written so far, then the loop again.
     """
-    n = min(len(q), len(src_toks))
-    if any(src_toks[-1 - i] != q[i] for i in range(n)):
+    n = min(len(q), len(end_toks))
+    if any(end_toks[-1 - i] != q[i] for i in range(n)):
         return toks
     period = len(toks)
     return [toks[j % period] for j in range(max_len)]
@@ -521,11 +535,21 @@ def brute_force_draft(
     n, sid, end = brute_force_match(sources, context, max_n)
     if n == 0:
         return []
-    toks = list(dict(sources)[sid])
+    named = dict(sources)
+    toks = list(named[sid])
     out = toks[end : end + max_len]
+    if len(out) == max_len or end + len(out) < len(toks) or sid not in (PROMPT, REPLY):
+        return out
+    if sid == PROMPT:
+        if REPLY not in named:
+            return out
+        toks = toks + list(named[REPLY])  # the reply is written right after the prompt
+        out = toks[end : end + max_len]
+        if len(out) == max_len:
+            return out
     tail = list(context)[-max_n:]
     m = min(len(tail), len(toks))
-    if sid == REPLY and len(out) < max_len and end + len(out) == len(toks) and toks[len(toks) - m :] == tail[len(tail) - m :]:
+    if toks[len(toks) - m :] == tail[len(tail) - m :]:
         out = [out[j % len(out)] for j in range(max_len)]
     return out
 

@@ -1,6 +1,6 @@
 """Offline studies of the drafter and the controller on recorded replies.
 
-Run: ``python -m tools.engine.draft_study --model NAME --traffic copy|edit|rewrite
+Run: ``python -m tools.engine.draft_study --model NAME --traffic copy|edit|rewrite|repeat
 [--curve 1:1,2:1.05,4:1.08,8:1.13,17:1.47] [--context 1300] [--excess-scale 1,0.8,0.7]
 [--widths free,round,choose] [--overhead 0,0.2] [--max-drafts 16,64]``.
 It records the plain replies of the `bench spec` requests, then replays them (no model
@@ -67,15 +67,12 @@ def _confirmed(
 ) -> int:
     """How many tokens of the continuation at e the reply confirms after its position i.
 
-    A continuation in the prompt stops at the prompt's end; one in the reply repeats the
-    reply's last ``end - e`` tokens, as the index drafts a repeating reply."""
-    in_prompt = e < len(prompt)
+    The continuation runs through the text written so far (a prompt's runs on into the
+    reply) and past its end repeats its last ``end - e`` tokens, as the index drafts."""
     period = end - e
     a = 0
     while a < max_draft and i + 1 + a < len(reply):
-        if in_prompt and e + a >= len(prompt):
-            break
-        tok = stream[e + a] if in_prompt or a < period else stream[e + a % period]
+        tok = stream[e + a] if a < period else stream[e + a % period]
         if tok != reply[i + 1 + a]:
             break
         a += 1
@@ -126,6 +123,16 @@ def _most_voted(stream: Sequence[int], ends: list[int], end: int, k: int = 4) ->
     votes = Counter(conts.values())
     return max(ends, key=lambda e: (votes[conts[e]], e))
 
+
+#: Raw prompts whose text repeats a block, so the model goes on repeating it: the short
+#: script of tools.cuda.exact_7b, and cases of a table and methods of a class written alike.
+REPEAT_PROMPTS = (
+    "import os\nimport sys\n\nfor name in os.listdir(sys.argv[1]):\n    print(name)\n" * 3,
+    "CASES = [\n" + "".join(f"    ({i}, {i * i}, \"square of {i}\"),\n" for i in range(1, 6)),
+    "class Point:\n" + "".join(
+        f"    def get_{a}(self):\n        return self.{a}\n\n    def set_{a}(self, value):\n"
+        f"        self.{a} = value\n\n" for a in ("x", "y")),
+)
 
 #: The index's match cap and the context handed to it, as the generation loop uses them;
 #: ``--max-n`` / ``--draft-context`` study other values (replays only).
@@ -232,8 +239,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--traffic", choices=("copy", "edit", "rewrite"), default="copy",
-                    help="rewrite: the editor's rewrite command (the sidecar's prompts, its stop string)")
+    ap.add_argument("--traffic", choices=("copy", "edit", "rewrite", "repeat"), default="copy",
+                    help="rewrite: the editor's rewrite command (the sidecar's prompts, its stop string); "
+                    "repeat: raw prompts that repeat a block (REPEAT_PROMPTS)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--curve", help="rows:T(rows)/T(1),… instead of this machine's curve")
     ap.add_argument("--context", type=int, default=1024, help="context of the measured curve")
@@ -268,6 +276,8 @@ def main() -> None:
         from echoline.sidecar.bench.rewrite_traffic import rewrite_requests
 
         requests = rewrite_requests(engine, traffic.source_paths([]), args.max_tokens)
+    elif args.traffic == "repeat":
+        requests = [(engine.encode(p), ()) for p in REPEAT_PROMPTS]
     else:
         requests = [(p, ()) for p in _prompts(engine, args.traffic, traffic.source_paths([]))]
     pairs = [
