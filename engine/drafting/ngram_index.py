@@ -321,7 +321,10 @@ class NgramIndex:
     Preference: the longest match wins; among equal lengths, "reply" beats "prompt", which
     beats other sources by most recent update; within a source, the latest occurrence wins.
     Only occurrences followed by at least one token count, which also excludes the context
-    matching itself at the end of the stream it is the tail of.
+    matching itself at the end of the stream it is the tail of. "prompt" then "reply" are
+    one text (the reply is written right after the prompt): a continuation that reaches the
+    prompt's end goes on with the reply, and one that reaches the end of the text being
+    written repeats its loop (``_repeat_if_current``).
 
     Memory is capped by ``max_bytes``: past it, the least recently updated sources other
     than "prompt" and "reply" are evicted. Thread-safe: a lock guards the source table, and
