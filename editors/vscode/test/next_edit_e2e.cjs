@@ -85,16 +85,22 @@ async function main(page) {
   for (let i = 0; i < 5; i++) await page.keyboard.press('Shift+ArrowRight');
   await page.keyboard.type('logger.info');
   out.shownA = await waitLog('the prediction on line 18', /next edit shown/, n);
-  await page.waitForTimeout(300); // let it render
-  out.drawnA = await drawn(page);
+  // the log line comes before the paint: wait for the decorations (on a busy machine the
+  // render lags), then read them; the Python test checks what was drawn
+  out.drawnA = await waitFor('the prediction drawn', async () => {
+    const d = await drawn(page);
+    return d.struck.length && d.lines.some((x) => /Tab: edit at line/.test(x)) ? d : null;
+  });
   if (env.E2E_SCREENSHOT) await page.screenshot({ path: env.E2E_SCREENSHOT });
   out.cursorBeforeJump = await cursorText(page);
   step('A shown', { line: out.shownA });
   n = nextLog().length;
   await page.keyboard.press('Tab');
   out.jumpA = await waitLog('the jump', /next edit jumped/, n);
-  await page.waitForTimeout(200);
-  out.cursorAfterJump = await cursorText(page);
+  out.cursorAfterJump = await waitFor('the cursor moved by the jump', async () => {
+    const c = await cursorText(page);
+    return c && !c.startsWith('Ln 17') ? c : null;
+  }, 10000);
   out.diskAfterJump = fs.readFileSync(file, 'utf8');
   n = nextLog().length;
   await page.keyboard.press('Tab');
@@ -106,10 +112,16 @@ async function main(page) {
   n = nextLog().length;
   await page.keyboard.press('Escape');
   out.dismissB = await waitLog('the dismissal', /next edit dismissed/, n);
-  await page.waitForTimeout(200);
-  out.drawnB = await drawn(page);
+  out.drawnB = await waitFor('the decorations cleared', async () => {
+    const d = await drawn(page);
+    return d.struck.length ? null : d;
+  }, 10000);
+  const beforeTab = out.drawnB.lines.join('\n');
   await page.keyboard.press('Tab'); // no prediction: Tab indents as usual
-  await page.waitForTimeout(300);
+  // save once the Tab's edit is on screen (a busy machine paints late); trailing blanks may
+  // not show, so after 5 s go on and let the saved file tell
+  await waitFor('the Tab applied', async () => (await drawn(page)).lines.join('\n') !== beforeTab, 5000)
+    .catch(() => null);
   out.afterB = await save(page);
   step('B dismissed');
 
@@ -131,8 +143,10 @@ async function main(page) {
   n = nextLog().length;
   await palette(page, 'echoline: Predict Next Edit', true);
   out.shownD = await waitLog('the insertion', /next edit shown/, n);
-  await page.waitForTimeout(300);
-  out.drawnD = await drawn(page);
+  out.drawnD = await waitFor('the insertion drawn', async () => {
+    const d = await drawn(page);
+    return d.lines.some((x) => x.includes('# sum')) ? d : null;
+  });
   if (env.E2E_GHOST_SCREENSHOT) await page.screenshot({ path: env.E2E_GHOST_SCREENSHOT });
   n = nextLog().length;
   await page.keyboard.press('Tab');
