@@ -109,6 +109,9 @@ async function main(page) {
 
   // --- B: the next prediction (asked after the accept) dismissed with Escape ----------
   out.shownB = await waitLog('the chained prediction', /next edit shown/, n);
+  // Escape dismisses only once the prediction is on screen (its context key set with the
+  // decorations): pressed on the log line alone, a busy machine lost it (seen on a Zen 3)
+  await waitFor('the chained prediction drawn', async () => (await drawn(page)).struck.length > 0);
   n = nextLog().length;
   await page.keyboard.press('Escape');
   out.dismissB = await waitLog('the dismissal', /next edit dismissed/, n);
