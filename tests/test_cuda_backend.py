@@ -1006,9 +1006,10 @@ def test_tensor_two_type_weight_one_launch(tensor_on, ref, rng):
         cb.fuse_segment_pairs = keep
 
 
-def _tensor_launch_ops(cb, rng, qtype, d: int) -> dict:
+def _tensor_launch_ops(cb, rng, qtype, d: int, rows: int = 17) -> dict:
     """Product launches of every kind (plain, norm, gated, residual, two-type pair with bias
-    or residual) over ``m`` rows of one fixed input: what the speed settings must not change."""
+    or residual) over ``m`` rows (at most ``rows``) of one fixed input: what the speed
+    settings must not change."""
     n_ff = 72
     gate_up = cb.prepare_matrix(
         [make_tensor(rng, n_ff, d, qtype, "g"), make_tensor(rng, n_ff, d, qtype, "u")]
@@ -1017,9 +1018,9 @@ def _tensor_launch_ops(cb, rng, qtype, d: int) -> dict:
         [make_tensor(rng, 96, d, Q.Q4_K, "qk"), make_tensor(rng, 40, d, Q.Q6_K, "v")]
     )
     gd = cb.prepare_vector((1.0 + 0.1 * rng.standard_normal(d)).astype(np.float32))
-    x = cupy.asarray(wide_range_x(rng, 17, d))
-    res = cupy.asarray(rng.standard_normal((17, 2 * n_ff)).astype(np.float32))
-    res2 = cupy.asarray(rng.standard_normal((17, 136)).astype(np.float32))
+    x = cupy.asarray(wide_range_x(rng, rows, d))
+    res = cupy.asarray(rng.standard_normal((rows, 2 * n_ff)).astype(np.float32))
+    res2 = cupy.asarray(rng.standard_normal((rows, 136)).astype(np.float32))
     bias = cb.prepare_vector(rng.standard_normal(136).astype(np.float32))
     return {  # gate|up is one segment (one type); "pair*" take the two-segment launch
         "plain": lambda m: cb.matmul(x[:m], gate_up),
@@ -1742,6 +1743,110 @@ def test_mtv_propagates_nan(mtv_on, rng):
     x[1, 77] = np.nan
     got = cb.to_host(cb.matmul(cupy.asarray(x), w))
     assert seen and np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+
+
+# ---- the integer form's many-row products staged in shared memory (kernels.cu mtb kernels) ----
+#: row counts past one staged pass (32 or 64 rows), partial passes, several passes
+MTB_ROWS = (17, 24, 32, 33, 40, 64, 65, 100)
+
+
+@pytest.fixture
+def mtb_on(tensor_on):
+    """The integer form only (the mtb kernels exist for it alone); counts the mtb launches so a
+    test can tell they ran. Restores ``tensor_int8_batch_min_rows``."""
+    cb = tensor_on
+    if not TC_FORM["int8"]:
+        pytest.skip("the mtb kernels are the integer form's")
+    keep, k = cb.tensor_int8_batch_min_rows, cb._k
+    seen: list[str] = []
+
+    def spy(name, *args, **kwargs):
+        if name.startswith("mtb_"):
+            seen.append(name)
+        return k(name, *args, **kwargs)
+
+    cb._k = spy
+    yield cb, seen
+    del cb._k
+    cb.tensor_int8_batch_min_rows = keep
+
+
+def assert_mtb_keeps_bits(cb, seen: list[str], ops: dict, slots: int) -> None:
+    """Each op at 17-100 rows on the mtb kernels == on its tensor-core family, bit for bit;
+    the mtb kernels of ``slots`` K slots a block ran, in both pass sizes."""
+    seen.clear()
+    assert_setting_keeps_bits(cb, ops, "tensor_int8_batch_min_rows", 0, 17, rows=MTB_ROWS)
+    assert {n.split("_")[-2] for n in seen} == {f"s{slots}"}, seen
+    assert {n[-2:] for n in seen} == {"n2", "n4"}, seen
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("policy", ["m2w4", "m1w8-16", "m1w16"])
+@pytest.mark.parametrize("d", [512, 1280], ids=lambda d: f"K{d}")
+def test_mtb_equals_mt_body(mtb_on, tc_policy, rng, qtype, policy, d):
+    """mt_body's family (KW 4, 8, 16: one block a tile, or two and four adding their slots
+    through scratch planes): plain, norm, gated, residual and two-type pair (bias, residual)
+    launches; units that do not divide evenly among the slots (20), blocks with none (8 units,
+    KW 16)."""
+    cb, seen = mtb_on
+    tc_policy(policy)
+    assert_mtb_keeps_bits(cb, seen, _tensor_launch_ops(cb, rng, qtype, d, rows=100), 4)
+    assert counters_zero(cb)
+
+
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("variant", ["w2x2", "w4x4", "w2x8", "w4x8c"])
+def test_mtb_equals_split_k(split_on, mtb_on, monkeypatch, rng, qtype, variant):
+    """The split-K family (mts / mtc: K slots = warps x blocks, 4 to 32): plain and residual."""
+    cb, seen = mtb_on
+    w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 100)
+    ops = {
+        "plain": lambda m: cb.matmul(x[:m], w),
+        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
+    }
+    assert_mtb_keeps_bits(cb, seen, ops, 4)
+    assert counters_zero(cb)
+
+
+@pytest.mark.parametrize("warps", WIDE_WARPS, ids=lambda w: f"w{w}")
+@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
+def test_mtb_equals_wide(wide_on, mtb_on, rng, qtype, warps):
+    """The wide (head) family, 1, 2 or 4 warps a tile (1, 2 or 4 K slots a block): plain,
+    fused norm with a bias, residual."""
+    cb, seen = mtb_on
+    cb.tensor_wide_warps = warps
+    w, gd, bd, x, res = wide_case(cb, rng, qtype, 512, 200, 100)
+    ops = {
+        "plain": lambda m: cb.matmul(x[:m], w),
+        "norm+bias": lambda m: cb.norm_matmul(x[:m], gd, 1e-6, w, bd),
+        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
+    }
+    assert_mtb_keeps_bits(cb, seen, ops, warps)
+
+
+def test_mtb_rows_equal_one_row(mtb_on, rng):
+    """Decode == verify through the mtb kernels: each of 64 rows equals its one-row call (the
+    mtv kernel), plain and gated with a norm."""
+    cb, seen = mtb_on
+    cb.tensor_int8_batch_min_rows = 17
+    ops = _tensor_launch_ops(cb, rng, Q.Q8_0, 1280, rows=64)
+    for name in ("plain", "glu"):
+        full = cb.to_host(ops[name](64))
+        x_rows = {i: cb.to_host(ops[name](i + 1))[i] for i in (0, 31, 63)}
+        for i, row in x_rows.items():
+            assert np.array_equal(row, full[i]), f"{name}: row {i}"
+    assert seen
+
+
+def test_mtb_propagates_nan(mtb_on, rng):
+    """A NaN in x reaches its row's outputs, and only its row, on the mtb kernels."""
+    cb, seen = mtb_on
+    cb.tensor_int8_batch_min_rows = 17
+    w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
+    x = rng.standard_normal((40, 256)).astype(np.float32)
+    x[1, 77] = np.nan
+    got = cb.to_host(cb.matmul(cupy.asarray(x), w))
+    assert seen and np.isnan(got[1]).all() and np.isfinite(np.delete(got, 1, axis=0)).all()
 
 
 @pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)

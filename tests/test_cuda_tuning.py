@@ -174,6 +174,17 @@ def test_int8_few_row_products_override() -> None:
         assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_MV_ROWS": odd}) == CudaTuning()
 
 
+def test_int8_many_row_products_override() -> None:
+    """The integer form's staged many-row products (kernels.cu mtb) take a row count from
+    which they run (0: never, the default); only digits are taken."""
+    assert CudaTuning().tensor_int8_batch_min_rows == 0
+    for rows in ("0", "17", "33"):
+        got = CudaTuning.from_env({"ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS": rows})
+        assert got.tensor_int8_batch_min_rows == int(rows)
+    for odd in ("-1", "many", "", "1e3"):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS": odd}) == CudaTuning()
+
+
 def test_row_pass_settings_from_env() -> None:
     """The kernels past 16 rows: their register bound takes 1-8 and their tiles per pass 4 or
     8, nothing else; both off by default (the modules as before)."""

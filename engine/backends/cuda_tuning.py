@@ -76,6 +76,13 @@ class CudaTuning:
     #: 209.7-209.8 off; before those loads two rows took 4.90-5.09 ms against 4.92-5.06 on
     #: the tile (no gain) and four 7.29 against 5.10-5.22 (a loss): so one row only
     tensor_int8_mv_rows: int = 1
+    #: ... and from this many rows on the staged many-row kernels (kernels.cu mtb kernels:
+    #: each step's weights and x staged in shared memory once for a block's 32 or 64 rows and
+    #: its K slots, each slot's units in the family's order through mt_i8_step, the slots
+    #: added in order: the same bits as the weight's tensor-core family, so the row count may
+    #: pick it; 0: never; Env ``ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=N``). Off until measured on
+    #: a device (``bash tools/cuda/int8_run.sh batch``)
+    tensor_int8_batch_min_rows: int = 0
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
@@ -328,6 +335,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_XPREP_WIDE_MIN_ROWS", "tensor_xprep_wide_min_rows"),
             ("ECHOLINE_CUDA_INT8_XPREP_MIN_ROWS", "tensor_int8_xprep_min_rows"),
             ("ECHOLINE_CUDA_INT8_MIN_DIM", "tensor_int8_min_dim"),
+            ("ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS", "tensor_int8_batch_min_rows"),
         ):
             value = env.get(name, "")
             if value.isdigit() and int(value) <= 4096:

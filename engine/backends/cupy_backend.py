@@ -36,6 +36,8 @@ from echoline.kernels.quant_types import QUANT_TYPES
 Q = gguf.GGMLQuantizationType
 #: gguf quant type -> kernel-name stem (``kernels.quant_types``)
 _KERNEL_NAMES: dict[Q, str] = {t.qtype: t.kernel for t in QUANT_TYPES}
+#: kernel-name stem -> (weights, bytes) of one of its blocks (gguf's table)
+_BLOCKS: dict[str, tuple[int, int]] = {t.kernel: gguf.GGML_QUANT_SIZES[t.qtype] for t in QUANT_TYPES}
 _MM_WARPS = 4  # must match MM_WARPS in kernels.cu
 
 
@@ -445,6 +447,8 @@ class CupyBackend(Backend):
         splits = 0 if act or norm is not None else self._tensor_splits(w)
         if self._few_rows_product(w, splits, x2, ldx, n, out, width, norm, eps, res, ldr, act):
             return out
+        if self._many_rows_product(w, splits, x2, ldx, n, out, width, norm, eps, res, ldr, act):
+            return out
         if splits:
             self._split_product(w, splits, x2, ldx, n, out, width, res, ldr)
             return out
@@ -495,6 +499,72 @@ class CupyBackend(Backend):
             )
         return out
 
+    def _int8_family(self, w: CudaWeight, splits: int, act: int) -> tuple[int, int] | None:
+        """(kwg, the norm's kwg) of the tensor-core family ``w`` takes at every row count (mt,
+        mts / mtc or mtw), or None where none does. kwg, the family's warps sharing a row's
+        units, fixes the order of the sums: the mtv and mtb kernels follow it, so the row
+        count may choose them."""
+        if splits:
+            return splits * self.tensor_split_warps, 0
+        if not act and self._tensor_wide(w):
+            return self._wide_warps(), self._wide_warps()
+        if self._tensor(w):
+            kw = self._tensor_shape(w, act)[1]
+            return kw, kw
+        return None
+
+    def _many_rows_product(
+        self, w: CudaWeight, splits: int, x2: Any, ldx: int, n: int, out: Any, width: int,
+        norm: Any, eps: float, res: Any, ldr: int, act: int,
+    ) -> bool:  # fmt: skip
+        """The integer form's many-row products (kernels.cu mtb kernels), from
+        ``tensor_int8_batch_min_rows`` rows; False where they do not apply. A block stages
+        each step's weights (32 rows) and x (a pass of 32 or 64 rows) in shared memory for SL
+        K slots of the family (SL = kwg for kwg 1 or 2, else 4; kwg / SL blocks a tile, their
+        sums added through scratch planes). One launch per segment: a column's bits are its own
+        type's whichever launch computes it."""
+        least = self.tensor_int8_batch_min_rows
+        if not (least and n >= least and self._int8(w)):
+            return False
+        family = self._int8_family(w, splits, act)
+        if family is None:
+            return False
+        kwg, kw_norm = family
+        sl = kwg if kwg < 4 else 4
+        if kwg % sl:
+            return False
+        z = kwg // sl
+        nt = 2 if n <= 32 else 4
+        rows = 16 * nt
+        xstride = {1: 64, 2: 192, 4: 320}[sl]
+        xp = self._xprep(x2, ldx, n, w.in_features, norm, kw_norm, 1, True)
+        for seg in w.segments:
+            out_cols = seg.rows // 2 if act else seg.rows
+            nblk = -(-out_cols // (16 if act else 32))
+            qk, bsz = _BLOCKS[seg.kernel]
+            step = bsz if qk == 256 else sl * (64 // qk) * bsz  # a step's bytes of one row
+            wspan = -(-step // 16) * 16 + 16  # the 16-aligned span around them
+            wspan += 16 if wspan % 32 == 0 else 0  # rows 4 banks apart: no conflicts
+            smem = 3 * (32 * wspan + rows * xstride + rows * sl * 8)
+            fn = self._k(f"mtb_{seg.kernel}_s{sl}_n{nt}", seg.kernel, int8=True)
+            if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+                fn.max_dynamic_shared_size_bytes = smem  # the opt-in past 48 KiB
+            if z > 1 and nblk > _SPLIT_COUNTERS:
+                raise EcholineError(f"many-row launch of {nblk} blocks: too many tiles")
+            part = cupy.empty((kwg, n, nblk * 32), dtype=cupy.float32) if z > 1 else None
+            fn(
+                (nblk, 1, z),
+                (64 * sl,),
+                (
+                    seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features), _i32(n),
+                    out[:, seg.col_offset :], _i32(width), np.float32(eps), _seg_res(res, seg), _i32(ldr),
+                    _i32(act), _i32(out_cols), _i32(qk), _i32(bsz), _i32(wspan), *xp, part,
+                    self._split_counters,
+                ),  # fmt: skip
+                shared_mem=smem,
+            )
+        return True
+
     def _few_rows_product(
         self, w: CudaWeight, splits: int, x2: Any, ldx: int, n: int, out: Any, width: int,
         norm: Any, eps: float, res: Any, ldr: int, act: int,
@@ -507,15 +577,10 @@ class CupyBackend(Backend):
         of the sums, so choosing them by row count keeps decode == verify."""
         if not (0 < n <= self.tensor_int8_mv_rows <= 4 and self._int8(w)):
             return False
-        kw_norm = 0  # the norm's sum-of-squares order (xprep8's kwg)
-        if splits:
-            kwg = splits * self.tensor_split_warps
-        elif not act and self._tensor_wide(w):
-            kwg = kw_norm = self._wide_warps()
-        elif self._tensor(w):
-            kwg = kw_norm = self._tensor_shape(w, act)[1]
-        else:
+        family = self._int8_family(w, splits, act)
+        if family is None:
             return False
+        kwg, kw_norm = family  # kw_norm: the norm's sum-of-squares order (xprep8's kwg)
         rows = 1 if n == 1 else 2 if n == 2 else 4
         smem = rows * (w.in_features // 16) * 4  # x's half-group sums (kernels.cu mtv_body)
         # a block of 128 threads, 128 / kwg columns; its sums and the slots' partial sums

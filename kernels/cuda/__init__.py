@@ -43,7 +43,8 @@ def kernel_source(qtype: str | None = None) -> str:
     resident blocks per SM; "@p1" every kernel releasing its programmatic dependents at its
     start (speed choices: the same bits); "@i1" the tensor-core products in their integer form
     (other bits: kernels.cu MT_INT8), with the few-row CUDA-core products that give the same
-    bits (kernels.cu mtv kernels); "@t8" the tensor-core products also with eight 8-row
+    bits (kernels.cu mtv kernels) and the many-row products staged in shared memory (mtb
+    kernels: the same bits again); "@t8" the tensor-core products also with eight 8-row
     tiles per pass (kernels.cu MT_ROW_TILES8: the same bits); "@rN" N resident 4-warp blocks
     per SM asked for the products of 4 or 8 eight-row tiles per pass (MT_MINB_ROWS)."""
     prefix = ""
@@ -77,7 +78,7 @@ def kernel_source(qtype: str | None = None) -> str:
     qt = QUANT_TYPES[qtype]
     extra = f"MM_ALL_RF({qtype}, {qt})\n" if qtype in FACTORED else ""
     extra += f"MT_ALL({qtype}, {qt})\nMTW_ALL({qtype}, {qt})\nMTS_ALL({qtype}, {qt})\n" if qtype in TENSOR else ""
-    extra += f"MTV_ALL({qtype}, {qt})\n" if qtype in TENSOR and int8 else ""
+    extra += f"MTV_ALL({qtype}, {qt})\nMTB_ALL({qtype}, {qt})\n" if qtype in TENSOR and int8 else ""
     return src + f"\nMM_ALL_R({qtype}, {qt})\n{extra}EMBED_KERNEL({qtype}, {qt})\n"
 
 

@@ -1554,6 +1554,265 @@ __device__ __forceinline__ void mtv_body(int bid, const u8* __restrict__ W, long
 #define MTV2_ALL(NA, QA, NB, QB)                                                                \
     MTV_KERNEL(NA##_##NB, QA, QB, 1) MTV_KERNEL(NA##_##NB, QA, QB, 2) MTV_KERNEL(NA##_##NB, QA, QB, 4)
 
+// ---- many-row products of the integer form (mtb kernels, "@i1") ----
+// A verify of 17-64 rows on mt_body runs up to two passes over the weights, each warp reading
+// its weight codes and every row's x words from global memory on its own (64 rows cost 5.3x one
+// row on a 7B). Here a block stages each step's weights and x in shared memory once, with
+// 16-byte cp.async copies three steps ahead, and its warps compute from there: a block owns 32
+// weight rows (two 16-row A tiles, as mt_body's MT 2) for 16 * NT rows of x (a pass) and SL
+// consecutive K slots of the weight's family (mt: KW; mts / mtc: splits * KW; mtw: KW; kwg in
+// all); warp w runs slot gw = z * SL + w % SL for rows (w / SL) * 8 * NT onwards. A step
+// stages units c * kwg + z * SL .. + SL - 1, one for each slot, so each slot still takes its
+// units gw, gw + kwg, ... in order, each through mt_i8_step, the family's very float steps.
+// The slots' sums are added in order 0..kwg-1: in the block (z == 1) or, with gridDim.z = kwg /
+// SL blocks a tile, through scratch planes and the tile's last block (as mts_finish). Then the
+// family's epilogue (norm from xprep8's sums of squares, gated activation, residual). Every
+// row's bits equal the family kernel's for any row count: the backend may choose this kernel by
+// row count (tensor_batch_min_rows). x comes from xprep8 (required).
+// Weight rows are staged as the 16-aligned span around a step's bytes (qk weights in blocks of
+// bsz bytes; SL units of a step never straddle a 256-weight block), tc_unit reading the staged
+// copy at its own offsets; rows of x past n are not staged (computed, never stored).
+// Shared memory per stage: 32 * wspan (weights) + 16 NT * XS (codes) + 16 NT * 8 SL (scales).
+template <int SL>
+struct MtbGeom {
+    // x codes: a row's SL units (64 bytes each) padded so that the 8 rows an mma reads start 4
+    // banks apart modulo 8 (16-byte loads of a quarter warp: no conflicts)
+    static constexpr int XS = SL == 4 ? 320 : SL == 2 ? 192 : 64;
+    static constexpr int ST = 3;  // stages in flight
+};
+
+__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// The epilogue of output (row r, block output o) from the slots' raw sums get(g, j), j the
+// block's weight row (A-tile order: mt * 16 + h * 8 + g): slots added in order, then the norm,
+// the gated activation (gate j = mt * 16 + g, up j + 8), the residual: mt_body's order.
+template <typename Get>
+__device__ __forceinline__ float mtb_value(Get get, int kwg, int r, int o, int act, int K,
+                                           const float* __restrict__ Xss, float eps) {
+    int ja = act ? (o >> 3) * 16 + (o & 7) : o;
+    float v[2];
+#pragma unroll
+    for (int a = 0; a < 2; ++a) {
+        if (a == 1 && !act) break;
+        int j = ja + 8 * a;
+        float s = get(0, j);
+        for (int g = 1; g < kwg; ++g) s = __fadd_rn(s, get(g, j));
+        v[a] = s;
+    }
+    if (Xss) {
+        float ms = __fdiv_rn(Xss[r], (float)K);
+        float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+        v[0] = __fmul_rn(v[0], inv);
+        if (act) v[1] = __fmul_rn(v[1], inv);
+    }
+    return act ? act_glu(act, v[0], v[1]) : v[0];
+}
+
+template <int QT, int SL, int NT>
+__device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long long row_bytes,
+                                         int out_rows, int K, int n, float* __restrict__ Y, int ldy,
+                                         float eps, const float* __restrict__ Res, int ldr, int act,
+                                         int half, int qk, int bsz, int wspan, XPre xp,
+                                         float* __restrict__ part, int* __restrict__ cnt, u8* smem) {
+    using G = MtbGeom<SL>;
+    constexpr int RP = 16 * NT;  // rows of a pass
+    constexpr int XS = G::XS, ST = G::ST;
+    const int nthreads = 64 * SL, tid = threadIdx.x;
+    int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t = lane & 3;
+    int slot = warp % SL, rh = warp / SL;
+    int Z = (int)gridDim.z, kwg = Z * SL, gw0 = (int)blockIdx.z * SL, gw = gw0 + slot;
+    int per_tile = act ? 8 : 16;
+    int col0 = bid * 2 * per_tile;
+    int nunits = K >> 6;
+    int nchunks = nunits > gw0 ? (nunits - gw0 + kwg - 1) / kwg : 0;
+    int stage_bytes = 32 * wspan + RP * XS + RP * SL * 8;
+    u32 sbase = (u32)__cvta_generic_to_shared(smem);
+    int nout = act ? 16 : 32;
+    int pcols = (int)gridDim.x * 32;  // a scratch plane's columns (block weight rows)
+    long long pstride = (long long)n * pcols;
+    // this thread's staged weight row (for copies) and the four rows its lane reads
+    auto wrow_of = [&](int j) {
+        int mt = j >> 4, h = (j >> 3) & 1, g = j & 7;
+        int base = col0 + mt * per_tile + g;
+        int lo = min(base, out_rows - 1);  // past the end: a valid row, never stored
+        return h == 0 ? lo : act ? half + lo : min(base + 8, out_rows - 1);
+    };
+    auto stage = [&](int c, int r0, int buf) {
+        int u0 = c * kwg + gw0, u1 = min(u0 + SL, nunits);
+        long long b0 = (long long)(64 * u0 / qk) * bsz, b1 = (long long)((64 * u1 + qk - 1) / qk) * bsz;
+        u32 sw = sbase + (u32)(buf * stage_bytes);
+        // weights: 32 rows, each the 16-aligned span around [b0, b1)
+        int per_row = wspan >> 4;
+        for (int e = tid; e < 32 * per_row; e += nthreads) {
+            int j = e / per_row, q = e - j * per_row;
+            const u8* rb = W + (long long)wrow_of(j) * row_bytes;
+            unsigned long long a0 = (unsigned long long)(rb + b0) & ~15ull;
+            unsigned long long end = (unsigned long long)(rb + b1);
+            unsigned long long src = a0 + 16ull * (unsigned long long)q;
+            if (src >= end) continue;
+            int sz = (int)min(16ull, end - src);  // zero-fills past the step's bytes
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sw + (u32)(j * wspan + 16 * q)),
+                         "l"(src), "r"(sz)
+                         : "memory");
+        }
+        // x codes (16-aligned: a unit is 64 bytes) and scales (8 bytes a unit)
+        u32 sx = sw + (u32)(32 * wspan), ss = sx + (u32)(RP * XS);
+        int nu = u1 - u0, rows = min(RP, n - r0);
+        for (int e = tid; e < rows * nu * 4; e += nthreads) {
+            int r = e / (nu * 4), q = e - r * nu * 4;
+            const u32* src = xp.h + ((long long)(r0 + r) * nunits + u0) * 16 + 4 * q;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sx + (u32)(r * XS + 16 * q)),
+                         "l"(src)
+                         : "memory");
+        }
+        for (int e = tid; e < rows * nu; e += nthreads) {
+            int r = e / nu, q = e - r * nu;
+            cp_async8(ss + (u32)((r * SL + q) * 8), xp.s + ((long long)(r0 + r) * nunits + u0 + q) * 2);
+        }
+    };
+    for (int r0 = 0; r0 < n; r0 += RP) {
+        float acc[NT][2][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) acc[nt][mt][c] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < ST - 1; ++s) {
+            if (s < nchunks) stage(s, r0, s);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        }
+        for (int c = 0; c < nchunks; ++c) {
+            if (c + ST - 1 < nchunks) stage(c + ST - 1, r0, (c + ST - 1) % ST);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 1) : "memory");
+            __syncthreads();
+            int u = c * kwg + gw;
+            if (u < nunits) {
+                const u8* sb = smem + (c % ST) * stage_bytes;
+                long long b0 = (long long)(64 * (c * kwg + gw0) / qk) * bsz;
+                u32 a[2][2][2][4];
+                float s0[2][2][2], s1[2][2][2], mn[2][2][2];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        int j = mt * 16 + h * 8 + gq;
+                        const u8* rb = W + (long long)wrow_of(j) * row_bytes;
+                        int mis = (int)((unsigned long long)(rb + b0) & 15ull);
+                        // the staged row as tc_unit addresses it: byte b0 of the row at offset mis
+                        const u8* vrow = sb + j * wspan + mis - b0;
+                        u32 w[2][2];
+                        float ts0[2], ts1[2], tmn[2];
+                        tc_unit<QT>(vrow, u, t, w, ts0, ts1, tmn);
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            s0[i][mt][h] = ts0[i];
+                            s1[i][mt][h] = ts1[i];
+                            mn[i][mt][h] = tmn[i];
+#pragma unroll
+                            for (int jj = 0; jj < 2; ++jj) a[i][jj][mt][h] = w[i][jj];
+                        }
+                    }
+                const u8* sx = sb + 32 * wspan;
+                const float* sc = reinterpret_cast<const float*>(sx + RP * XS);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int lr = rh * 8 * NT + nt * 8 + gq;
+                    uint4 bb = *reinterpret_cast<const uint4*>(sx + lr * XS + slot * 64 + 16 * t);
+                    u32 b8[2][2] = {{bb.x, bb.y}, {bb.z, bb.w}};
+                    float2 xs2 = *reinterpret_cast<const float2*>(sc + (lr * SL + slot) * 2);
+                    float xd[2] = {xs2.x, xs2.y};
+                    mt_i8_step<QT, 2>(a, s0, s1, mn, b8, xd, t, acc[nt]);
+                }
+            }
+            __syncthreads();  // this buffer is read by every warp before it is staged again
+        }
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();
+        if (Z > 1) {  // raw sums to this slot's plane: the tile's last block adds them
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        int r = r0 + rh * 8 * NT + nt * 8 + 2 * t + (c & 1);
+                        int j = mt * 16 + gq + 8 * (c >> 1);
+                        if (r < n) part[gw * pstride + (long long)r * pcols + bid * 32 + j] = acc[nt][mt][c];
+                    }
+            continue;
+        }
+        // in the block: red[slot][row of the pass][j], then every output in slot order
+        float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    int lr = rh * 8 * NT + nt * 8 + 2 * t + (c & 1);
+                    red[(slot * RP + lr) * 32 + mt * 16 + gq + 8 * (c >> 1)] = acc[nt][mt][c];
+                }
+        __syncthreads();
+        int rows = min(RP, n - r0);
+        for (int e = tid; e < rows * nout; e += nthreads) {
+            int lr = e / nout, o = e - lr * nout;
+            int col = col0 + (act ? (o >> 3) * 8 + (o & 7) : o);
+            if (col >= out_rows) continue;
+            int r = r0 + lr;
+            auto get = [&](int g, int j) { return red[(g * RP + lr) * 32 + j]; };
+            float y = mtb_value(get, SL, r, o, act, K, xp.ss, eps);
+            if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
+            Y[(long long)r * ldy + col] = y;
+        }
+        __syncthreads();  // red is staging memory again in the next pass
+    }
+    if (Z == 1) return;
+    __shared__ int last;
+    __threadfence();  // this block's sums visible to the chip before it counts itself in
+    __syncthreads();
+    if (tid == 0) {
+        int* cp = cnt + blockIdx.x;
+        int done = atomicAdd(cp, 1) == Z - 1;
+        if (done) *cp = 0;  // every other block of the tile has counted itself already
+        last = done;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int e = tid; e < n * nout; e += nthreads) {
+        int r = e / nout, o = e - r * nout;
+        int col = col0 + (act ? (o >> 3) * 8 + (o & 7) : o);
+        if (col >= out_rows) continue;
+        const float* p = part + (long long)r * pcols + bid * 32;
+        auto get = [&](int g, int j) { return __ldcg(p + g * pstride + j); };  // L2, not a stale L1 line
+        float y = mtb_value(get, kwg, r, o, act, K, xp.ss, eps);
+        if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
+        Y[(long long)r * ldy + col] = y;
+    }
+}
+
+// Dynamic shared memory: 3 stages (the backend passes it and opts in past 48 KiB).
+#define MTB_KERNEL(NAME, QT, SL, NT)                                                            \
+    extern "C" __global__ void __launch_bounds__(64 * SL)                                      \
+        mtb_##NAME##_s##SL##_n##NT(const u8* W, long long row_bytes, int out_rows, int K, int n,  \
+                                   float* Y, int ldy, float eps, const float* Res, int ldr,      \
+                                   int act, int half, int qk, int bsz, int wspan, const u32* Xh, \
+                                   const float* Xs, const float* Xss, float* part, int* cnt) {   \
+        grid_dependency();                                                                      \
+        extern __shared__ __align__(16) u8 mtb_stages[];                                        \
+        mtb_body<QT, SL, NT>(blockIdx.x, W, row_bytes, out_rows, K, n, Y, ldy, eps, Res, ldr,   \
+                             act, half, qk, bsz, wspan, {Xh, Xs, Xss}, part, cnt, mtb_stages);  \
+    }
+// SL 1, 2 or 4 K slots a block (families of kwg 1, 2, or a multiple of 4); 32 or 64 rows a pass
+#define MTB_ALL(NAME, QT)                                                                       \
+    MTB_KERNEL(NAME, QT, 1, 2) MTB_KERNEL(NAME, QT, 1, 4) MTB_KERNEL(NAME, QT, 2, 2)            \
+    MTB_KERNEL(NAME, QT, 2, 4) MTB_KERNEL(NAME, QT, 4, 2) MTB_KERNEL(NAME, QT, 4, 4)
+
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>
 __device__ __forceinline__ void embed_body(const u8* table, long long row_bytes, int K, const int* ids,

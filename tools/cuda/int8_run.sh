@@ -20,6 +20,9 @@
 #           one-unit load of 17 aligned words)
 #   nt8bench: bench decode (its verify rows 1-64) under each, ROUNDS (default 2) interleaved
 #           rounds, then tools.cuda.exact_7b by default and with the bound EXACT_MINB (3)
+#   batch : the staged many-row products (kernels.cu mtb, tensor_int8_batch_min_rows): their
+#           tests on every type, then tools.cuda.prod7b_probe (Q8_0 and Q4_K_M mixes) with them
+#           off and from 17 rows, at 1-64 rows
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
 #           shapes, eager) and tools.cuda.attn_probe --time (qwen7b, in graphs) at 1-64 rows
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
@@ -165,6 +168,15 @@ nt8bench)
     stamp "exact ${form:-default} rc=$?"; tail -8 /tmp/exact.err
   done
   ;;
+batch)
+  tensor_tests "q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs" "mtb" ${TEST_S:-240} \
+    tests_mtb.log @i1@b5
+  for mix in q8_0 q4_k_m; do
+    timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix $mix --policies default,batch17 \
+      --rows ${ROWS_LIST:-1,16,32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batch_$mix.txt" | tail -10
+    stamp "products $mix rc=$?"
+  done
+  ;;
 rows)
   build_7b_modules
   timeout ${PROBE_S:-200} python3 -m tools.cuda.prod7b_probe --policies default --rows ${ROWS_LIST:-1,16,32,64} \
@@ -174,6 +186,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|rows"; exit 2 ;;
 esac
 stamp done

@@ -5,7 +5,7 @@ and Q4_K, the Q6_K head of 152,064 columns); each product timed eagerly (median 
 calls, each synchronized) at 1 and 16 rows, under each ``--policies`` setting of the backend,
 with the bandwidth its weight bytes imply.
 
-    python3 -m tools.cuda.prod7b_probe [--iters 30]
+    python3 -m tools.cuda.prod7b_probe [--iters 30] [--mix q4_k_m|q8_0] [--policies default,batch17]
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ POLICIES = {
     "rows_minb3": {"tensor_min_blocks_rows": 3},
     "nt8": {"tensor_max_row_tiles": 8},
     "nt8_minb2": {"tensor_max_row_tiles": 8, "tensor_min_blocks_rows": 2},
+    # from 17 rows the staged many-row kernels of the integer form (kernels.cu mtb)
+    "batch17": {"tensor_int8_batch_min_rows": 17},
 }
 
 
@@ -79,15 +81,18 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--rows", default="1,16")
+    ap.add_argument("--mix", default="q4_k_m", choices=("q4_k_m", "q8_0"),
+                    help="the file's types: a Q4_K_M file's (default) or every weight Q8_0")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    parts = {
-        "gate_up": [(FF, D, Q.Q4_K), (FF, D, Q.Q4_K)],
-        "down_q6k": [(D, FF, Q.Q6_K)],
-        "down_q4k": [(D, FF, Q.Q4_K)],
-        "qkv": [(D + KV, D, Q.Q4_K), (KV, D, Q.Q6_K)],
-        "o": [(D, D, Q.Q4_K)],
-        "head": [(VOCAB, D, Q.Q6_K)],
+    q4, q6 = (Q.Q4_K, Q.Q6_K) if args.mix == "q4_k_m" else (Q.Q8_0, Q.Q8_0)
+    parts = {  # in a Q8_0 file both downs are Q8_0 (two names kept for one table)
+        "gate_up": [(FF, D, q4), (FF, D, q4)],
+        "down_q6k": [(D, FF, q6)],
+        "down_q4k": [(D, FF, q4)],
+        "qkv": [(D + KV, D, q4), (KV, D, q6)],
+        "o": [(D, D, q4)],
+        "head": [(VOCAB, D, q6)],
     }
     blocks = {k: [(r, c, q, random_blocks(rng, r, c, q)) for r, c, q in v] for k, v in parts.items()}
     nbytes = {k: sum(b.nbytes for *_, b in v) for k, v in blocks.items()}
