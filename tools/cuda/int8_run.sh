@@ -23,6 +23,8 @@
 #   batch : the staged many-row products (kernels.cu mtb, tensor_int8_batch_min_rows): their
 #           tests on every type, then tools.cuda.prod7b_probe (Q8_0 and Q4_K_M mixes) with them
 #           off and from 17 rows, at 1-64 rows
+#   batchbench: bench decode (verify rows 1-64) with them off and from 17 rows, ROUNDS
+#           (default 1) interleaved rounds, then tools.cuda.exact_7b with them on
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
 #           shapes, eager) and tools.cuda.attn_probe --time (qwen7b, in graphs) at 1-64 rows
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
@@ -89,6 +91,7 @@ decode() {  # one bench decode of the file in the form $1, round $2
     r3) env="ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=3" ;;
     nt8r2) env="ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=8 ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=2" ;;
     nt8) env="ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=8" ;;
+    b17) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17" ;;
   esac
   env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
     > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
@@ -177,6 +180,14 @@ batch)
     stamp "products $mix rc=$?"
   done
   ;;
+batchbench)
+  build_7b_modules
+  wait_file
+  for r in $(seq 1 ${ROUNDS:-1}); do for form in int8x b17; do decode $form $r; done; done
+  ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json \
+    > "$OUT/exact_b17.json" 2> /tmp/exact.err
+  stamp "exact b17 rc=$?"; tail -8 /tmp/exact.err
+  ;;
 rows)
   build_7b_modules
   timeout ${PROBE_S:-200} python3 -m tools.cuda.prod7b_probe --policies default --rows ${ROWS_LIST:-1,16,32,64} \
@@ -186,6 +197,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchbench|rows"; exit 2 ;;
 esac
 stamp done
