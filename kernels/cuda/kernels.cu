@@ -1632,45 +1632,61 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
     int nout = act ? 16 : 32;
     int pcols = (int)gridDim.x * 32;  // a scratch plane's columns (block weight rows)
     long long pstride = (long long)n * pcols;
-    // this thread's staged weight row (for copies) and the four rows its lane reads
-    auto wrow_of = [&](int j) {
+    constexpr int QK = (QT == QT_Q4_K || QT == QT_Q5_K || QT == QT_Q6_K || QT == QT_IQ4_XS) ? 256 : 32;
+    auto wrow_of = [&](int j) {  // the weight row of the block's row j (A-tile order)
         int mt = j >> 4, h = (j >> 3) & 1, g = j & 7;
         int base = col0 + mt * per_tile + g;
         int lo = min(base, out_rows - 1);  // past the end: a valid row, never stored
         return h == 0 ? lo : act ? half + lo : min(base + 8, out_rows - 1);
     };
+    // Copies are assigned once, no division in the loop: weights, 2 SL threads a row (row
+    // tid / (2 SL), pieces tid % (2 SL) + 2 SL k); x codes, TX threads a row of the pass (pieces
+    // tid % TX + TX k of the row's 4 SL); scales, one (row, unit) a thread while any are left.
+    constexpr int TW = 2 * SL, TX = 4 * SL / NT;
+    const u8* wsrc = W + (long long)wrow_of(tid / TW) * row_bytes;
+    u32 wdst = (u32)((tid / TW) * wspan);
+    int xr = tid / TX, xq = tid % TX;
+    int sr = tid / SL, sq = tid % SL;
+    // the four rows this lane reads: each one's offset modulo 16 (the staged copy keeps it)
+    int rmis[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            rmis[mt][h] = (int)((unsigned long long)(W + (long long)wrow_of(mt * 16 + h * 8 + gq) * row_bytes) & 15ull);
     auto stage = [&](int c, int r0, int buf) {
         int u0 = c * kwg + gw0, u1 = min(u0 + SL, nunits);
-        long long b0 = (long long)(64 * u0 / qk) * bsz, b1 = (long long)((64 * u1 + qk - 1) / qk) * bsz;
+        long long b0 = (long long)(64 * u0 / QK) * bsz, b1 = (long long)((64 * u1 + QK - 1) / QK) * bsz;
         u32 sw = sbase + (u32)(buf * stage_bytes);
-        // weights: 32 rows, each the 16-aligned span around [b0, b1)
-        int per_row = wspan >> 4;
-        for (int e = tid; e < 32 * per_row; e += nthreads) {
-            int j = e / per_row, q = e - j * per_row;
-            const u8* rb = W + (long long)wrow_of(j) * row_bytes;
-            unsigned long long a0 = (unsigned long long)(rb + b0) & ~15ull;
-            unsigned long long end = (unsigned long long)(rb + b1);
-            unsigned long long src = a0 + 16ull * (unsigned long long)q;
-            if (src >= end) continue;
-            int sz = (int)min(16ull, end - src);  // zero-fills past the step's bytes
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sw + (u32)(j * wspan + 16 * q)),
-                         "l"(src), "r"(sz)
-                         : "memory");
+        {  // weights: the 16-aligned span around [b0, b1) of each of the 32 rows
+            unsigned long long a0 = (unsigned long long)(wsrc + b0) & ~15ull;
+            unsigned long long end = (unsigned long long)(wsrc + b1);
+            for (int q = tid % TW; 16 * q < wspan; q += TW) {
+                unsigned long long src = a0 + 16ull * (unsigned long long)q;
+                if (src >= end) break;
+                int sz = (int)min(16ull, end - src);  // zero-fills past the step's bytes
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sw + wdst + (u32)(16 * q)),
+                             "l"(src), "r"(sz)
+                             : "memory");
+            }
         }
-        // x codes (16-aligned: a unit is 64 bytes) and scales (8 bytes a unit)
+        // x codes (16-aligned: a unit is 64 bytes) and scales (8 bytes a unit); rows past n
+        // are not staged
         u32 sx = sw + (u32)(32 * wspan), ss = sx + (u32)(RP * XS);
-        int nu = u1 - u0, rows = min(RP, n - r0);
-        for (int e = tid; e < rows * nu * 4; e += nthreads) {
-            int r = e / (nu * 4), q = e - r * nu * 4;
-            const u32* src = xp.h + ((long long)(r0 + r) * nunits + u0) * 16 + 4 * q;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sx + (u32)(r * XS + 16 * q)),
-                         "l"(src)
-                         : "memory");
+        int nq = 4 * (u1 - u0);
+        if (r0 + xr < n) {
+            const u32* src = xp.h + ((long long)(r0 + xr) * nunits + u0) * 16;
+#pragma unroll
+            for (int k = 0; k < NT; ++k) {
+                int q = xq + TX * k;
+                if (q < nq)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sx + (u32)(xr * XS + 16 * q)),
+                                 "l"(src + 4 * q)
+                                 : "memory");
+            }
         }
-        for (int e = tid; e < rows * nu; e += nthreads) {
-            int r = e / nu, q = e - r * nu;
-            cp_async8(ss + (u32)((r * SL + q) * 8), xp.s + ((long long)(r0 + r) * nunits + u0 + q) * 2);
-        }
+        if (sr < RP && r0 + sr < n && sq < u1 - u0)
+            cp_async8(ss + (u32)((sr * SL + sq) * 8), xp.s + ((long long)(r0 + sr) * nunits + u0 + sq) * 2);
     };
     for (int r0 = 0; r0 < n; r0 += RP) {
         float acc[NT][2][4];
@@ -1693,7 +1709,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
             int u = c * kwg + gw;
             if (u < nunits) {
                 const u8* sb = smem + (c % ST) * stage_bytes;
-                long long b0 = (long long)(64 * (c * kwg + gw0) / qk) * bsz;
+                long long b0 = (long long)(64 * (c * kwg + gw0) / QK) * bsz;
                 u32 a[2][2][2][4];
                 float s0[2][2][2], s1[2][2][2], mn[2][2][2];
 #pragma unroll
@@ -1701,8 +1717,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         int j = mt * 16 + h * 8 + gq;
-                        const u8* rb = W + (long long)wrow_of(j) * row_bytes;
-                        int mis = (int)((unsigned long long)(rb + b0) & 15ull);
+                        int mis = (int)((rmis[mt][h] + b0) & 15);
                         // the staged row as tc_unit addresses it: byte b0 of the row at offset mis
                         const u8* vrow = sb + j * wspan + mis - b0;
                         u32 w[2][2];
@@ -1798,7 +1813,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
 
 // Dynamic shared memory: 3 stages (the backend passes it and opts in past 48 KiB).
 #define MTB_KERNEL(NAME, QT, SL, NT)                                                            \
-    extern "C" __global__ void __launch_bounds__(64 * SL)                                      \
+    extern "C" __global__ void __launch_bounds__(64 * SL, 8 / SL)                             \
         mtb_##NAME##_s##SL##_n##NT(const u8* W, long long row_bytes, int out_rows, int K, int n,  \
                                    float* Y, int ldy, float eps, const float* Res, int ldr,      \
                                    int act, int half, int qk, int bsz, int wspan, const u32* Xh, \
