@@ -23,6 +23,8 @@
 #   batch : the staged many-row products (kernels.cu mtb, tensor_int8_batch_min_rows): their
 #           tests on every type, then tools.cuda.prod7b_probe (Q8_0 and Q4_K_M mixes) with them
 #           off and from 17 rows, at 1-64 rows
+#   batchprof: their tests (Q8_0, Q4_K, Q6_K), the Q8_0 probe, then ncu_stalls.sh on the 7B
+#           shape's products at 64 rows with them on (where their time goes)
 #   batchbench: bench decode (verify rows 1-64) with them off and from 17 rows, ROUNDS
 #           (default 1) interleaved rounds, then tools.cuda.exact_7b with them on
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
@@ -180,6 +182,16 @@ batch)
     stamp "products $mix rc=$?"
   done
   ;;
+batchprof)
+  tensor_tests "q8_0 q4_k q6_k" "mtb" ${TEST_S:-200} tests_mtb.log @i1@b5
+  timeout ${PROBE_S:-120} python3 -m tools.cuda.prod7b_probe --mix q8_0 --policies default,batch17 \
+    --rows ${ROWS_LIST:-1,32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batch_q8_0.txt" | tail -10
+  stamp "products rc=$?"
+  ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 ROWS=64 SHAPE=7b OPS=${OPS:-gate_up,head,down} NCU_S=${NCU_S:-150} \
+    bash tools/cuda/ncu_stalls.sh 2>&1 | tail -3
+  python3 -m tools.cuda.ncu_table $OUT/ncu_stalls_64.txt 2>&1 | tee "$OUT/ncu_mtb_64.txt" | head -50
+  stamp "ncu rc=$?"
+  ;;
 batchbench)
   build_7b_modules
   wait_file
@@ -197,6 +209,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchbench|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchprof|batchbench|rows"; exit 2 ;;
 esac
 stamp done
