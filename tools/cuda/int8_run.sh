@@ -25,6 +25,8 @@
 #           off and from 17 rows, at 1-64 rows
 #   batchprof: their tests (Q8_0, Q4_K, Q6_K), the Q8_0 probe, then ncu_stalls.sh on the 7B
 #           shape's products at 64 rows with them on (where their time goes)
+#   batchall: the tests (Q8_0, Q4_K, Q6_K), the Q8_0 probe at 32 and 64 rows, then bench decode
+#           of the random Q4_K_M file with them off and from 17 rows (one call)
 #   batchbench: bench decode (verify rows 1-64) with them off and from 17 rows, ROUNDS
 #           (default 1) interleaved rounds, then tools.cuda.exact_7b with them on
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
@@ -192,6 +194,14 @@ batchprof)
   python3 -m tools.cuda.ncu_table $OUT/ncu_stalls_64.txt 2>&1 | tee "$OUT/ncu_mtb_64.txt" | head -50
   stamp "ncu rc=$?"
   ;;
+batchall)
+  tensor_tests "q8_0 q4_k q6_k" "mtb" ${TEST_S:-150} tests_mtb.log @i1@b5
+  timeout ${PROBE_S:-100} python3 -m tools.cuda.prod7b_probe --mix q8_0 --policies default,batch17 \
+    --rows ${ROWS_LIST:-32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batch_q8_0.txt" | tail -10
+  stamp "products rc=$?"
+  wait_file
+  for form in int8x b17; do decode $form 1; done
+  ;;
 batchbench)
   build_7b_modules
   wait_file
@@ -209,6 +219,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchprof|batchbench|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchprof|batchall|batchbench|rows"; exit 2 ;;
 esac
 stamp done
