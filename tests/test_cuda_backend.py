@@ -9,6 +9,7 @@ bits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -1664,189 +1665,135 @@ def test_xprep_propagates_nan(xprep_keep, rng):
     assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
 
 
-# ---- the integer form's few-row products on the CUDA cores (kernels.cu mtv kernels) ----
-@pytest.fixture
-def mtv_on(tensor_on):
-    """The integer form only (the mtv kernels exist for it alone); counts the mtv launches so
-    a test can tell they ran. Restores ``tensor_int8_mv_rows``."""
-    cb = tensor_on
+def int8_kernels_spied(cb, prefix: str, setting: str):
+    """For a fixture: the integer form only (skip otherwise); yields (cb, the names of the
+    launched kernels starting with ``prefix``, so a test can tell they ran); restores
+    ``setting``."""
     if not TC_FORM["int8"]:
-        pytest.skip("the mtv kernels are the integer form's")
-    keep, k = cb.tensor_int8_mv_rows, cb._k
+        pytest.skip(f"the {prefix} kernels are the integer form's")
+    keep, k = getattr(cb, setting), cb._k
     seen: list[str] = []
 
     def spy(name, *args, **kwargs):
-        if name.startswith("mtv_"):
+        if name.startswith(prefix):
             seen.append(name)
         return k(name, *args, **kwargs)
 
     cb._k = spy
     yield cb, seen
     del cb._k
-    cb.tensor_int8_mv_rows = keep
+    setattr(cb, setting, keep)
 
 
-def assert_mtv_keeps_bits(cb, seen: list[str], ops: dict) -> None:
-    """Each op at 1-4 rows on the mtv kernels == on its tensor-core family, bit for bit, and
-    the mtv kernels ran (1, 2 and 4-row builds)."""
-    seen.clear()
-    assert_setting_keeps_bits(cb, ops, "tensor_int8_mv_rows", 0, 4, rows=(1, 2, 3, 4))
-    assert {n[-2:] for n in seen} == {"r1", "r2", "r4"}, seen
+# ---- the integer form's kernels chosen by row count: few rows on the CUDA cores (kernels.cu
+# mtv), many rows staged in shared memory (mtb); both give the bits of the weight's family ----
+#: kind -> (the setting that turns it on, its value then, the row counts tested: mtb's past one
+#: staged pass of 32 or 64 rows, partial passes, several passes)
+ROW_KERNELS = {
+    "mtv": ("tensor_int8_mv_rows", 4, (1, 2, 3, 4)),
+    "mtb": ("tensor_int8_batch_min_rows", 17, (17, 24, 32, 33, 40, 64, 65, 100)),
+}
 
 
-@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("policy", ["m2w4", "m1w8-16", "m1w16"])
-@pytest.mark.parametrize("d", [512, 1280], ids=lambda d: f"K{d}")
-def test_mtv_equals_mt_body(mtv_on, tc_policy, rng, qtype, policy, d):
-    """mt_body's family (KW 4, 8, 16): plain, norm, gated, residual and two-type pair (bias,
-    residual) launches, units that do not divide evenly among the warps."""
-    cb, seen = mtv_on
-    tc_policy(policy)
-    assert_mtv_keeps_bits(cb, seen, _tensor_launch_ops(cb, rng, qtype, d))
+@dataclass
+class RowKernels:
+    """One kind of row-count kernels under test, and the names of those launched."""
+
+    kind: str
+    cb: CupyBackend
+    seen: list[str]
+    setting: str
+    on: int
+    rows: tuple[int, ...]
 
 
-@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["w4x4", "w2x8", "w4x4u2", "w4x8c"])
-def test_mtv_equals_split_k(split_on, mtv_on, monkeypatch, rng, qtype, variant):
-    """The split-K family (mts / mtc: K slots = warps x blocks): plain and residual."""
-    cb, seen = mtv_on
-    w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 4)
-    ops = {
-        "plain": lambda m: cb.matmul(x[:m], w),
-        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
-    }
-    assert_mtv_keeps_bits(cb, seen, ops)
-    assert counters_zero(cb)
+@pytest.fixture(params=list(ROW_KERNELS))
+def row_kernels(tensor_on, request):
+    setting, on, rows = ROW_KERNELS[request.param]
+    for cb, seen in int8_kernels_spied(tensor_on, f"{request.param}_", setting):
+        yield RowKernels(request.param, cb, seen, setting, on, rows)
 
 
-@pytest.mark.parametrize("warps", WIDE_WARPS, ids=lambda w: f"w{w}")
-@pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-def test_mtv_equals_wide(wide_on, mtv_on, rng, qtype, warps):
-    """The wide (head) family, 1, 2 or 4 warps a tile: plain, fused norm with a bias, residual."""
-    cb, seen = mtv_on
-    cb.tensor_wide_warps = warps
-    w, gd, bd, x, res = wide_case(cb, rng, qtype, 512, 200, 4)
-    ops = {
-        "plain": lambda m: cb.matmul(x[:m], w),
-        "norm+bias": lambda m: cb.norm_matmul(x[:m], gd, 1e-6, w, bd),
-        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
-    }
-    assert_mtv_keeps_bits(cb, seen, ops)
-
-
-def test_mtv_propagates_nan(mtv_on, rng):
-    """A NaN in x reaches its row's outputs, and only its row, on the mtv kernels."""
-    cb, seen = mtv_on
-    cb.tensor_int8_mv_rows = 4
-    w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
-    x = rng.standard_normal((3, 256)).astype(np.float32)
-    x[1, 77] = np.nan
-    got = cb.to_host(cb.matmul(cupy.asarray(x), w))
-    assert seen and np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
-
-
-# ---- the integer form's many-row products staged in shared memory (kernels.cu mtb kernels) ----
-#: row counts past one staged pass (32 or 64 rows), partial passes, several passes
-MTB_ROWS = (17, 24, 32, 33, 40, 64, 65, 100)
-
-
-@pytest.fixture
-def mtb_on(tensor_on):
-    """The integer form only (the mtb kernels exist for it alone); counts the mtb launches so a
-    test can tell they ran. Restores ``tensor_int8_batch_min_rows``."""
-    cb = tensor_on
-    if not TC_FORM["int8"]:
-        pytest.skip("the mtb kernels are the integer form's")
-    keep, k = cb.tensor_int8_batch_min_rows, cb._k
-    seen: list[str] = []
-
-    def spy(name, *args, **kwargs):
-        if name.startswith("mtb_"):
-            seen.append(name)
-        return k(name, *args, **kwargs)
-
-    cb._k = spy
-    yield cb, seen
-    del cb._k
-    cb.tensor_int8_batch_min_rows = keep
-
-
-def assert_mtb_keeps_bits(cb, seen: list[str], ops: dict, slots: int) -> None:
-    """Each op at 17-100 rows on the mtb kernels == on its tensor-core family, bit for bit;
-    the mtb kernels of ``slots`` K slots a block ran, in both pass sizes."""
-    seen.clear()
-    assert_setting_keeps_bits(cb, ops, "tensor_int8_batch_min_rows", 0, 17, rows=MTB_ROWS)
-    assert {n.split("_")[-2] for n in seen} == {f"s{slots}"}, seen
-    assert {n[-2:] for n in seen} == {"n2", "n4"}, seen
+def assert_row_kernels_keep_bits(rk: RowKernels, ops: dict, slots: int = 4) -> None:
+    """Each op at every tested row count on the kernels == on its tensor-core family, bit for
+    bit, and every build ran: mtv's 1, 2 and 4-row ones; mtb's of ``slots`` K slots a block
+    in both pass sizes."""
+    rk.seen.clear()
+    assert_setting_keeps_bits(rk.cb, ops, rk.setting, 0, rk.on, rows=rk.rows)
+    if rk.kind == "mtv":
+        assert {n[-2:] for n in rk.seen} == {"r1", "r2", "r4"}, rk.seen
+    else:
+        assert {n.split("_")[-2] for n in rk.seen} == {f"s{slots}"}, rk.seen
+        assert {n[-2:] for n in rk.seen} == {"n2", "n4"}, rk.seen
 
 
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("policy", ["m2w4", "m1w8-16", "m1w16"])
 @pytest.mark.parametrize("d", [512, 1280], ids=lambda d: f"K{d}")
-def test_mtb_equals_mt_body(mtb_on, tc_policy, rng, qtype, policy, d):
-    """mt_body's family (KW 4, 8, 16: one block a tile, or two and four adding their slots
-    through scratch planes): plain, norm, gated, residual and two-type pair (bias, residual)
-    launches; units that do not divide evenly among the slots (20), blocks with none (8 units,
-    KW 16)."""
-    cb, seen = mtb_on
+def test_row_kernels_equal_mt_body(row_kernels, tc_policy, rng, qtype, policy, d):
+    """mt_body's family (KW 4, 8, 16; mtb: one block a tile, or two and four adding their
+    slots through scratch planes): plain, norm, gated, residual and two-type pair (bias,
+    residual) launches; units that do not divide evenly among the warps (20), mtb blocks with
+    none (8 units, KW 16)."""
+    rk = row_kernels
     tc_policy(policy)
-    assert_mtb_keeps_bits(cb, seen, _tensor_launch_ops(cb, rng, qtype, d, rows=100), 4)
-    assert counters_zero(cb)
+    assert_row_kernels_keep_bits(rk, _tensor_launch_ops(rk.cb, rng, qtype, d, rows=rk.rows[-1]))
+    assert counters_zero(rk.cb)
 
 
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("variant", ["w2x2", "w4x4", "w2x8", "w4x8c"])
-def test_mtb_equals_split_k(split_on, mtb_on, monkeypatch, rng, qtype, variant):
+@pytest.mark.parametrize("variant", ["w2x2", "w4x4", "w2x8", "w4x4u2", "w4x8c"])
+def test_row_kernels_equal_split_k(split_on, row_kernels, monkeypatch, rng, qtype, variant):
     """The split-K family (mts / mtc: K slots = warps x blocks, 4 to 32): plain and residual."""
-    cb, seen = mtb_on
-    w, x, res = split_case(cb, monkeypatch, rng, qtype, variant, 100)
+    rk = row_kernels
+    w, x, res = split_case(rk.cb, monkeypatch, rng, qtype, variant, rk.rows[-1])
     ops = {
-        "plain": lambda m: cb.matmul(x[:m], w),
-        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
+        "plain": lambda m: rk.cb.matmul(x[:m], w),
+        "add": lambda m: rk.cb.matmul_add(x[:m], w, res[:m]),
     }
-    assert_mtb_keeps_bits(cb, seen, ops, 4)
-    assert counters_zero(cb)
+    assert_row_kernels_keep_bits(rk, ops)
+    assert counters_zero(rk.cb)
 
 
 @pytest.mark.parametrize("warps", WIDE_WARPS, ids=lambda w: f"w{w}")
 @pytest.mark.parametrize("qtype", TC_TYPES, ids=lambda q: q.name)
-def test_mtb_equals_wide(wide_on, mtb_on, rng, qtype, warps):
-    """The wide (head) family, 1, 2 or 4 warps a tile (1, 2 or 4 K slots a block): plain,
+def test_row_kernels_equal_wide(wide_on, row_kernels, rng, qtype, warps):
+    """The wide (head) family, 1, 2 or 4 warps a tile (mtb: as many K slots a block): plain,
     fused norm with a bias, residual."""
-    cb, seen = mtb_on
-    cb.tensor_wide_warps = warps
-    w, gd, bd, x, res = wide_case(cb, rng, qtype, 512, 200, 100)
+    rk = row_kernels
+    rk.cb.tensor_wide_warps = warps
+    w, gd, bd, x, res = wide_case(rk.cb, rng, qtype, 512, 200, rk.rows[-1])
     ops = {
-        "plain": lambda m: cb.matmul(x[:m], w),
-        "norm+bias": lambda m: cb.norm_matmul(x[:m], gd, 1e-6, w, bd),
-        "add": lambda m: cb.matmul_add(x[:m], w, res[:m]),
+        "plain": lambda m: rk.cb.matmul(x[:m], w),
+        "norm+bias": lambda m: rk.cb.norm_matmul(x[:m], gd, 1e-6, w, bd),
+        "add": lambda m: rk.cb.matmul_add(x[:m], w, res[:m]),
     }
-    assert_mtb_keeps_bits(cb, seen, ops, warps)
+    assert_row_kernels_keep_bits(rk, ops, slots=warps)
 
 
-def test_mtb_rows_equal_one_row(mtb_on, rng):
-    """Decode == verify through the mtb kernels: each of 64 rows equals its one-row call (the
-    mtv kernel), plain and gated with a norm."""
-    cb, seen = mtb_on
-    cb.tensor_int8_batch_min_rows = 17
-    ops = _tensor_launch_ops(cb, rng, Q.Q8_0, 1280, rows=64)
+def test_row_kernels_rows_equal_one_row(row_kernels, rng):
+    """Decode == verify through them: rows of the largest tested launch each equal their own
+    one-row call, plain and gated with a norm."""
+    rk = row_kernels
+    setattr(rk.cb, rk.setting, rk.on)
+    ops = _tensor_launch_ops(rk.cb, rng, Q.Q8_0, 1280, rows=rk.rows[-1])
+    n = rk.rows[-1]
     for name in ("plain", "glu"):
-        full = cb.to_host(ops[name](64))
-        x_rows = {i: cb.to_host(ops[name](i + 1))[i] for i in (0, 31, 63)}
-        for i, row in x_rows.items():
-            assert np.array_equal(row, full[i]), f"{name}: row {i}"
-    assert seen
+        full = rk.cb.to_host(ops[name](n))
+        for i in (0, n // 2 - 1, n - 1):
+            assert np.array_equal(rk.cb.to_host(ops[name](i + 1))[i], full[i]), f"{name}: row {i}"
+    assert rk.seen
 
 
-def test_mtb_propagates_nan(mtb_on, rng):
-    """A NaN in x reaches its row's outputs, and only its row, on the mtb kernels."""
-    cb, seen = mtb_on
-    cb.tensor_int8_batch_min_rows = 17
-    w = cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
-    x = rng.standard_normal((40, 256)).astype(np.float32)
+def test_row_kernels_propagate_nan(row_kernels, rng):
+    """A NaN in x reaches its row's outputs, and only its row."""
+    rk = row_kernels
+    setattr(rk.cb, rk.setting, rk.on)
+    w = rk.cb.prepare_matrix([make_tensor(rng, 32, 256, Q.Q4_K)])
+    x = rng.standard_normal((rk.rows[-1], 256)).astype(np.float32)
     x[1, 77] = np.nan
-    got = cb.to_host(cb.matmul(cupy.asarray(x), w))
-    assert seen and np.isnan(got[1]).all() and np.isfinite(np.delete(got, 1, axis=0)).all()
+    got = rk.cb.to_host(rk.cb.matmul(cupy.asarray(x), w))
+    assert rk.seen and np.isnan(got[1]).all() and np.isfinite(np.delete(got, 1, axis=0)).all()
 
 
 @pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)

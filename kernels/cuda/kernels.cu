@@ -1748,20 +1748,8 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
         }
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
-        if (Z > 1) {  // raw sums to this slot's plane: the tile's last block adds them
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        int r = r0 + rh * 8 * NT + nt * 8 + 2 * t + (c & 1);
-                        int j = mt * 16 + gq + 8 * (c >> 1);
-                        if (r < n) part[gw * pstride + (long long)r * pcols + bid * 32 + j] = acc[nt][mt][c];
-                    }
-            continue;
-        }
-        // in the block: red[slot][row of the pass][j], then every output in slot order
+        // each slot's raw sums: to its scratch plane (Z > 1: the tile's last block adds them), else
+        // to red[slot][row of the pass][j], then every output in slot order
         float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -1769,9 +1757,13 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    int lr = rh * 8 * NT + nt * 8 + 2 * t + (c & 1);
-                    red[(slot * RP + lr) * 32 + mt * 16 + gq + 8 * (c >> 1)] = acc[nt][mt][c];
+                    int lr = rh * 8 * NT + nt * 8 + 2 * t + (c & 1), j = mt * 16 + gq + 8 * (c >> 1);
+                    if (Z == 1)
+                        red[(slot * RP + lr) * 32 + j] = acc[nt][mt][c];
+                    else if (r0 + lr < n)
+                        part[gw * pstride + (long long)(r0 + lr) * pcols + bid * 32 + j] = acc[nt][mt][c];
                 }
+        if (Z > 1) continue;
         __syncthreads();
         int rows = min(RP, n - r0);
         for (int e = tid; e < rows * nout; e += nthreads) {
