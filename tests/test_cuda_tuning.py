@@ -176,9 +176,9 @@ def test_int8_few_row_products_override() -> None:
 
 def test_int8_many_row_products_override() -> None:
     """The integer form's staged many-row products (kernels.cu mtb) take a row count from
-    which they run (0: never, the default); only digits are taken."""
-    assert CudaTuning().tensor_int8_batch_min_rows == 0
-    for rows in ("0", "17", "33"):
+    which they run (17 by default: a verify past 16 rows; 0: never); only digits are taken."""
+    assert CudaTuning().tensor_int8_batch_min_rows == 17
+    for rows in ("0", "24", "33"):
         got = CudaTuning.from_env({"ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS": rows})
         assert got.tensor_int8_batch_min_rows == int(rows)
     for odd in ("-1", "many", "", "1e3"):

@@ -80,9 +80,11 @@ class CudaTuning:
     #: each step's weights and x staged in shared memory once for a block's 32 or 64 rows and
     #: its K slots, each slot's units in the family's order through mt_i8_step, the slots
     #: added in order: the same bits as the weight's tensor-core family, so the row count may
-    #: pick it; 0: never; Env ``ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=N``). Off until measured on
-    #: a device (``bash tools/cuda/int8_run.sh batch``)
-    tensor_int8_batch_min_rows: int = 0
+    #: pick it; 0: never; Env ``ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=N``). H100, 7B-shaped
+    #: Q4_K_M file, ``bench decode`` in one call (2026-12-07): a 64-row forward 15.40 ms
+    #: against 20.87 (x3.96 one row against x5.26), 32 rows 10.26 against 10.75, one row
+    #: unchanged; ``tools.cuda.exact_7b`` all exact with them on
+    tensor_int8_batch_min_rows: int = 17
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
