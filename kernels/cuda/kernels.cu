@@ -1569,9 +1569,10 @@ __device__ __forceinline__ void mtv_body(int bid, const u8* __restrict__ W, long
 // family's epilogue (norm from xprep8's sums of squares, gated activation, residual). Every
 // row's bits equal the family kernel's for any row count: the backend may choose this kernel by
 // row count (tensor_batch_min_rows). x comes from xprep8 (required).
-// Weight rows are staged as the 16-aligned span around a step's bytes (qk weights in blocks of
-// bsz bytes; SL units of a step never straddle a 256-weight block), tc_unit reading the staged
-// copy at its own offsets; rows of x past n are not staged (computed, never stored).
+// Weight rows are staged as the 16-aligned span around a step's bytes (the type's QK weights in
+// blocks of bsz bytes; SL units of a step never straddle a 256-weight block), tc_unit reading
+// the staged copy at its own offsets; rows of x past n are not staged (computed, never stored).
+// The launch also passes qk (gguf's block size, equal to QK); the kernel uses its own QK.
 // Shared memory per stage: 32 * wspan (weights) + 16 NT * XS (codes) + 16 NT * 8 SL (scales).
 template <int SL>
 struct MtbGeom {
