@@ -854,13 +854,16 @@ TC_FORM = {"int8": False}
 def tensor_on(cb, request):
     """The tensor-core products, in the f16 form and in the integer form (tensor_int8): every
     test that takes this fixture runs in both."""
-    keep = cb.tensor_products, cb.tensor_int8, cb.tensor_int8_min_dim
+    keep = cb.tensor_products, cb.tensor_int8, cb.tensor_int8_min_dim, cb.tensor_int8_batch_min_rows
     cb.tensor_products = True
     cb.tensor_int8 = TC_FORM["int8"] = request.param == "int8"
     cb.tensor_int8_min_dim = 0  # f16: no weight takes the integer form by its size
+    # the families under test at every row count (the staged many-row kernels that replace
+    # them past 16 rows by default have their own tests, test_row_kernels_*)
+    cb.tensor_int8_batch_min_rows = 0
     cb.drop_graphs()
     yield cb
-    cb.tensor_products, cb.tensor_int8, cb.tensor_int8_min_dim = keep
+    cb.tensor_products, cb.tensor_int8, cb.tensor_int8_min_dim, cb.tensor_int8_batch_min_rows = keep
     TC_FORM["int8"] = False
     cb.drop_graphs()
 
