@@ -23,10 +23,6 @@
 #   batch : the staged many-row products (kernels.cu mtb, tensor_int8_batch_min_rows): their
 #           tests on every type, then tools.cuda.prod7b_probe (Q8_0 and Q4_K_M mixes) with them
 #           off and from 17 rows, at 1-64 rows
-#   batchprof: their tests (Q8_0, Q4_K, Q6_K), the Q8_0 probe, then ncu_stalls.sh on the 7B
-#           shape's products at 64 rows with them on (where their time goes)
-#   batchall: the tests (Q8_0, Q4_K, Q6_K), the Q8_0 probe at 32 and 64 rows, then bench decode
-#           of the random Q4_K_M file with them off and from 17 rows (one call)
 #   batchbench: bench decode (verify rows 1-64) with them off and from 17 rows, ROUNDS
 #           (default 1) interleaved rounds, then tools.cuda.exact_7b with them on
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
@@ -95,6 +91,7 @@ decode() {  # one bench decode of the file in the form $1, round $2
     r3) env="ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=3" ;;
     nt8r2) env="ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=8 ECHOLINE_CUDA_TENSOR_MIN_BLOCKS_ROWS=2" ;;
     nt8) env="ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=8" ;;
+    b0) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=0" ;;
     b17) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17" ;;
   esac
   env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
@@ -179,33 +176,15 @@ batch)
   tensor_tests "q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k iq4_nl iq4_xs" "mtb" ${TEST_S:-240} \
     tests_mtb.log @i1@b5
   for mix in q8_0 q4_k_m; do
-    timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix $mix --policies default,batch17 \
+    timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix $mix --policies batch0,batch17 \
       --rows ${ROWS_LIST:-1,16,32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batch_$mix.txt" | tail -10
     stamp "products $mix rc=$?"
   done
   ;;
-batchprof)
-  tensor_tests "q8_0 q4_k q6_k" "mtb" ${TEST_S:-200} tests_mtb.log @i1@b5
-  timeout ${PROBE_S:-120} python3 -m tools.cuda.prod7b_probe --mix q8_0 --policies default,batch17 \
-    --rows ${ROWS_LIST:-1,32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batch_q8_0.txt" | tail -10
-  stamp "products rc=$?"
-  ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 ROWS=64 SHAPE=7b OPS=${OPS:-gate_up,head,down} NCU_S=${NCU_S:-150} \
-    bash tools/cuda/ncu_stalls.sh 2>&1 | tail -3
-  python3 -m tools.cuda.ncu_table $OUT/ncu_stalls_64.txt 2>&1 | tee "$OUT/ncu_mtb_64.txt" | head -50
-  stamp "ncu rc=$?"
-  ;;
-batchall)
-  tensor_tests "q8_0 q4_k q6_k" "mtb" ${TEST_S:-150} tests_mtb.log @i1@b5
-  timeout ${PROBE_S:-100} python3 -m tools.cuda.prod7b_probe --mix q8_0 --policies default,batch17 \
-    --rows ${ROWS_LIST:-32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batch_q8_0.txt" | tail -10
-  stamp "products rc=$?"
-  wait_file
-  for form in int8x b17; do decode $form 1; done
-  ;;
 batchbench)
   build_7b_modules
   wait_file
-  for r in $(seq 1 ${ROUNDS:-1}); do for form in int8x b17; do decode $form $r; done; done
+  for r in $(seq 1 ${ROUNDS:-1}); do for form in b0 b17; do decode $form $r; done; done
   ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json \
     > "$OUT/exact_b17.json" 2> /tmp/exact.err
   stamp "exact b17 rc=$?"; tail -8 /tmp/exact.err
@@ -219,6 +198,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchprof|batchall|batchbench|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchbench|rows"; exit 2 ;;
 esac
 stamp done

@@ -5,7 +5,7 @@ and Q4_K, the Q6_K head of 152,064 columns); each product timed eagerly (median 
 calls, each synchronized) at 1 and 16 rows, under each ``--policies`` setting of the backend,
 with the bandwidth its weight bytes imply.
 
-    python3 -m tools.cuda.prod7b_probe [--iters 30] [--mix q4_k_m|q8_0] [--policies default,batch17]
+    python3 -m tools.cuda.prod7b_probe [--iters 30] [--mix q4_k_m|q8_0] [--policies batch0,batch17]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ POLICIES = {
     "rows_minb3": {"tensor_min_blocks_rows": 3},
     "nt8": {"tensor_max_row_tiles": 8},
     "nt8_minb2": {"tensor_max_row_tiles": 8, "tensor_min_blocks_rows": 2},
-    # from 17 rows the staged many-row kernels of the integer form (kernels.cu mtb)
+    # the staged many-row kernels of the integer form (kernels.cu mtb): off, and from 17 rows
+    # (the default since 2026-12-07)
+    "batch0": {"tensor_int8_batch_min_rows": 0},
     "batch17": {"tensor_int8_batch_min_rows": 17},
 }
 
