@@ -536,7 +536,7 @@ class CupyBackend(Backend):
         z = kwg // sl
         nt = 2 if n <= 32 else 4
         rows = 16 * nt
-        xstride = {1: 64, 2: 192, 4: 320}[sl]
+        xstride = {1: 64, 2: 192, 4: 320}[sl]  # must match kernels.cu MtbGeom<SL>::XS
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw_norm, 1, True)
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
@@ -558,7 +558,7 @@ class CupyBackend(Backend):
                 (
                     seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features), _i32(n),
                     out[:, seg.col_offset :], _i32(width), np.float32(eps), _seg_res(res, seg), _i32(ldr),
-                    _i32(act), _i32(out_cols), _i32(qk), _i32(bsz), _i32(wspan), *xp, part,
+                    _i32(act), _i32(out_cols), _i32(bsz), _i32(wspan), *xp, part,
                     self._split_counters,
                 ),  # fmt: skip
                 shared_mem=smem,

@@ -1572,7 +1572,6 @@ __device__ __forceinline__ void mtv_body(int bid, const u8* __restrict__ W, long
 // Weight rows are staged as the 16-aligned span around a step's bytes (the type's QK weights in
 // blocks of bsz bytes; SL units of a step never straddle a 256-weight block), tc_unit reading
 // the staged copy at its own offsets; rows of x past n are not staged (computed, never stored).
-// The launch also passes qk (gguf's block size, equal to QK); the kernel uses its own QK.
 // Shared memory per stage: 32 * wspan (weights) + 16 NT * XS (codes) + 16 NT * 8 SL (scales).
 template <int SL>
 struct MtbGeom {
@@ -1615,7 +1614,7 @@ template <int QT, int SL, int NT>
 __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long long row_bytes,
                                          int out_rows, int K, int n, float* __restrict__ Y, int ldy,
                                          float eps, const float* __restrict__ Res, int ldr, int act,
-                                         int half, int qk, int bsz, int wspan, XPre xp,
+                                         int half, int bsz, int wspan, XPre xp,
                                          float* __restrict__ part, int* __restrict__ cnt, u8* smem) {
     using G = MtbGeom<SL>;
     constexpr int RP = 16 * NT;  // rows of a pass
@@ -1809,12 +1808,12 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
     extern "C" __global__ void __launch_bounds__(64 * SL, 8 / SL)                             \
         mtb_##NAME##_s##SL##_n##NT(const u8* W, long long row_bytes, int out_rows, int K, int n,  \
                                    float* Y, int ldy, float eps, const float* Res, int ldr,      \
-                                   int act, int half, int qk, int bsz, int wspan, const u32* Xh, \
+                                   int act, int half, int bsz, int wspan, const u32* Xh,         \
                                    const float* Xs, const float* Xss, float* part, int* cnt) {   \
         grid_dependency();                                                                      \
         extern __shared__ __align__(16) u8 mtb_stages[];                                        \
         mtb_body<QT, SL, NT>(blockIdx.x, W, row_bytes, out_rows, K, n, Y, ldy, eps, Res, ldr,   \
-                             act, half, qk, bsz, wspan, {Xh, Xs, Xss}, part, cnt, mtb_stages);  \
+                             act, half, bsz, wspan, {Xh, Xs, Xss}, part, cnt, mtb_stages);  \
     }
 // SL 1, 2 or 4 K slots a block (families of kwg 1, 2, or a multiple of 4); 32 or 64 rows a pass
 #define MTB_ALL(NAME, QT)                                                                       \
