@@ -6,7 +6,11 @@
 #           (.lcpp/lcpp.tgz, setsid); echoline bench decode on each random file
 #   llama : llama-bench tg128 on each random file (waits up to WAIT_S for the build); then
 #           python3 -m tools.cuda.exact_7b on the Q4_K_M one (EXACT_S, 0: skip)
-#   part  : copy the carried parts (.mdl/e05partNN: the 0.5B less its untied head) and nothing else
+#   part  : copy the carried parts (.mdl/e05partNN: the 0.5B less its untied head); the first
+#           call that carries .lcpp also starts llama-server's CUDA build (detached), so it
+#           builds while the parts travel
+#   check : the GPU tests picked by TEST_K (default: the mtv/mtb row kernels and the row-pass
+#           builds, Q8_0 and Q4_K) within TEST_S seconds, while the build finishes
 #   final : join the parts; write the embedded 7B file (Q8_0); versus_llamacpp on it
 # Every step first copies whatever .mdl/* files came with the call to /tmp/models.
 export PYTHONUNBUFFERED=1
@@ -56,7 +60,20 @@ llama)
   fi
   ;;
 part)
+  if [ ! -f /tmp/lcpp.log ] && [ -f .lcpp/lcpp.tgz ]; then
+    source tools/cuda/device_common.sh && start_llamacpp_build 14
+  fi
   ls -l /tmp/models | tail -8; tail -2 /tmp/lcpp.log
+  ;;
+check)
+  for q in "" q8_0 q8_0@b5 q8_0@i1@b5 q4_k q4_k@b5 q4_k@i1@b5; do  # NVRTC builds in parallel
+    timeout 200 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" > /dev/null 2>&1 &
+  done
+  wait; stamp "modules built"
+  timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
+    -k "${TEST_K:-(row_kernels or row_pass) and (Q8_0 or Q4_K)}" tests/test_cuda_backend.py 2>&1 \
+    | tee "$OUT/tests_check.log" | tail -15
+  stamp "tests rc=${PIPESTATUS[0]}"; tail -2 /tmp/lcpp.log
   ;;
 final)
   if [ ! -f /tmp/models/e05.gguf ]; then
