@@ -11,7 +11,10 @@
 #           builds while the parts travel
 #   check : the GPU tests picked by TEST_K (default: the mtv/mtb row kernels and the row-pass
 #           builds, Q8_0 and Q4_K) within TEST_S seconds, while the build finishes
-#   final : join the parts; write the embedded 7B file (Q8_0); versus_llamacpp on it
+#   final : join the parts; write the embedded 7B file (Q8_0); versus_llamacpp on it (VS_S s a
+#           run, 0: none; WAIT_S: wait that long for the build first), once per entry of
+#           VS_ENVS (space-separated; each "default" or VAR=V[,VAR=V...], e.g.
+#           "default ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=0"), ROUNDS rounds of VS_TRAFFIC
 # Every step first copies whatever .mdl/* files came with the call to /tmp/models.
 export PYTHONUNBUFFERED=1
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -83,9 +86,17 @@ final)
   [ -f $E ] || timeout 300 python3 -m tools.cuda.synth_gguf embed --src /tmp/models/e05.gguf $E
   stamp "embedded rc=$?"; ls -l $E
   if [ "${VS_S:-330}" != 0 ]; then
-    timeout ${VS_S:-330} python3 -m tools.versus_llamacpp --model $E --backend cuda --rounds ${ROUNDS:-3} \
-      --traffic ${VS_TRAFFIC:-copy,edit} --llama-server $LB/llama-server --llama-args "-ngl 99" --json > "$OUT/versus_e7b.log" 2>&1
-    stamp "versus rc=$?"; tail -8 "$OUT/versus_e7b.log"
+    for _ in $(seq 1 $((${WAIT_S:-0} / 5))); do grep -q "rc=" /tmp/lcpp.log 2>/dev/null && break; sleep 5; done
+    stamp "build: $(tail -1 /tmp/lcpp.log)"
+    i=0
+    for envs in ${VS_ENVS:-default}; do  # each: "default" or VAR=V[,VAR=V...], one run each
+      i=$((i + 1)); env_args=(); [ "$envs" = default ] || IFS=, read -ra env_args <<< "$envs"
+      echo "== run $i: $envs" | tee -a "$OUT/versus_e7b.log"
+      env "${env_args[@]}" timeout ${VS_S:-330} python3 -m tools.versus_llamacpp --model $E --backend cuda \
+        --rounds ${ROUNDS:-3} --traffic ${VS_TRAFFIC:-copy,edit} --llama-server $LB/llama-server \
+        --llama-args "-ngl 99" --json > "$OUT/versus_e7b_$i.log" 2>&1
+      stamp "versus $i rc=$?"; tail -8 "$OUT/versus_e7b_$i.log" | tee -a "$OUT/versus_e7b.log"
+    done
   fi
   if [ "${EXACT_S:-0}" != 0 ]; then
     timeout $EXACT_S python3 -m tools.cuda.exact_7b $E --json > "$OUT/exact_e7b.json" 2> "$OUT/exact_e7b.err"
