@@ -1691,10 +1691,13 @@ def int8_kernels_spied(cb, prefix: str, setting: str):
 # ---- the integer form's kernels chosen by row count: few rows on the CUDA cores (kernels.cu
 # mtv), many rows staged in shared memory (mtb); both give the bits of the weight's family ----
 #: kind -> (the setting that turns it on, its value then, the row counts tested: mtb's past one
-#: staged pass of 32 or 64 rows, partial passes, several passes)
+#: staged pass of 32 or 64 rows, partial passes, several passes; settings held meanwhile:
+#: mtbw, the staged kernels of 64 weight rows a block)
 ROW_KERNELS = {
-    "mtv": ("tensor_int8_mv_rows", 4, (1, 2, 3, 4)),
-    "mtb": ("tensor_int8_batch_min_rows", 17, (17, 24, 32, 33, 40, 64, 65, 100)),
+    "mtv": ("tensor_int8_mv_rows", 4, (1, 2, 3, 4), {}),
+    "mtb": ("tensor_int8_batch_min_rows", 17, (17, 24, 32, 33, 40, 64, 65, 100), {}),
+    "mtbw": ("tensor_int8_batch_min_rows", 17, (17, 24, 32, 33, 40, 64, 65, 100),
+             {"tensor_int8_batch_weight_rows": 64}),
 }
 
 
@@ -1712,9 +1715,14 @@ class RowKernels:
 
 @pytest.fixture(params=list(ROW_KERNELS))
 def row_kernels(tensor_on, request):
-    setting, on, rows = ROW_KERNELS[request.param]
+    setting, on, rows, held = ROW_KERNELS[request.param]
+    keep = {k: getattr(tensor_on, k) for k in held}
     for cb, seen in int8_kernels_spied(tensor_on, f"{request.param}_", setting):
+        for k, v in held.items():
+            setattr(cb, k, v)
         yield RowKernels(request.param, cb, seen, setting, on, rows)
+    for k, v in keep.items():
+        setattr(tensor_on, k, v)
 
 
 def assert_row_kernels_keep_bits(rk: RowKernels, ops: dict, slots: int = 4) -> None:

@@ -185,6 +185,16 @@ def test_int8_many_row_products_override() -> None:
         assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS": odd}) == CudaTuning()
 
 
+def test_int8_many_row_weight_rows_override() -> None:
+    """Their weight rows a block: 32 by default (the mtb kernels), 64 on the mtbw ones; no
+    other value is taken."""
+    assert CudaTuning().tensor_int8_batch_weight_rows == 32
+    got = CudaTuning.from_env({"ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS": "64"})
+    assert got.tensor_int8_batch_weight_rows == 64
+    for odd in ("48", "128", "", "sixty-four"):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS": odd}) == CudaTuning()
+
+
 def test_row_pass_settings_from_env() -> None:
     """The kernels past 16 rows: their register bound takes 1-8 and their tiles per pass 4 or
     8, nothing else; both off by default (the modules as before)."""
@@ -204,6 +214,17 @@ def test_row_pass_module_suffixes() -> None:
     plain = kernel_source("q4_k@i1@b5")
     assert "#define MT_ROW_TILES8 8" not in plain and "#define MT_MINB_ROWS 3" not in plain
     assert "#define MT_ROW_TILES8 0" in plain and "#define MT_MINB_ROWS 0" in plain  # the defaults
+
+
+def test_wide_many_row_module_suffix() -> None:
+    """"@w1" reaches the kernel source as MTB_WIDE (the mtbw kernels are built only there), and
+    nothing else asks for it."""
+    from echoline.kernels.cuda import kernel_source
+
+    src = kernel_source("q8_0@i1@b5@w1")
+    assert "#define MTB_WIDE 1" in src[: src.index("#ifndef MT_UNITS")]
+    assert "#define MTB_WIDE 1" not in kernel_source("q8_0@i1@b5")
+    assert "MTB_SET(mtbw, NAME, QT, 2)" in src  # what MTB_WIDE adds to MTB_ALL
 
 
 def test_ptxas_register_report_of_the_row_pass_builds() -> None:

@@ -85,6 +85,13 @@ class CudaTuning:
     #: against 20.87 (x3.96 one row against x5.26), 32 rows 10.26 against 10.75, one row
     #: unchanged; ``tools.cuda.exact_7b`` all exact with them on
     tensor_int8_batch_min_rows: int = 17
+    #: ... with this many weight rows a block: 32, or 64 (kernels.cu mtbw kernels, modules
+    #: "@w1": twice the warps, so each staged step of x serves twice the weight rows and x's
+    #: share of the staged bytes falls from about two thirds to one half; the same bits). Env
+    #: ``ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=32|64``. 32 until measured on a device (`bash
+    #: tools/cuda/int8_run.sh batchw`): written and compiled (nvcc, sm_90, 126-128 registers)
+    #: on 2026-12-07 with no device lent
+    tensor_int8_batch_weight_rows: int = 32
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
@@ -345,6 +352,8 @@ class CudaTuning:
         kib = env.get("ECHOLINE_CUDA_TENSOR_WIDE_MAX_SMEM_KIB", "")
         if kib.isdigit() and 48 <= int(kib) <= 227:
             tuning.tensor_wide_max_smem = int(kib) * 1024
+        if env.get("ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS") in ("32", "64"):
+            tuning.tensor_int8_batch_weight_rows = int(env["ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS"])
         units = env.get("ECHOLINE_CUDA_TENSOR_UNITS")
         if units in ("1", "2"):
             tuning.tensor_units = int(units)

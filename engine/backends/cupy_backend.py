@@ -278,6 +278,8 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@r{rows_minb}"
                 if tiles8:  # also the kernels of eight 8-row tiles per pass
                     qtype = f"{qtype}@t8"
+                if name.startswith("mtbw_"):  # built only where asked for (the same bits)
+                    qtype = f"{qtype}@w1"
             if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
                 qtype = f"@a{attn_blocks}"
             if early:  # every module: each kernel releases the next one at its start
@@ -519,10 +521,11 @@ class CupyBackend(Backend):
     ) -> bool:  # fmt: skip
         """The integer form's many-row products (kernels.cu mtb kernels), from
         ``tensor_int8_batch_min_rows`` rows; False where they do not apply. A block stages
-        each step's weights (32 rows) and x (a pass of 32 or 64 rows) in shared memory for SL
-        K slots of the family (SL = kwg for kwg 1 or 2, else 4; kwg / SL blocks a tile, their
-        sums added through scratch planes). One launch per segment: a column's bits are its own
-        type's whichever launch computes it."""
+        each step's weights (``tensor_int8_batch_weight_rows``: 32 rows, or 64 on the mtbw
+        kernels) and x (a pass of 32 or 64 rows) in shared memory for SL K slots of the family
+        (SL = kwg for kwg 1 or 2, else 4; kwg / SL blocks a tile, their sums added through
+        scratch planes). One launch per segment: a column's bits are its own type's whichever
+        launch computes it."""
         least = self.tensor_int8_batch_min_rows
         if not (least and n >= least and self._int8(w)):
             return False
@@ -536,25 +539,27 @@ class CupyBackend(Backend):
         z = kwg // sl
         nt = 2 if n <= 32 else 4
         rows = 16 * nt
+        wb = 2 if self.tensor_int8_batch_weight_rows == 64 else 1  # 32-row weight blocks a block
+        prefix = "mtbw" if wb == 2 else "mtb"
         xstride = {1: 64, 2: 192, 4: 320}[sl]  # must match kernels.cu MtbGeom<SL>::XS
         xp = self._xprep(x2, ldx, n, w.in_features, norm, kw_norm, 1, True)
         for seg in w.segments:
             out_cols = seg.rows // 2 if act else seg.rows
-            nblk = -(-out_cols // (16 if act else 32))
+            nblk = -(-out_cols // ((16 if act else 32) * wb))
             qk, bsz = _BLOCKS[seg.kernel]
             step = bsz if qk == 256 else sl * (64 // qk) * bsz  # a step's bytes of one row
             wspan = -(-step // 16) * 16 + 16  # the 16-aligned span around them
             wspan += 16 if wspan % 32 == 0 else 0  # rows 4 banks apart: no conflicts
-            smem = 3 * (32 * wspan + rows * xstride + rows * sl * 8)
-            fn = self._k(f"mtb_{seg.kernel}_s{sl}_n{nt}", seg.kernel, int8=True)
+            smem = 3 * (32 * wb * wspan + rows * xstride + rows * sl * 8)
+            fn = self._k(f"{prefix}_{seg.kernel}_s{sl}_n{nt}", seg.kernel, int8=True)
             if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
                 fn.max_dynamic_shared_size_bytes = smem  # the opt-in past 48 KiB
             if z > 1 and nblk > _SPLIT_COUNTERS:
                 raise EcholineError(f"many-row launch of {nblk} blocks: too many tiles")
-            part = cupy.empty((kwg, n, nblk * 32), dtype=cupy.float32) if z > 1 else None
+            part = cupy.empty((kwg, n, nblk * 32 * wb), dtype=cupy.float32) if z > 1 else None
             fn(
                 (nblk, 1, z),
-                (64 * sl,),
+                (64 * sl * wb,),
                 (
                     seg.data, np.int64(seg.row_bytes), _i32(out_cols), _i32(w.in_features), _i32(n),
                     out[:, seg.col_offset :], _i32(width), np.float32(eps), _seg_res(res, seg), _i32(ldr),

@@ -1572,7 +1572,11 @@ __device__ __forceinline__ void mtv_body(int bid, const u8* __restrict__ W, long
 // Weight rows are staged as the 16-aligned span around a step's bytes (the type's QK weights in
 // blocks of bsz bytes; SL units of a step never straddle a 256-weight block), tc_unit reading
 // the staged copy at its own offsets; rows of x past n are not staged (computed, never stored).
-// Shared memory per stage: 32 * wspan (weights) + 16 NT * XS (codes) + 16 NT * 8 SL (scales).
+// Shared memory per stage: 32 WB * wspan (weights) + 16 NT * XS (codes) + 16 NT * 8 SL (scales).
+// WB 2 (kernels mtbw_, modules "@w1", MTB_WIDE): a block owns 64 weight rows with twice the
+// warps (warp w also takes block rows 32 * (w / (2 SL)) onwards), so each staged step of x
+// serves twice the weight rows: x's share of the bytes a step stages falls from about two
+// thirds to one half. Rows never share arithmetic, so the bits are WB 1's.
 template <int SL>
 struct MtbGeom {
     // x codes: a row's SL units (64 bytes each) padded so that the 8 rows an mma reads start 4
@@ -1610,7 +1614,7 @@ __device__ __forceinline__ float mtb_value(Get get, int kwg, int r, int o, int a
     return act ? act_glu(act, v[0], v[1]) : v[0];
 }
 
-template <int QT, int SL, int NT>
+template <int QT, int SL, int NT, int WB>
 __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long long row_bytes,
                                          int out_rows, int K, int n, float* __restrict__ Y, int ldy,
                                          float eps, const float* __restrict__ Res, int ldr, int act,
@@ -1618,19 +1622,21 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
                                          float* __restrict__ part, int* __restrict__ cnt, u8* smem) {
     using G = MtbGeom<SL>;
     constexpr int RP = 16 * NT;  // rows of a pass
+    constexpr int WR = 32 * WB;  // weight rows of a block
     constexpr int XS = G::XS, ST = G::ST;
-    const int nthreads = 64 * SL, tid = threadIdx.x;
+    const int nthreads = 64 * SL * WB, tid = threadIdx.x;
     int warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t = lane & 3;
-    int slot = warp % SL, rh = warp / SL;
+    // WB 1: wb is 0 at compile time (the kernel as it was, register for register)
+    int slot = warp % SL, rh = WB == 1 ? warp / SL : (warp / SL) & 1, wb = WB == 1 ? 0 : warp / (2 * SL);
     int Z = (int)gridDim.z, kwg = Z * SL, gw0 = (int)blockIdx.z * SL, gw = gw0 + slot;
     int per_tile = act ? 8 : 16;
-    int col0 = bid * 2 * per_tile;
+    int col0 = bid * 2 * WB * per_tile;
     int nunits = K >> 6;
     int nchunks = nunits > gw0 ? (nunits - gw0 + kwg - 1) / kwg : 0;
-    int stage_bytes = 32 * wspan + RP * XS + RP * SL * 8;
+    int stage_bytes = WR * wspan + RP * XS + RP * SL * 8;
     u32 sbase = (u32)__cvta_generic_to_shared(smem);
-    int nout = act ? 16 : 32;
-    int pcols = (int)gridDim.x * 32;  // a scratch plane's columns (block weight rows)
+    int nout = (act ? 16 : 32) * WB;
+    int pcols = (int)gridDim.x * WR;  // a scratch plane's columns (block weight rows)
     long long pstride = (long long)n * pcols;
     constexpr int QK = (QT == QT_Q4_K || QT == QT_Q5_K || QT == QT_Q6_K || QT == QT_IQ4_XS) ? 256 : 32;
     auto wrow_of = [&](int j) {  // the weight row of the block's row j (A-tile order)
@@ -1641,24 +1647,26 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
     };
     // Copies are assigned once, no division in the loop: weights, 2 SL threads a row (row
     // tid / (2 SL), pieces tid % (2 SL) + 2 SL k); x codes, TX threads a row of the pass (pieces
-    // tid % TX + TX k of the row's 4 SL); scales, one (row, unit) a thread while any are left.
-    constexpr int TW = 2 * SL, TX = 4 * SL / NT;
+    // tid % TX + TX k of the row's 4 SL, k < KX); scales, one (row, unit) a thread while any
+    // are left.
+    constexpr int TW = 2 * SL, TX = 4 * SL * WB / NT, KX = NT / WB;
     const u8* wsrc = W + (long long)wrow_of(tid / TW) * row_bytes;
     u32 wdst = (u32)((tid / TW) * wspan);
     int xr = tid / TX, xq = tid % TX;
     int sr = tid / SL, sq = tid % SL;
-    // the four rows this lane reads: each one's offset modulo 16 (the staged copy keeps it)
+    // the four rows this lane reads (block rows 32 wb + ...): each one's offset modulo 16 (the
+    // staged copy keeps it)
     int rmis[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-            rmis[mt][h] = (int)((unsigned long long)(W + (long long)wrow_of(mt * 16 + h * 8 + gq) * row_bytes) & 15ull);
+            rmis[mt][h] = (int)((unsigned long long)(W + (long long)wrow_of(32 * wb + mt * 16 + h * 8 + gq) * row_bytes) & 15ull);
     auto stage = [&](int c, int r0, int buf) {
         int u0 = c * kwg + gw0, u1 = min(u0 + SL, nunits);
         long long b0 = (long long)(64 * u0 / QK) * bsz, b1 = (long long)((64 * u1 + QK - 1) / QK) * bsz;
         u32 sw = sbase + (u32)(buf * stage_bytes);
-        {  // weights: the 16-aligned span around [b0, b1) of each of the 32 rows
+        {  // weights: the 16-aligned span around [b0, b1) of each of the WR rows
             unsigned long long a0 = (unsigned long long)(wsrc + b0) & ~15ull;
             unsigned long long end = (unsigned long long)(wsrc + b1);
             for (int q = tid % TW; 16 * q < wspan; q += TW) {
@@ -1672,12 +1680,12 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
         }
         // x codes (16-aligned: a unit is 64 bytes) and scales (8 bytes a unit); rows past n
         // are not staged
-        u32 sx = sw + (u32)(32 * wspan), ss = sx + (u32)(RP * XS);
+        u32 sx = sw + (u32)(WR * wspan), ss = sx + (u32)(RP * XS);
         int nq = 4 * (u1 - u0);
         if (r0 + xr < n) {
             const u32* src = xp.h + ((long long)(r0 + xr) * nunits + u0) * 16;
 #pragma unroll
-            for (int k = 0; k < NT; ++k) {
+            for (int k = 0; k < KX; ++k) {
                 int q = xq + TX * k;
                 if (q < nq)
                     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sx + (u32)(xr * XS + 16 * q)),
@@ -1716,7 +1724,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
                 for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        int j = mt * 16 + h * 8 + gq;
+                        int j = 32 * wb + mt * 16 + h * 8 + gq;
                         int mis = (int)((rmis[mt][h] + b0) & 15);
                         // the staged row as tc_unit addresses it: byte b0 of the row at offset mis
                         const u8* vrow = sb + j * wspan + mis - b0;
@@ -1732,7 +1740,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
                             for (int jj = 0; jj < 2; ++jj) a[i][jj][mt][h] = w[i][jj];
                         }
                     }
-                const u8* sx = sb + 32 * wspan;
+                const u8* sx = sb + WR * wspan;
                 const float* sc = reinterpret_cast<const float*>(sx + RP * XS);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
@@ -1757,11 +1765,11 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    int lr = rh * 8 * NT + nt * 8 + 2 * t + (c & 1), j = mt * 16 + gq + 8 * (c >> 1);
+                    int lr = rh * 8 * NT + nt * 8 + 2 * t + (c & 1), j = 32 * wb + mt * 16 + gq + 8 * (c >> 1);
                     if (Z == 1)
-                        red[(slot * RP + lr) * 32 + j] = acc[nt][mt][c];
+                        red[(slot * RP + lr) * WR + j] = acc[nt][mt][c];
                     else if (r0 + lr < n)
-                        part[gw * pstride + (long long)(r0 + lr) * pcols + bid * 32 + j] = acc[nt][mt][c];
+                        part[gw * pstride + (long long)(r0 + lr) * pcols + bid * WR + j] = acc[nt][mt][c];
                 }
         if (Z > 1) continue;
         __syncthreads();
@@ -1771,7 +1779,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
             int col = col0 + (act ? (o >> 3) * 8 + (o & 7) : o);
             if (col >= out_rows) continue;
             int r = r0 + lr;
-            auto get = [&](int g, int j) { return red[(g * RP + lr) * 32 + j]; };
+            auto get = [&](int g, int j) { return red[(g * RP + lr) * WR + j]; };
             float y = mtb_value(get, SL, r, o, act, K, xp.ss, eps);
             if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
             Y[(long long)r * ldy + col] = y;
@@ -1795,7 +1803,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
         int r = e / nout, o = e - r * nout;
         int col = col0 + (act ? (o >> 3) * 8 + (o & 7) : o);
         if (col >= out_rows) continue;
-        const float* p = part + (long long)r * pcols + bid * 32;
+        const float* p = part + (long long)r * pcols + bid * WR;
         auto get = [&](int g, int j) { return __ldcg(p + g * pstride + j); };  // L2, not a stale L1 line
         float y = mtb_value(get, kwg, r, o, act, K, xp.ss, eps);
         if (Res) y = __fadd_rn(Res[(long long)r * ldr + col], y);
@@ -1804,21 +1812,31 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
 }
 
 // Dynamic shared memory: 3 stages (the backend passes it and opts in past 48 KiB).
-#define MTB_KERNEL(NAME, QT, SL, NT)                                                            \
-    extern "C" __global__ void __launch_bounds__(64 * SL, 8 / SL)                             \
-        mtb_##NAME##_s##SL##_n##NT(const u8* W, long long row_bytes, int out_rows, int K, int n,  \
-                                   float* Y, int ldy, float eps, const float* Res, int ldr,      \
-                                   int act, int half, int bsz, int wspan, const u32* Xh,         \
-                                   const float* Xs, const float* Xss, float* part, int* cnt) {   \
+#define MTB_KERNEL(PRE, NAME, QT, SL, NT, WB)                                                   \
+    extern "C" __global__ void __launch_bounds__(64 * SL * WB, 8 / (SL * WB))                 \
+        PRE##_##NAME##_s##SL##_n##NT(const u8* W, long long row_bytes, int out_rows, int K, int n, \
+                                     float* Y, int ldy, float eps, const float* Res, int ldr,    \
+                                     int act, int half, int bsz, int wspan, const u32* Xh,       \
+                                     const float* Xs, const float* Xss, float* part, int* cnt) { \
         grid_dependency();                                                                      \
         extern __shared__ __align__(16) u8 mtb_stages[];                                        \
-        mtb_body<QT, SL, NT>(blockIdx.x, W, row_bytes, out_rows, K, n, Y, ldy, eps, Res, ldr,   \
-                             act, half, bsz, wspan, {Xh, Xs, Xss}, part, cnt, mtb_stages);  \
+        mtb_body<QT, SL, NT, WB>(blockIdx.x, W, row_bytes, out_rows, K, n, Y, ldy, eps, Res,    \
+                                 ldr, act, half, bsz, wspan, {Xh, Xs, Xss}, part, cnt, mtb_stages); \
     }
-// SL 1, 2 or 4 K slots a block (families of kwg 1, 2, or a multiple of 4); 32 or 64 rows a pass
-#define MTB_ALL(NAME, QT)                                                                       \
-    MTB_KERNEL(NAME, QT, 1, 2) MTB_KERNEL(NAME, QT, 1, 4) MTB_KERNEL(NAME, QT, 2, 2)            \
-    MTB_KERNEL(NAME, QT, 2, 4) MTB_KERNEL(NAME, QT, 4, 2) MTB_KERNEL(NAME, QT, 4, 4)
+// SL 1, 2 or 4 K slots a block (families of kwg 1, 2, or a multiple of 4); 32 or 64 rows a
+// pass; 32 weight rows a block (mtb_), and with MTB_WIDE (modules "@w1") also 64 (mtbw_)
+#define MTB_SET(PRE, NAME, QT, WB)                                                              \
+    MTB_KERNEL(PRE, NAME, QT, 1, 2, WB) MTB_KERNEL(PRE, NAME, QT, 1, 4, WB)                     \
+    MTB_KERNEL(PRE, NAME, QT, 2, 2, WB) MTB_KERNEL(PRE, NAME, QT, 2, 4, WB)                     \
+    MTB_KERNEL(PRE, NAME, QT, 4, 2, WB) MTB_KERNEL(PRE, NAME, QT, 4, 4, WB)
+#ifndef MTB_WIDE
+#define MTB_WIDE 0
+#endif
+#if MTB_WIDE
+#define MTB_ALL(NAME, QT) MTB_SET(mtb, NAME, QT, 1) MTB_SET(mtbw, NAME, QT, 2)
+#else
+#define MTB_ALL(NAME, QT) MTB_SET(mtb, NAME, QT, 1)
+#endif
 
 // out[i, :] = dequant(table[ids[i], :]); grid (ceil(K/8/128), n).
 template <int QT>

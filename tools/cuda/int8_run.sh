@@ -25,6 +25,10 @@
 #           off and from 17 rows, at 1-64 rows
 #   batchbench: bench decode (verify rows 1-64) with them off and from 17 rows, ROUNDS
 #           (default 1) interleaved rounds, then tools.cuda.exact_7b with them on
+#   batchw: the staged kernels of 64 weight rows a block (kernels.cu mtbw, modules "@w1",
+#           tensor_int8_batch_weight_rows 64): the Q8_0 / Q4_K / Q6_K mtb tests (mtb and mtbw),
+#           tools.cuda.prod7b_probe (batch17 against batch17w, 32 and 64 rows), bench decode
+#           in each, then tools.cuda.exact_7b with them
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
 #           shapes, eager) and tools.cuda.attn_probe --time (qwen7b, in graphs) at 1-64 rows
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
@@ -93,6 +97,7 @@ decode() {  # one bench decode of the file in the form $1, round $2
     nt8) env="ECHOLINE_CUDA_TENSOR_MAX_ROW_TILES=8" ;;
     b0) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=0" ;;
     b17) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17" ;;
+    b17w) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=64" ;;
   esac
   env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
     > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
@@ -189,6 +194,22 @@ batchbench)
     > "$OUT/exact_b17.json" 2> /tmp/exact.err
   stamp "exact b17 rc=$?"; tail -8 /tmp/exact.err
   ;;
+batchw)
+  tensor_tests "q8_0 q4_k q6_k" "mtb and (Q8_0 or Q4_K or Q6_K or rows_equal or nan)" ${TEST_S:-240} \
+    tests_mtbw.log "@i1@b5 @i1@b5@w1"
+  build_7b_modules
+  build_modules q8_0@i1@b5@w1 q4_k@i1@b5@w1 q6_k@i1@b5@w1 q4_k+q6_k@i1@b5@w1
+  for mix in q8_0 q4_k_m; do
+    timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix $mix --policies batch17,batch17w \
+      --rows ${ROWS_LIST:-32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batchw_$mix.txt" | tail -6
+    stamp "products $mix rc=$?"
+  done
+  wait_file
+  for r in $(seq 1 ${ROUNDS:-1}); do for form in b17 b17w; do decode $form $r; done; done
+  ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=64 timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json \
+    > "$OUT/exact_b17w.json" 2> /tmp/exact.err
+  stamp "exact b17w rc=$?"; tail -8 /tmp/exact.err
+  ;;
 rows)
   build_7b_modules
   timeout ${PROBE_S:-200} python3 -m tools.cuda.prod7b_probe --policies default --rows ${ROWS_LIST:-1,16,32,64} \
@@ -198,6 +219,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchbench|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchbench|batchw|rows"; exit 2 ;;
 esac
 stamp done

@@ -41,6 +41,7 @@ POLICIES = {
     # (the default since 2026-12-07)
     "batch0": {"tensor_int8_batch_min_rows": 0},
     "batch17": {"tensor_int8_batch_min_rows": 17},
+    "batch17w": {"tensor_int8_batch_min_rows": 17, "tensor_int8_batch_weight_rows": 64},  # mtbw
 }
 
 

@@ -69,7 +69,7 @@ part)
   ls -l /tmp/models | tail -8; tail -2 /tmp/lcpp.log
   ;;
 check)
-  for q in "" q8_0 q8_0@b5 q8_0@i1@b5 q4_k q4_k@b5 q4_k@i1@b5; do  # NVRTC builds in parallel
+  for q in "" q8_0 q8_0@b5 q8_0@i1@b5 q8_0@i1@b5@w1 q4_k q4_k@b5 q4_k@i1@b5 q4_k@i1@b5@w1; do  # NVRTC, in parallel
     timeout 200 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" > /dev/null 2>&1 &
   done
   wait; stamp "modules built"
