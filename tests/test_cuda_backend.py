@@ -1807,6 +1807,52 @@ def test_row_kernels_propagate_nan(row_kernels, rng):
     assert rk.seen and np.isnan(got[1]).all() and np.isfinite(np.delete(got, 1, axis=0)).all()
 
 
+# ---- the signed-byte types' codes multiplied as s8 (kernels.cu MT_SIGNED, modules "@s1"):
+# the same exact integer sums, so the same bits, in every kernel of the integer form ----
+#: Q8_0, IQ4_NL, IQ4_XS: codes of offset 128; Q4_K: another type, whose build it leaves alone
+SIGNED_TYPES = [Q.Q8_0, Q.IQ4_NL, Q.IQ4_XS, Q.Q4_K]
+#: one row (mtv), the family's tiles (2-16), the staged many-row kernels (17 on, mtb)
+SIGNED_ROWS = (1, 2, 9, 16, 17, 33, 64)
+
+
+@pytest.fixture
+def signed_check(tensor_on):
+    """The integer form with every row-count kernel on (mtv at one row, mtb from 17)."""
+    if not TC_FORM["int8"]:
+        pytest.skip("the integer form's codes")
+    tensor_on.tensor_int8_batch_min_rows = 17  # tensor_on restores it
+    return tensor_on
+
+
+@pytest.mark.parametrize("qtype", SIGNED_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("policy", ["m2w4", "m1w16"])
+def test_signed_codes_change_no_bits(signed_check, tc_policy, rng, qtype, policy):
+    """mt_body's family, mtv and mtb: plain, norm, gated, residual and two-type launches."""
+    tc_policy(policy)
+    ops = _tensor_launch_ops(signed_check, rng, qtype, 1280, rows=SIGNED_ROWS[-1])
+    assert_setting_keeps_bits(signed_check, ops, "tensor_int8_signed_codes", False, True, rows=SIGNED_ROWS)
+
+
+@pytest.mark.parametrize("qtype", SIGNED_TYPES[:3], ids=lambda q: q.name)
+def test_signed_codes_change_no_bits_split_k(split_on, signed_check, monkeypatch, rng, qtype):
+    """The split-K family (K slots over blocks), mtv and mtb after it."""
+    w, x, res = split_case(signed_check, monkeypatch, rng, qtype, "w4x4", SIGNED_ROWS[-1])
+    ops = {"plain": lambda m: signed_check.matmul(x[:m], w), "add": lambda m: signed_check.matmul_add(x[:m], w, res[:m])}
+    assert_setting_keeps_bits(signed_check, ops, "tensor_int8_signed_codes", False, True, rows=SIGNED_ROWS)
+    assert counters_zero(signed_check)
+
+
+@pytest.mark.parametrize("qtype", SIGNED_TYPES[:3], ids=lambda q: q.name)
+def test_signed_codes_change_no_bits_wide(wide_on, signed_check, rng, qtype):
+    """The wide (head) family, mtv and mtb after it: plain and fused norm with a bias."""
+    w, gd, bd, x, _ = wide_case(signed_check, rng, qtype, 512, 200, SIGNED_ROWS[-1])
+    ops = {
+        "plain": lambda m: signed_check.matmul(x[:m], w),
+        "norm+bias": lambda m: signed_check.norm_matmul(x[:m], gd, 1e-6, w, bd),
+    }
+    assert_setting_keeps_bits(signed_check, ops, "tensor_int8_signed_codes", False, True, rows=SIGNED_ROWS)
+
+
 @pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
 def test_tensor_min_blocks_change_no_bits(tensor_on, rng, qtype):
     """Fewer registers for more resident blocks (tensor_min_blocks, kernels.cu MT_MINB): the

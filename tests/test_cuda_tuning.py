@@ -227,6 +227,20 @@ def test_wide_many_row_module_suffix() -> None:
     assert "MTB_SET(mtbw, NAME, QT, 2)" in src  # what MTB_WIDE adds to MTB_ALL
 
 
+def test_signed_codes_setting_and_module_suffix() -> None:
+    """Off by default; ECHOLINE_CUDA_INT8_SIGNED takes 0 or 1 only; "@s1" reaches the kernel
+    source as MT_SIGNED."""
+    from echoline.kernels.cuda import kernel_source
+
+    assert CudaTuning().tensor_int8_signed_codes is False
+    assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_SIGNED": "1"}).tensor_int8_signed_codes is True
+    for odd in ("2", "yes", ""):
+        assert CudaTuning.from_env({"ECHOLINE_CUDA_INT8_SIGNED": odd}) == CudaTuning()
+    src = kernel_source("q8_0@i1@b5@s1")
+    assert "#define MT_SIGNED 1" in src[: src.index("#ifndef MT_UNITS")]
+    assert "#define MT_SIGNED 1" not in kernel_source("q8_0@i1@b5")
+
+
 def test_ptxas_register_report_of_the_row_pass_builds() -> None:
     """``tools.cuda.ptxas_regs`` (where nvcc is installed): the two-tile kernel of four 8-row
     tiles a pass spills at the default bound and not under "@r3", and "@t8" adds the

@@ -92,6 +92,13 @@ class CudaTuning:
     #: tools/cuda/int8_run.sh batchw`): written and compiled (nvcc, sm_90, 126-128 registers)
     #: on 2026-12-07 with no device lent
     tensor_int8_batch_weight_rows: int = 32
+    #: the integer form's signed-byte types (Q8_0, IQ4_NL, IQ4_XS: codes stored as s8, read
+    #: in offset form) multiplied as s8 (kernels.cu MT_SIGNED, modules "@s1"): the same exact
+    #: integer sums without the offset's correction (one mma in three per group and step, a
+    #: multiply-subtract per output; the same bits). Env ``ECHOLINE_CUDA_INT8_SIGNED=0|1``.
+    #: Off until measured on a device (`bash tools/cuda/int8_run.sh batchw`): written and
+    #: compiled (nvcc, sm_90) on 2026-12-07 with no device lent
+    tensor_int8_signed_codes: bool = False
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
@@ -325,6 +332,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_INT8_MV_ROWS", "tensor_int8_mv_rows", ("0", "1", "2", "3", "4")),
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
+            ("ECHOLINE_CUDA_INT8_SIGNED", "tensor_int8_signed_codes", ("0", "1")),
         ):
             value = env.get(name)
             if value in ok:

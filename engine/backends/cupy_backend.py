@@ -263,8 +263,9 @@ class CupyBackend(Backend):
         early = pdl and self.programmatic_early
         tiles8 = self.tensor_max_row_tiles == 8
         rows_minb = self.tensor_min_blocks_rows
+        signed = int8 and self.tensor_int8_signed_codes
         key = (name, qtype, self.tensor_units, self.tensor_min_blocks, int8, attn_blocks, pdl, early, tiles8,
-               rows_minb)  # fmt: skip
+               rows_minb, signed)  # fmt: skip
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # module builds of the products
@@ -280,6 +281,8 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@t8"
                 if name.startswith("mtbw_"):  # built only where asked for (the same bits)
                     qtype = f"{qtype}@w1"
+                if signed:  # s8 codes for the signed-byte types (the same bits)
+                    qtype = f"{qtype}@s1"
             if qtype is None and name.startswith("attn_partial") and attn_blocks != 1:
                 qtype = f"@a{attn_blocks}"
             if early:  # every module: each kernel releases the next one at its start

@@ -48,7 +48,8 @@ def kernel_source(qtype: str | None = None) -> str:
     tiles per pass (kernels.cu MT_ROW_TILES8: the same bits); "@rN" N resident 4-warp blocks
     per SM asked for the products of 4 or 8 eight-row tiles per pass (MT_MINB_ROWS); "@w1"
     (with "@i1") also the many-row products of 64 weight rows a block (mtbw kernels: the same
-    bits)."""
+    bits); "@s1" (with "@i1") the signed-byte types (Q8_0, IQ4_NL, IQ4_XS) multiplying their
+    codes as s8, without the offset's correction (MT_SIGNED: the same bits)."""
     prefix = ""
     int8 = False
     if qtype is not None and "@" in qtype:  # "q4_k@u2@b5": MT_UNITS 2, MT_MINB 5; "@a8"
@@ -57,6 +58,7 @@ def kernel_source(qtype: str | None = None) -> str:
             macro = {
                 "u": "MT_UNITS", "b": "MT_MINB", "a": "ATTN_MINB", "p": "PDL_EARLY", "i": "MT_INT8",
                 "t": "MT_ROW_TILES8", "r": "MT_MINB_ROWS", "w": "MTB_WIDE",
+                "s": "MT_SIGNED",
             }[opt[0]]
             prefix += f"#define {macro} {int(opt[1:])}\n"
             int8 = int8 or (opt[0] == "i" and int(opt[1:]) != 0)

@@ -572,6 +572,32 @@ __device__ __forceinline__ void mma_i8_k32(int d[4], u32 a0, u32 a1, u32 a2, u32
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
+// The same with s8 weight codes (MT_SIGNED: the types of offset 128, I8Codes below).
+__device__ __forceinline__ void mma_s8_k32(int d[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+// MT_SIGNED (module suffix "@s1", backend setting tensor_int8_signed_codes): the types whose
+// codes are signed bytes held in offset form (TcTraits::off 128: Q8_0, IQ4_NL, IQ4_XS)
+// multiply them as s8 instead (mma .s8.s8, dp4a .s32.s32). D = sum code * xq is the same
+// exact integer as sum (code + 128) * xq - 128 * S, so every bit is the same, without the
+// correction: one mma of three per 32-group and step (A = 1: the sums S) and a multiply-
+// subtract per output. flip turns the offset form back into s8 codes (the compiler folds it
+// into tc_unit's own flip).
+#ifndef MT_SIGNED
+#define MT_SIGNED 0
+#endif
+template <int QT>
+struct I8Codes {
+    static constexpr bool sgn = MT_SIGNED && TcTraits<QT>::off == 128;
+    static constexpr int off = sgn ? 0 : TcTraits<QT>::off;
+    static constexpr bool sums = TcTraits<QT>::has_min || off != 0;  // S needed
+    static constexpr u32 flip = sgn ? 0x80808080u : 0u;
+};
+
 __device__ __forceinline__ void mma_i8_k16(int d[4], u32 a0, u32 a1, u32 b0) {
     asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%7,%7,%7,%7};"
@@ -690,7 +716,8 @@ __device__ __forceinline__ void mt_i8_step(const u32 (&a)[2][2][MT][4], const fl
                                            const u32 (&b)[2][2], const float (&xd)[2], int t,
                                            float (&acc)[MT][4]) {
     using T = TcTraits<QT>;
-    constexpr bool sums = T::has_min || T::off != 0;
+    using C = I8Codes<QT>;
+    constexpr bool sums = C::sums;
     constexpr u32 ones = 0x01010101u;
     const unsigned full = 0xffffffffu;
 #pragma unroll
@@ -710,7 +737,7 @@ __device__ __forceinline__ void mt_i8_step(const u32 (&a)[2][2][MT][4], const fl
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     float p = pv[c & 1];
-                    int e0 = d0[c] - T::off * sx0[c], e1 = d1[c] - T::off * sx1[c];
+                    int e0 = d0[c] - C::off * sx0[c], e1 = d1[c] - C::off * sx1[c];
                     float y = fmaf(__fmul_rn(s0[i][mt][c >> 1], p), __int2float_rn(e0), acc[mt][c]);
                     acc[mt][c] = fmaf(__fmul_rn(s1[i][mt][c >> 1], p), __int2float_rn(e1), y);
                 }
@@ -721,11 +748,15 @@ __device__ __forceinline__ void mt_i8_step(const u32 (&a)[2][2][MT][4], const fl
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 int d[4];
-                mma_i8_k32(d, a[i][0][mt][0], a[i][0][mt][1], a[i][1][mt][0], a[i][1][mt][1], b[i][0], b[i][1]);
+                if constexpr (C::sgn)
+                    mma_s8_k32(d, a[i][0][mt][0] ^ C::flip, a[i][0][mt][1] ^ C::flip, a[i][1][mt][0] ^ C::flip,
+                               a[i][1][mt][1] ^ C::flip, b[i][0], b[i][1]);
+                else
+                    mma_i8_k32(d, a[i][0][mt][0], a[i][0][mt][1], a[i][1][mt][0], a[i][1][mt][1], b[i][0], b[i][1]);
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     float p = pv[c & 1];
-                    float y = fmaf(__fmul_rn(s0[i][mt][c >> 1], p), __int2float_rn(d[c] - T::off * sx[c]), acc[mt][c]);
+                    float y = fmaf(__fmul_rn(s0[i][mt][c >> 1], p), __int2float_rn(d[c] - C::off * sx[c]), acc[mt][c]);
                     if constexpr (T::has_min) y = fmaf(__fmul_rn(mn[i][mt][c >> 1], p), __int2float_rn(sx[c]), y);
                     acc[mt][c] = y;
                 }
@@ -1431,7 +1462,8 @@ __device__ __forceinline__ void mtv_unit(const u8* __restrict__ wrow, int u, int
                                          const u32* __restrict__ Xh, const float* __restrict__ Xs,
                                          const int* S, int nh, float (&acc)[R]) {
     using T = TcTraits<QT>;
-    constexpr bool sums = T::has_min || T::off != 0;
+    using C = I8Codes<QT>;
+    constexpr bool sums = C::sums;
     u32 w[4][2][2];
     float s0[2], s1[2], mn[2];
     mtv_words<QT>(wrow, u, w, s0, s1, mn);
@@ -1449,19 +1481,24 @@ __device__ __forceinline__ void mtv_unit(const u8* __restrict__ wrow, int u, int
             int d0 = 0, d1 = 0;
 #pragma unroll
             for (int t = 0; t < 4; ++t) {
-                d0 = dp4a_us(w[t][i][0], i ? b[t].z : b[t].x, d0);
-                d1 = dp4a_us(w[t][i][1], i ? b[t].w : b[t].y, d1);
+                if constexpr (C::sgn) {
+                    d0 = dp4a_ss(w[t][i][0] ^ C::flip, i ? b[t].z : b[t].x, d0);
+                    d1 = dp4a_ss(w[t][i][1] ^ C::flip, i ? b[t].w : b[t].y, d1);
+                } else {
+                    d0 = dp4a_us(w[t][i][0], i ? b[t].z : b[t].x, d0);
+                    d1 = dp4a_us(w[t][i][1], i ? b[t].w : b[t].y, d1);
+                }
             }
             const int* sh = S + r * nh + 4 * u + 2 * i;
             int sx0 = sums ? sh[0] : 0, sx1 = sums ? sh[1] : 0;
             float p = i ? xd.y : xd.x;
             if constexpr (T::split) {
-                int e0 = d0 - T::off * sx0, e1 = d1 - T::off * sx1;
+                int e0 = d0 - C::off * sx0, e1 = d1 - C::off * sx1;
                 float y = fmaf(__fmul_rn(s0[i], p), __int2float_rn(e0), acc[r]);
                 acc[r] = fmaf(__fmul_rn(s1[i], p), __int2float_rn(e1), y);
             } else {
                 int sx = sx0 + sx1;
-                float y = fmaf(__fmul_rn(s0[i], p), __int2float_rn(d0 + d1 - T::off * sx), acc[r]);
+                float y = fmaf(__fmul_rn(s0[i], p), __int2float_rn(d0 + d1 - C::off * sx), acc[r]);
                 if constexpr (T::has_min) y = fmaf(__fmul_rn(mn[i], p), __int2float_rn(sx), y);
                 acc[r] = y;
             }
@@ -1479,7 +1516,7 @@ __device__ __forceinline__ void mtv_body(int bid, const u8* __restrict__ W, long
                                          int* S, float* red) {
     int nunits = K >> 6, nh = 4 * nunits, tid = threadIdx.x;
     // S: each (row, 16-element half) sum of x codes, exact (as mt_body's mma with A = 1)
-    for (int e = tid; e < n * nh; e += blockDim.x) {
+    for (int e = tid; I8Codes<QT>::sums && e < n * nh; e += blockDim.x) {
         int r = e / nh, h = e - r * nh;
         const u32* words = Xh + ((long long)r * nunits + (h >> 2)) * 16 + (h & 3);
         int s = 0;

@@ -26,9 +26,11 @@
 #   batchbench: bench decode (verify rows 1-64) with them off and from 17 rows, ROUNDS
 #           (default 1) interleaved rounds, then tools.cuda.exact_7b with them on
 #   batchw: the staged kernels of 64 weight rows a block (kernels.cu mtbw, modules "@w1",
-#           tensor_int8_batch_weight_rows 64): the Q8_0 / Q4_K / Q6_K mtb tests (mtb and mtbw),
-#           tools.cuda.prod7b_probe (batch17 against batch17w, 32 and 64 rows), bench decode
-#           in each, then tools.cuda.exact_7b with them
+#           tensor_int8_batch_weight_rows 64) and the signed-byte codes as s8 (MT_SIGNED,
+#           "@s1", tensor_int8_signed_codes): their tests (Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS),
+#           tools.cuda.prod7b_probe on the Q8_0 mix (batch17, batch17w, batch17s, batch17ws;
+#           1, 32, 64 rows), bench decode in each on a random Q8_0 7B file, then
+#           tools.cuda.exact_7b on it with both
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
 #           shapes, eager) and tools.cuda.attn_probe --time (qwen7b, in graphs) at 1-64 rows
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
@@ -98,8 +100,10 @@ decode() {  # one bench decode of the file in the form $1, round $2
     b0) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=0" ;;
     b17) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17" ;;
     b17w) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=64" ;;
+    b17s) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 ECHOLINE_CUDA_INT8_SIGNED=1" ;;
+    b17ws) env="ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=17 ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=64 ECHOLINE_CUDA_INT8_SIGNED=1" ;;
   esac
-  env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model $F --json \
+  env $env timeout ${DECODE_S:-100} python3 -m echoline bench decode --backend cuda --model ${DECODE_F:-$F} --json \
     > "$OUT/decode_$1_$2.json" 2> "/tmp/decode_$1_$2.err"
   stamp "decode $1 round $2 rc=$?"; tail -6 "/tmp/decode_$1_$2.err"
 }
@@ -195,20 +199,21 @@ batchbench)
   stamp "exact b17 rc=$?"; tail -8 /tmp/exact.err
   ;;
 batchw)
-  tensor_tests "q8_0 q4_k q6_k" "mtb and (Q8_0 or Q4_K or Q6_K or rows_equal or nan)" ${TEST_S:-240} \
-    tests_mtbw.log "@i1@b5 @i1@b5@w1"
-  build_7b_modules
-  build_modules q8_0@i1@b5@w1 q4_k@i1@b5@w1 q6_k@i1@b5@w1 q4_k+q6_k@i1@b5@w1
-  for mix in q8_0 q4_k_m; do
-    timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix $mix --policies batch17,batch17w \
-      --rows ${ROWS_LIST:-32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batchw_$mix.txt" | tail -6
-    stamp "products $mix rc=$?"
-  done
-  wait_file
-  for r in $(seq 1 ${ROUNDS:-1}); do for form in b17 b17w; do decode $form $r; done; done
-  ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=64 timeout ${EXACT_S:-150} python3 -m tools.cuda.exact_7b $F --json \
-    > "$OUT/exact_b17w.json" 2> /tmp/exact.err
-  stamp "exact b17w rc=$?"; tail -8 /tmp/exact.err
+  F8=/tmp/models/r7b-q8_0.gguf  # the signed codes touch Q8_0 (and IQ4) only: a Q8_0 file
+  [ -f $F8 ] || { mkdir -p /tmp/models && cp .mdl/qwen-tok.gguf /tmp/models/ && setsid nohup bash -c \
+    "PYTHONPATH=$PYTHONPATH python3 -m tools.cuda.synth_gguf random --mix q8_0 --meta /tmp/models/qwen-tok.gguf $F8 \
+    > /tmp/synth8.log 2>&1" > /dev/null 2>&1 < /dev/null & }
+  tensor_tests "q8_0 q4_k q6_k iq4_nl iq4_xs" \
+    "(mtb or signed) and (Q8_0 or Q4_K or Q6_K or IQ4_NL or IQ4_XS or rows_equal or nan)" ${TEST_S:-240} \
+    tests_mtbw.log "@i1@b5 @i1@b5@w1 @i1@b5@s1"
+  build_modules q8_0@i1@b5 q8_0@i1@b5@w1 q8_0@i1@b5@s1 q8_0@i1@b5@w1@s1
+  timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix q8_0 --policies batch17,batch17w,batch17s,batch17ws \
+    --rows ${ROWS_LIST:-1,32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batchw_q8_0.txt" | tail -12
+  stamp "products rc=$?"
+  for r in $(seq 1 ${ROUNDS:-1}); do for form in b17 b17w b17s b17ws; do DECODE_F=$F8 decode $form $r; done; done
+  ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=64 ECHOLINE_CUDA_INT8_SIGNED=1 timeout ${EXACT_S:-150} \
+    python3 -m tools.cuda.exact_7b $F8 --json > "$OUT/exact_b17ws.json" 2> /tmp/exact.err
+  stamp "exact b17ws rc=$?"; tail -8 /tmp/exact.err
   ;;
 rows)
   build_7b_modules

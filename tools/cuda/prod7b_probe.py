@@ -42,6 +42,10 @@ POLICIES = {
     "batch0": {"tensor_int8_batch_min_rows": 0},
     "batch17": {"tensor_int8_batch_min_rows": 17},
     "batch17w": {"tensor_int8_batch_min_rows": 17, "tensor_int8_batch_weight_rows": 64},  # mtbw
+    # the signed-byte types' codes as s8 (kernels.cu MT_SIGNED; Q8_0, IQ4_NL, IQ4_XS only)
+    "batch17s": {"tensor_int8_batch_min_rows": 17, "tensor_int8_signed_codes": True},
+    "batch17ws": {"tensor_int8_batch_min_rows": 17, "tensor_int8_batch_weight_rows": 64,
+                  "tensor_int8_signed_codes": True},
 }
 
 
