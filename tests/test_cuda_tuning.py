@@ -258,3 +258,25 @@ def test_ptxas_register_report_of_the_row_pass_builds() -> None:
     assert default["mt_q4_k_n4_m2_w4"][1] > 0 and bounded["mt_q4_k_n4_m2_w4"][1] == 0
     assert "mt_q4_k_n8_m2_w4" in bounded and "mt_q4_k_n8_m2_w4" not in default
     assert default["mt_q4_k_n1_m1_w4"] == bounded["mt_q4_k_n1_m1_w4"]  # NT 1: the same bound
+
+
+def test_sass_mix_counts_opcodes_per_kernel() -> None:
+    """``tools.cuda.sass_mix`` reads cuobjdump's listing: opcodes by stem, predicated ones too,
+    each kernel apart; header and encoding lines are not instructions."""
+    from tools.cuda.sass_mix import opcode_counts
+
+    sass = """
+        code for sm_90
+                Function : mtb_q8_0_s4_n4
+        .headerflags    @"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+                                                                          /* 0x000fe40000000800 */
+        /*0010*/                   IMMA.16832.U8.S8 R40, R36.ROW, R28.COL, RZ ;
+        /*0020*/              @!P2 LDGSTS.E.BYPASS.128 [R7], desc[UR14][R4.64] ;
+        /*0030*/               @P1 IMMA.16832.S8.S8 R32, R96.ROW, R28.COL, RZ ;
+                Function : mtv_q8_0_r1
+        /*0000*/                   IDP.4A.S8.S8 R5, R4, R6, R5 ;
+"""
+    got = opcode_counts(sass)
+    assert got["mtb_q8_0_s4_n4"] == {"LDC": 1, "IMMA": 2, "LDGSTS": 1}
+    assert got["mtv_q8_0_r1"] == {"IDP": 1}

@@ -28,18 +28,25 @@ _ENTRY = re.compile(
 )
 
 
+def compile_cubin(module: str, cubin: Path, arch: str = "sm_90") -> str:
+    """Build ``module``'s source (as NVRTC would, same options) into ``cubin`` with nvcc;
+    returns ptxas's verbose report."""
+    src = cubin.with_suffix(".cu")
+    src.write_text(kernel_source(module or None))
+    done = subprocess.run(
+        ["nvcc", f"-arch={arch}", "-cubin", *OPTIONS, "-Xptxas", "-v", str(src), "-o", str(cubin)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"nvcc failed:\n{done.stderr[-2000:]}")
+    return done.stderr
+
+
 def kernel_registers(module: str, arch: str = "sm_90") -> dict[str, tuple[int, int, int]]:
     """kernel name -> (registers, spill store bytes, spill load bytes)."""
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "module.cu"
-        src.write_text(kernel_source(module or None))
-        done = subprocess.run(
-            ["nvcc", f"-arch={arch}", "-cubin", *OPTIONS, "-Xptxas", "-v", str(src), "-o", str(Path(tmp) / "m.cubin")],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"nvcc failed:\n{done.stderr[-2000:]}")
-    return {m[0]: (int(m[3]), int(m[1]), int(m[2])) for m in _ENTRY.findall(done.stderr)}
+        report = compile_cubin(module, Path(tmp) / "m.cubin", arch)
+    return {m[0]: (int(m[3]), int(m[1]), int(m[2])) for m in _ENTRY.findall(report)}
 
 
 def main() -> None:
