@@ -9,8 +9,9 @@
 #   part  : copy the carried parts (.mdl/e05partNN: the 0.5B less its untied head); the first
 #           call that carries .lcpp also starts llama-server's CUDA build (detached), so it
 #           builds while the parts travel
-#   check : the GPU tests picked by TEST_K (default: the mtv/mtb row kernels and the row-pass
-#           builds, Q8_0 and Q4_K) within TEST_S seconds, while the build finishes
+#   check : the GPU tests picked by TEST_K (default: the mtv/mtb/mtbw row kernels, the row-pass
+#           builds and the signed codes; Q8_0, Q4_K, IQ4_XS) within TEST_S seconds, while the
+#           build finishes
 #   final : join the parts; write the embedded 7B file (Q8_0); versus_llamacpp on it (VS_S s a
 #           run, 0: none; WAIT_S: wait that long for the build first), once per entry of
 #           VS_ENVS (space-separated; each "default" or VAR=V[,VAR=V...], e.g.
@@ -69,12 +70,13 @@ part)
   ls -l /tmp/models | tail -8; tail -2 /tmp/lcpp.log
   ;;
 check)
-  for q in "" q8_0 q8_0@b5 q8_0@i1@b5 q8_0@i1@b5@w1 q4_k q4_k@b5 q4_k@i1@b5 q4_k@i1@b5@w1; do  # NVRTC, in parallel
+  for q in "" q8_0 q8_0@b5 q8_0@i1@b5 q8_0@i1@b5@w1 q8_0@i1@b5@s1 q4_k q4_k@b5 q4_k@i1@b5 q4_k@i1@b5@w1 \
+    q4_k@i1@b5@s1 iq4_xs iq4_xs@b5 iq4_xs@i1@b5 iq4_xs@i1@b5@s1; do  # NVRTC, in parallel
     timeout 200 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" > /dev/null 2>&1 &
   done
   wait; stamp "modules built"
   timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
-    -k "${TEST_K:-(row_kernels or row_pass) and (Q8_0 or Q4_K)}" tests/test_cuda_backend.py 2>&1 \
+    -k "${TEST_K:-(row_kernels or row_pass or signed) and (Q8_0 or Q4_K or IQ4_XS)}" tests/test_cuda_backend.py 2>&1 \
     | tee "$OUT/tests_check.log" | tail -15
   stamp "tests rc=${PIPESTATUS[0]}"; tail -2 /tmp/lcpp.log
   ;;
