@@ -29,8 +29,9 @@
 #           tensor_int8_batch_weight_rows 64) and the signed-byte codes as s8 (MT_SIGNED,
 #           "@s1", tensor_int8_signed_codes): their tests (Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS),
 #           tools.cuda.prod7b_probe on the Q8_0 mix (batch17, batch17w, batch17s, batch17ws;
-#           1, 32, 64 rows), bench decode in each on a random Q8_0 7B file, then
-#           tools.cuda.exact_7b on it with both
+#           1, 32, 64 rows); it also writes a random Q8_0 7B file in the background
+#   batchwbench: bench decode in each of those four on that file, then tools.cuda.exact_7b on
+#           it with both
 #   rows  : where a verify round's rows go: tools.cuda.prod7b_probe (each product of the 7B's
 #           shapes, eager) and tools.cuda.attn_probe --time (qwen7b, in graphs) at 1-64 rows
 # The first step on a machine also starts, detached, llama.cpp's CUDA build (llama-bench,
@@ -204,7 +205,7 @@ batchw)
   F8=/tmp/models/r7b-q8_0.gguf  # the signed codes touch Q8_0 (and IQ4) only: a Q8_0 file
   [ -f $F8 ] || { mkdir -p /tmp/models && cp .mdl/qwen-tok.gguf /tmp/models/ && setsid nohup bash -c \
     "PYTHONPATH=$PYTHONPATH python3 -m tools.cuda.synth_gguf random --mix q8_0 --meta /tmp/models/qwen-tok.gguf $F8 \
-    > /tmp/synth8.log 2>&1" > /dev/null 2>&1 < /dev/null & }
+    > /tmp/synth8.log 2>&1; echo rc=\$? >> /tmp/synth8.log" > /dev/null 2>&1 < /dev/null & }
   tensor_tests "q8_0 q4_k q6_k iq4_nl iq4_xs" \
     "(mtb or signed) and (Q8_0 or Q4_K or Q6_K or IQ4_NL or IQ4_XS or rows_equal or nan)" ${TEST_S:-240} \
     tests_mtbw.log "@i1@b5 @i1@b5@w1 @i1@b5@s1"
@@ -212,6 +213,11 @@ batchw)
   timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix q8_0 --policies batch17,batch17w,batch17s,batch17ws \
     --rows ${ROWS_LIST:-1,32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batchw_q8_0.txt" | tail -12
   stamp "products rc=$?"
+  ;;
+batchwbench)
+  F8=/tmp/models/r7b-q8_0.gguf  # written by batchw (in the background)
+  for _ in $(seq 1 60); do grep -q "rc=" /tmp/synth8.log 2>/dev/null && break; sleep 2; done
+  ls -l $F8; tail -2 /tmp/synth8.log
   for r in $(seq 1 ${ROUNDS:-1}); do for form in b17 b17w b17s b17ws; do DECODE_F=$F8 decode $form $r; done; done
   ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=64 ECHOLINE_CUDA_INT8_SIGNED=1 timeout ${EXACT_S:-150} \
     python3 -m tools.cuda.exact_7b $F8 --json > "$OUT/exact_b17ws.json" 2> /tmp/exact.err
@@ -226,6 +232,6 @@ rows)
     --rows ${ROWS_LIST:-1,16,32,64} 2>&1 | tee "$OUT/attn7b_rows.txt" | tail -8
   stamp "attention rc=$?"
   ;;
-*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchbench|batchw|rows"; exit 2 ;;
+*) echo "usage: bash tools/cuda/int8_run.sh quick|test|bench|spec|mtv|nt8|nt8bench|batch|batchbench|batchw|batchwbench|rows"; exit 2 ;;
 esac
 stamp done
