@@ -89,8 +89,8 @@ class CudaTuning:
     #: "@w1": twice the warps, so each staged step of x serves twice the weight rows and x's
     #: share of the staged bytes falls from about two thirds to one half; the same bits). Env
     #: ``ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=32|64``. 32 until measured on a device (`bash
-    #: tools/cuda/int8_run.sh batchw`): written and compiled (nvcc, sm_90, 126-128 registers)
-    #: on 2026-12-07 with no device lent
+    #: tools/cuda/int8_run.sh batchw`): written and compiled (nvcc, sm_90, 126-128 registers;
+    #: the Q6_K ones spill 16-52 bytes, the Q8_0 main one 4) on 2026-12-07 with no device lent
     tensor_int8_batch_weight_rows: int = 32
     #: the integer form's signed-byte types (Q8_0, IQ4_NL, IQ4_XS: codes stored as s8, read
     #: in offset form) multiplied as s8 (kernels.cu MT_SIGNED, modules "@s1"): the same exact

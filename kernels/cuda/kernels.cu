@@ -1627,7 +1627,7 @@ __device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
 }
 
 // The epilogue of output (row r, block output o) from the slots' raw sums get(g, j), j the
-// block's weight row (A-tile order: mt * 16 + h * 8 + g): slots added in order, then the norm,
+// block's weight row (A-tile order: mt * 16 + h * 8 + g, mt < 2 WB): slots added in order, then the norm,
 // the gated activation (gate j = mt * 16 + g, up j + 8), the residual: mt_body's order.
 template <typename Get>
 __device__ __forceinline__ float mtb_value(Get get, int kwg, int r, int o, int act, int K,
