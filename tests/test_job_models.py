@@ -50,7 +50,9 @@ def test_rewrite_model_follows_the_machine(backend: str, speeds: dict | None, co
 def test_the_estimate_is_the_warm_rewrite_of_ten_lines() -> None:
     """Prefill of the tail, then the reply at plain speed times the speculation's gain."""
     est = mc.rewrite_seconds(Speeds(decode_s=0.04, tail_s=1.0))
-    assert est == pytest.approx(1.0 + mc.REPLY_TOKENS * 0.04 / mc.SPEC_GAIN)
+    assert est == pytest.approx(1.0 * 120 / 160 + mc.REPLY_TOKENS * 0.04 / mc.SPEC_GAIN)
+    # the 2-core Zen 4 of docs/models.md: measured 2.32-2.35 s, estimated within 5 %
+    assert mc.rewrite_seconds(ZEN4_2CORE_BEST) == pytest.approx(2.33, rel=0.05)
     assert mc.choose_inline_model().model == FASTEST
 
 
