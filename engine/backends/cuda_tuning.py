@@ -333,6 +333,7 @@ class CudaTuning:
             ("ECHOLINE_CUDA_PDL", "programmatic_launch", ("0", "1")),
             ("ECHOLINE_CUDA_PDL_EARLY", "programmatic_early", ("0", "1")),
             ("ECHOLINE_CUDA_INT8_SIGNED", "tensor_int8_signed_codes", ("0", "1")),
+            ("ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS", "tensor_int8_batch_weight_rows", ("32", "64")),
         ):
             value = env.get(name)
             if value in ok:
@@ -360,8 +361,6 @@ class CudaTuning:
         kib = env.get("ECHOLINE_CUDA_TENSOR_WIDE_MAX_SMEM_KIB", "")
         if kib.isdigit() and 48 <= int(kib) <= 227:
             tuning.tensor_wide_max_smem = int(kib) * 1024
-        if env.get("ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS") in ("32", "64"):
-            tuning.tensor_int8_batch_weight_rows = int(env["ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS"])
         units = env.get("ECHOLINE_CUDA_TENSOR_UNITS")
         if units in ("1", "2"):
             tuning.tensor_units = int(units)
