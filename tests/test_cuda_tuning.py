@@ -217,14 +217,14 @@ def test_row_pass_module_suffixes() -> None:
 
 
 def test_wide_many_row_module_suffix() -> None:
-    """"@w1" reaches the kernel source as MTB_WIDE (the mtbw kernels are built only there), and
-    nothing else asks for it."""
+    """"@w1" reaches the kernel source as MTB_WIDE (the mtbw kernels are built only there, in
+    place of the mtb ones)."""
     from echoline.kernels.cuda import kernel_source
 
     src = kernel_source("q8_0@i1@b5@w1")
     assert "#define MTB_WIDE 1" in src[: src.index("#ifndef MT_UNITS")]
     assert "#define MTB_WIDE 1" not in kernel_source("q8_0@i1@b5")
-    assert "MTB_SET(mtbw, NAME, QT, 2)" in src  # what MTB_WIDE adds to MTB_ALL
+    assert "MTB_ALL(NAME, QT) MTB_SET(mtbw, NAME, QT, 2)\n" in src  # what MTB_WIDE makes of MTB_ALL
 
 
 def test_signed_codes_setting_and_module_suffix() -> None:

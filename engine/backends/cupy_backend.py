@@ -264,8 +264,9 @@ class CupyBackend(Backend):
         tiles8 = self.tensor_max_row_tiles == 8
         rows_minb = self.tensor_min_blocks_rows
         signed = int8 and self.tensor_int8_signed_codes
+        wide_rows = int8 and self.tensor_int8_batch_weight_rows == 64
         key = (name, qtype, self.tensor_units, self.tensor_min_blocks, int8, attn_blocks, pdl, early, tiles8,
-               rows_minb, signed)  # fmt: skip
+               rows_minb, signed, wide_rows)  # fmt: skip
         fn = self._fn.get(key)
         if fn is None:
             if qtype is not None and name.startswith("mt"):  # module builds of the products
@@ -279,7 +280,7 @@ class CupyBackend(Backend):
                     qtype = f"{qtype}@r{rows_minb}"
                 if tiles8:  # also the kernels of eight 8-row tiles per pass
                     qtype = f"{qtype}@t8"
-                if name.startswith("mtbw_"):  # built only where asked for (the same bits)
+                if wide_rows:  # its staged many-row kernels are mtbw's (the same bits)
                     qtype = f"{qtype}@w1"
                 if signed:  # s8 codes for the signed-byte types (the same bits)
                     qtype = f"{qtype}@s1"

@@ -47,8 +47,8 @@ def kernel_source(qtype: str | None = None) -> str:
     kernels: the same bits again); "@t8" the tensor-core products also with eight 8-row
     tiles per pass (kernels.cu MT_ROW_TILES8: the same bits); "@rN" N resident 4-warp blocks
     per SM asked for the products of 4 or 8 eight-row tiles per pass (MT_MINB_ROWS); "@w1"
-    (with "@i1") also the many-row products of 64 weight rows a block (mtbw kernels: the same
-    bits); "@s1" (with "@i1") the signed-byte types (Q8_0, IQ4_NL, IQ4_XS) multiplying their
+    (with "@i1") the many-row products of 64 weight rows a block instead of 32 (mtbw kernels:
+    the same bits); "@s1" (with "@i1") the signed-byte types (Q8_0, IQ4_NL, IQ4_XS) multiplying their
     codes as s8, without the offset's correction (MT_SIGNED: the same bits)."""
     prefix = ""
     int8 = False

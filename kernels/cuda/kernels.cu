@@ -1861,7 +1861,8 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
                                  ldr, act, half, bsz, wspan, {Xh, Xs, Xss}, part, cnt, mtb_stages); \
     }
 // SL 1, 2 or 4 K slots a block (families of kwg 1, 2, or a multiple of 4); 32 or 64 rows a
-// pass; 32 weight rows a block (mtb_), and with MTB_WIDE (modules "@w1") also 64 (mtbw_)
+// pass; 32 weight rows a block (mtb_), or with MTB_WIDE (modules "@w1") 64 (mtbw_) instead:
+// the backend takes every integer-form kernel from that module then, so it is built once
 #define MTB_SET(PRE, NAME, QT, WB)                                                              \
     MTB_KERNEL(PRE, NAME, QT, 1, 2, WB) MTB_KERNEL(PRE, NAME, QT, 1, 4, WB)                     \
     MTB_KERNEL(PRE, NAME, QT, 2, 2, WB) MTB_KERNEL(PRE, NAME, QT, 2, 4, WB)                     \
@@ -1870,7 +1871,7 @@ __device__ __forceinline__ void mtb_body(int bid, const u8* __restrict__ W, long
 #define MTB_WIDE 0
 #endif
 #if MTB_WIDE
-#define MTB_ALL(NAME, QT) MTB_SET(mtb, NAME, QT, 1) MTB_SET(mtbw, NAME, QT, 2)
+#define MTB_ALL(NAME, QT) MTB_SET(mtbw, NAME, QT, 2)
 #else
 #define MTB_ALL(NAME, QT) MTB_SET(mtb, NAME, QT, 1)
 #endif
