@@ -1,7 +1,8 @@
 # Shared by the device drivers (split_run.sh, lsp_run.sh, nes_versus_run.sh): sourced, not run.
 # stamp: a line with the seconds since the driver started; start_llamacpp_build JOBS: the
 # llama-server CUDA build (sm_90) from .lcpp/lcpp.tgz in the background, detached (setsid), its
-# log in /tmp/lcpp.log ending with "rc=N"; it builds while the model parts travel.
+# log in /tmp/lcpp.log ending with "rc=N"; it builds while the model parts travel;
+# build_modules NAME...: those kernels.cuda modules built by NVRTC in parallel.
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
 
@@ -14,4 +15,14 @@ start_llamacpp_build() {
     && cmake --build build -j ${1:-12} --target llama-server >> /tmp/lcpp.log 2>&1; echo \"rc=\$?\" >> /tmp/lcpp.log" \
     > /dev/null 2>&1 < /dev/null &
   stamp "llama.cpp build started"
+}
+
+build_modules() {  # NVRTC builds in parallel (CuPy's disk cache keeps them for the tests)
+  local pids=()  # wait for these alone: a bare wait would also wait for the detached jobs
+  for q in "$@"; do
+    timeout 300 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" > "/tmp/build_$q.log" 2>&1 &
+    pids+=($!)
+    while [ "$(jobs -rp | wc -l)" -ge 12 ]; do sleep 1; done
+  done
+  wait "${pids[@]}"; stamp "modules built"; grep -h -i -A5 error /tmp/build_*.log | head -40
 }

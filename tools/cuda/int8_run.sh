@@ -62,16 +62,6 @@ start_background() {
   stamp "llama.cpp build and the synthetic file started"
 }
 
-build_modules() {  # NVRTC builds in parallel (CuPy's disk cache keeps them for the tests)
-  local pids=()  # wait for these alone: a bare wait would also wait for the detached jobs
-  for q in "$@"; do
-    timeout 300 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" > "/tmp/build_$q.log" 2>&1 &
-    pids+=($!)
-    while [ "$(jobs -rp | wc -l)" -ge 12 ]; do sleep 1; done
-  done
-  wait "${pids[@]}"; stamp "modules built"; grep -h -i -A5 error /tmp/build_*.log | head -40
-}
-
 build_7b_modules() {  # the 7B-shaped Q4_K_M file's types, in each form
   build_modules "" q4_k q4_k@b5 q4_k@i1@b5 q6_k q6_k@b5 q6_k@i1@b5 q4_k+q6_k q4_k+q6_k@b5 q4_k+q6_k@i1@b5
 }

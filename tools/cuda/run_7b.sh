@@ -20,8 +20,7 @@
 export PYTHONUNBUFFERED=1
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-t0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
+source tools/cuda/device_common.sh  # stamp, start_llamacpp_build, build_modules
 mkdir -p /tmp/models
 for p in .mdl/*; do [ -f "$p" ] && cp "$p" /tmp/models/ && stamp "have $(basename "$p")"; done
 R=/tmp/models/r7b
@@ -65,16 +64,13 @@ llama)
   ;;
 part)
   if [ ! -f /tmp/lcpp.log ] && [ -f .lcpp/lcpp.tgz ]; then
-    source tools/cuda/device_common.sh && start_llamacpp_build 14
+    start_llamacpp_build 14
   fi
   ls -l /tmp/models | tail -8; tail -2 /tmp/lcpp.log
   ;;
 check)
-  for q in "" q8_0 q8_0@b5 q8_0@i1@b5 q8_0@i1@b5@w1 q8_0@i1@b5@s1 q4_k q4_k@b5 q4_k@i1@b5 q4_k@i1@b5@w1 \
-    q4_k@i1@b5@s1 iq4_xs iq4_xs@b5 iq4_xs@i1@b5 iq4_xs@i1@b5@s1; do  # NVRTC, in parallel
-    timeout 200 python3 -c "import sys; from echoline.kernels.cuda import load_module; load_module(sys.argv[1] or None)" "$q" > /dev/null 2>&1 &
-  done
-  wait; stamp "modules built"
+  build_modules "" q8_0 q8_0@b5 q8_0@i1@b5 q8_0@i1@b5@w1 q8_0@i1@b5@s1 q4_k q4_k@b5 q4_k@i1@b5 \
+    q4_k@i1@b5@w1 q4_k@i1@b5@s1 iq4_xs iq4_xs@b5 iq4_xs@i1@b5 iq4_xs@i1@b5@s1
   timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
     -k "${TEST_K:-(row_kernels or row_pass or signed) and (Q8_0 or Q4_K or IQ4_XS)}" tests/test_cuda_backend.py 2>&1 \
     | tee "$OUT/tests_check.log" | tail -15
