@@ -2,7 +2,9 @@
 # stamp: a line with the seconds since the driver started; start_llamacpp_build JOBS: the
 # llama-server CUDA build (sm_90) from .lcpp/lcpp.tgz in the background, detached (setsid), its
 # log in /tmp/lcpp.log ending with "rc=N"; it builds while the model parts travel;
-# build_modules NAME...: those kernels.cuda modules built by NVRTC in parallel.
+# quiet_build: the running build at the lowest priority, so a measurement taken meanwhile
+# (echoline's host-side Python) is not slowed by 14 compiler jobs; build_modules NAME...:
+# those kernels.cuda modules built by NVRTC in parallel.
 t0=$(date +%s)
 stamp() { echo "[$(($(date +%s) - t0))s] $*"; }
 
@@ -14,7 +16,13 @@ start_llamacpp_build() {
     -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
     && cmake --build build -j ${1:-12} --target llama-server >> /tmp/lcpp.log 2>&1; echo \"rc=\$?\" >> /tmp/lcpp.log" \
     > /dev/null 2>&1 < /dev/null &
+  echo $! > /tmp/lcpp.pgid  # setsid's child leads its own process group: the whole build
   stamp "llama.cpp build started"
+}
+
+quiet_build() {
+  [ -f /tmp/lcpp.pgid ] && ! grep -q "rc=" /tmp/lcpp.log 2>/dev/null || return 0
+  renice -n 19 -g "$(cat /tmp/lcpp.pgid)" > /dev/null 2>&1 && stamp "build reniced to 19 while measuring"
 }
 
 build_modules() {  # NVRTC builds in parallel (CuPy's disk cache keeps them for the tests)

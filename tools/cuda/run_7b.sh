@@ -15,7 +15,9 @@
 #   final : join the parts; write the embedded 7B file (Q8_0); versus_llamacpp on it (VS_S s a
 #           run, 0: none; WAIT_S: wait that long for the build first), once per entry of
 #           VS_ENVS (space-separated; each "default" or VAR=V[,VAR=V...], e.g.
-#           "default ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=0"), ROUNDS rounds of VS_TRAFFIC
+#           "default ECHOLINE_CUDA_INT8_BATCH_MIN_ROWS=0"), ROUNDS rounds of VS_TRAFFIC; then
+#           python3 -m tools.cuda.exact_7b on it (EXACT_S s, 0: skip), a still-running build
+#           reniced to 19 first, so VS_S=0 EXACT_S=150 measures echoline alone while it builds
 # Every step first copies whatever .mdl/* files came with the call to /tmp/models.
 export PYTHONUNBUFFERED=1
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -97,6 +99,7 @@ final)
     done
   fi
   if [ "${EXACT_S:-0}" != 0 ]; then
+    quiet_build  # exact_7b may run while llama.cpp still builds (VS_S=0)
     timeout $EXACT_S python3 -m tools.cuda.exact_7b $E --json > "$OUT/exact_e7b.json" 2> "$OUT/exact_e7b.err"
     stamp "exact rc=$?"; tail -8 "$OUT/exact_e7b.err"
   fi
