@@ -88,17 +88,22 @@ class CudaTuning:
     #: ... with this many weight rows a block: 32, or 64 (kernels.cu mtbw kernels, modules
     #: "@w1": twice the warps, so each staged step of x serves twice the weight rows and x's
     #: share of the staged bytes falls from about two thirds to one half; the same bits). Env
-    #: ``ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=32|64``. 32 until measured on a device (`bash
-    #: tools/cuda/int8_run.sh batchw`): written and compiled (nvcc, sm_90, 126-128 registers;
-    #: the Q6_K ones spill 16-52 bytes, the Q8_0 main one 4) on 2026-12-07 with no device lent
+    #: ``ECHOLINE_CUDA_INT8_BATCH_WEIGHT_ROWS=32|64``. 32: measured on an H100 (random Q8_0
+    #: 7B-shaped file, with signed codes on, five interleaved rounds), 64 weight rows make a
+    #: whole forward of 64 rows 3 % faster (11.70-11.85 ms against 12.11-12.23) but one of 32
+    #: rows 8 % slower (8.29-8.38 against 7.65-7.70); taking them from 48 rows only would need
+    #: both modules of a type built (126-128 registers; Q6_K spills 16-52 bytes)
     tensor_int8_batch_weight_rows: int = 32
     #: the integer form's signed-byte types (Q8_0, IQ4_NL, IQ4_XS: codes stored as s8, read
     #: in offset form) multiplied as s8 (kernels.cu MT_SIGNED, modules "@s1"): the same exact
     #: integer sums without the offset's correction (one mma in three per group and step, a
     #: multiply-subtract per output; the same bits). Env ``ECHOLINE_CUDA_INT8_SIGNED=0|1``.
-    #: Off until measured on a device (`bash tools/cuda/int8_run.sh batchw`): written and
-    #: compiled (nvcc, sm_90) on 2026-12-07 with no device lent
-    tensor_int8_signed_codes: bool = False
+    #: On since measured (H100, random Q8_0 7B-shaped file, `bash tools/cuda/int8_run.sh
+    #: batchw` and `batchwbench`, five interleaved rounds of bench decode): a whole forward of
+    #: 32 rows 7.65-7.70 ms against 8.08-8.23, 64 rows 12.11-12.23 against 12.65-12.86, one
+    #: and 16 rows unchanged; its tests (bits equal to the offset form, every launch family)
+    #: and ``tools.cuda.exact_7b`` all exact
+    tensor_int8_signed_codes: bool = True
     #: 64-weight units a tensor-core product warp loads before its math (kernels.cu MT_UNITS;
     #: 1 or 2): bytes in flight, never bits; 2 made every launch slower (decode x1.025
     #: SmolLM2, x1.045 Qwen).
