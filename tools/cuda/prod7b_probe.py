@@ -40,8 +40,10 @@ POLICIES = {
     # the staged many-row kernels of the integer form (kernels.cu mtb): off, and from 17 rows
     # (the default since 2026-12-07)
     "batch0": {"tensor_int8_batch_min_rows": 0},
-    "batch17": {"tensor_int8_batch_min_rows": 17},
-    "batch17w": {"tensor_int8_batch_min_rows": 17, "tensor_int8_batch_weight_rows": 64},  # mtbw
+    # batch17 / batch17w: offset codes (signed codes are the default since 2026-12-08)
+    "batch17": {"tensor_int8_batch_min_rows": 17, "tensor_int8_signed_codes": False},
+    "batch17w": {"tensor_int8_batch_min_rows": 17, "tensor_int8_batch_weight_rows": 64,
+                 "tensor_int8_signed_codes": False},  # mtbw
     # the signed-byte types' codes as s8 (kernels.cu MT_SIGNED; Q8_0, IQ4_NL, IQ4_XS only)
     "batch17s": {"tensor_int8_batch_min_rows": 17, "tensor_int8_signed_codes": True},
     "batch17ws": {"tensor_int8_batch_min_rows": 17, "tensor_int8_batch_weight_rows": 64,
