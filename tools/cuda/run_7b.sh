@@ -65,7 +65,7 @@ llama)
   fi
   ;;
 part)
-  if [ ! -f /tmp/lcpp.log ] && [ -f .lcpp/lcpp.tgz ]; then
+  if [ ! -f /tmp/lcpp.log ] && { [ -f .lcpp/lcpp.tgz ] || [ -f .lcpp/llama-server-sm90.tar.xz ]; }; then
     start_llamacpp_build 14
   fi
   ls -l /tmp/models | tail -8; tail -2 /tmp/lcpp.log
