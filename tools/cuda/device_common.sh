@@ -1,6 +1,6 @@
 # Shared by the device drivers (split_run.sh, lsp_run.sh, nes_versus_run.sh): sourced, not run.
-# stamp: a line with the seconds since the driver started; start_llamacpp_build JOBS: the
-# llama-server CUDA build (sm_90) from .lcpp/lcpp.tgz in the background, detached (setsid), its
+# stamp: a line with the seconds since the driver started; start_llamacpp_build JOBS [TARGETS]:
+# the CUDA build (sm_90) of llama-server (or TARGETS) from .lcpp/lcpp.tgz in the background, detached (setsid), its
 # log in /tmp/lcpp.log ending with "rc=N"; it builds while the model parts travel (or, where
 # .lcpp/llama-server-sm90.tar.xz came along, unpacks that: tools/cuda/prebuild_peer.sh);
 # quiet_build: the running build at the lowest priority, so a measurement taken meanwhile
@@ -18,7 +18,7 @@ start_llamacpp_build() {
     -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
-    && cmake --build build -j ${1:-12} --target llama-server >> /tmp/lcpp.log 2>&1; echo \"rc=\$?\" >> /tmp/lcpp.log" \
+    && cmake --build build -j ${1:-12} --target ${2:-llama-server} >> /tmp/lcpp.log 2>&1; echo \"rc=\$?\" >> /tmp/lcpp.log" \
     > /dev/null 2>&1 < /dev/null &
   echo $! > /tmp/lcpp.pgid  # setsid's child leads its own process group: the whole build
   stamp "llama.cpp build started"

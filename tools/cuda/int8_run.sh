@@ -47,15 +47,8 @@ LB=/tmp/lcpp/llama.cpp/build/bin
 start_background() {
   [ -f /tmp/synth.log ] && return
   mkdir -p /tmp/models /tmp/lcpp && cp .mdl/qwen-tok.gguf /tmp/models/
-  if [ ! -f /tmp/lcpp.log ]; then  # not when run_7b.sh's parts started one already
-  tar xzf .lcpp/lcpp.tgz -C /tmp/lcpp
-  setsid nohup bash -c 'cd /tmp/lcpp/llama.cpp && cmake -S . -B build -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_NUMBER=1 -DLLAMA_BUILD_COMMIT=0c1e570 > /tmp/lcpp.log 2>&1 \
-    && cmake --build build -j 12 --target llama-bench llama-server >> /tmp/lcpp.log 2>&1; echo "rc=$?" >> /tmp/lcpp.log' \
-    > /dev/null 2>&1 < /dev/null &
-  fi
+  # not when run_7b.sh's parts started one already; the prebuilt one has no llama-bench
+  [ -f /tmp/lcpp.log ] || start_llamacpp_build 12 "llama-bench llama-server"
   setsid nohup bash -c "PYTHONPATH=$PYTHONPATH python3 -m tools.cuda.synth_gguf random --mix q4_k_m \
     --meta /tmp/models/qwen-tok.gguf $F > /tmp/synth.log 2>&1; echo rc=\$? >> /tmp/synth.log" \
     > /dev/null 2>&1 < /dev/null &
