@@ -191,7 +191,7 @@ batchw)
     > /tmp/synth8.log 2>&1; echo rc=\$? >> /tmp/synth8.log" > /dev/null 2>&1 < /dev/null & }
   tensor_tests "q8_0 q4_k q6_k iq4_nl iq4_xs" \
     "(mtb or signed) and (Q8_0 or Q4_K or Q6_K or IQ4_NL or IQ4_XS or rows_equal or nan)" ${TEST_S:-240} \
-    tests_mtbw.log "@i1@b5 @i1@b5@w1 @i1@b5@s1"
+    tests_mtbw.log "@i1@b5 @i1@b5@w1 @i1@b5@s1 @i1@b5@w1@s1"  # signed codes are the default
   build_modules q8_0@i1@b5 q8_0@i1@b5@w1 q8_0@i1@b5@s1 q8_0@i1@b5@w1@s1
   timeout ${PROBE_S:-150} python3 -m tools.cuda.prod7b_probe --mix q8_0 --policies batch17,batch17w,batch17s,batch17ws \
     --rows ${ROWS_LIST:-1,32,64} --iters 20 2>&1 | tee "$OUT/prod7b_batchw_q8_0.txt" | tail -12

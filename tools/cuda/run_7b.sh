@@ -71,8 +71,8 @@ part)
   ls -l /tmp/models | tail -8; tail -2 /tmp/lcpp.log
   ;;
 check)
-  build_modules "" q8_0 q8_0@b5 q8_0@i1@b5 q8_0@i1@b5@w1 q8_0@i1@b5@s1 q4_k q4_k@b5 q4_k@i1@b5 \
-    q4_k@i1@b5@w1 q4_k@i1@b5@s1 iq4_xs iq4_xs@b5 iq4_xs@i1@b5 iq4_xs@i1@b5@s1
+  build_modules "" q8_0 q8_0@b5 q8_0@i1@b5 q8_0@i1@b5@w1@s1 q8_0@i1@b5@s1 q4_k q4_k@b5 q4_k@i1@b5 \
+    q4_k@i1@b5@w1@s1 q4_k@i1@b5@s1 iq4_xs iq4_xs@b5 iq4_xs@i1@b5 iq4_xs@i1@b5@s1  # @s1: the default
   timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider --maxfail=5 \
     -k "${TEST_K:-(row_kernels or row_pass or signed) and (Q8_0 or Q4_K or IQ4_XS)}" tests/test_cuda_backend.py 2>&1 \
     | tee "$OUT/tests_check.log" | tail -15
